@@ -1,0 +1,5 @@
+"""Allow ``python -m dsim``."""
+
+from dsim.cli import main
+
+main()

@@ -1,0 +1,101 @@
+"""The ``dsim`` command line: a thin layer over the library.
+
+Each command lives in ``dsim/commands/<name>.py`` and only turns options into
+library calls and results into terminal output. This module wires them up
+and turns every ``DsimError`` into one line on stderr and its exit code;
+tracebacks are shown only with ``--debug`` (or ``DSIM_DEBUG=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from dsim import __version__
+from dsim.commands import parse as parse_cmd
+from dsim.commands import report as report_cmd
+from dsim.commands import run as run_cmd
+from dsim.commands import summarize as summarize_cmd
+from dsim.commands import synth as synth_cmd
+from dsim.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, DsimError
+
+app = typer.Typer(
+    name="dsim",
+    help=(
+        "Replay the data-loading timeline of PyTorch DDP runs under alignment policies, "
+        "and see how much training stall and inter-GPU delay aligned data loaders would remove."
+        "\n\nTypical session:\n\n"
+        "  dsim parse logs/myrun/            # raw logs -> traces/myrun/*.parquet\n\n"
+        "  dsim run --conf configs/sim_conf.json   # replay 9 policies -> results/\n\n"
+        "  dsim report results/ --out report.html"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks (also DSIM_DEBUG=1)."),
+) -> None:
+    if debug:
+        os.environ["DSIM_DEBUG"] = "1"
+
+
+app.command("parse")(parse_cmd.command)
+app.command("run")(run_cmd.command)
+app.command("summarize")(summarize_cmd.command)
+app.command("report")(report_cmd.command)
+app.command("synth")(synth_cmd.command)
+
+
+def _debugging(argv: list[str]) -> bool:
+    return os.environ.get("DSIM_DEBUG", "") not in ("", "0") or "--debug" in argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``dsim`` script; never lets a traceback reach a user by accident."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="dsim", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        typer.echo("dsim: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        code = exc.exit_code if exc.exit_code else EXIT_USAGE
+    except DsimError as exc:
+        if _debugging(argv):
+            raise
+        typer.echo(f"dsim: error: {exc}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        typer.echo("dsim: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except Exception as exc:
+        if _debugging(argv):
+            raise
+        typer.echo(
+            f"dsim: internal error: {type(exc).__name__}: {exc}\n"
+            "This is a bug in dsim; run again with --debug for the traceback.",
+            err=True,
+        )
+        code = EXIT_FAILURE
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,133 @@
+"""The per-run tables every step after parsing reads (DESIGN.md §2).
+
+A parsed run is a directory holding ``fetch.parquet``, ``train.parquet`` and
+``run.json``. This module owns their schemas and is the only place that
+reads or writes them, so a change of format happens here and nowhere else.
+Timestamps are wall-clock times without a time zone (the logs carry none),
+at nanosecond resolution.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dsim.atomic import atomic_dir, write_json
+from dsim.errors import InputError
+
+FORMAT_VERSION = 1
+
+FETCH_FILE = "fetch.parquet"
+TRAIN_FILE = "train.parquet"
+RUN_FILE = "run.json"
+REJECTS_FILE = "rejects.csv"
+
+TIMESTAMP = pa.timestamp("ns")
+
+FETCH_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int32(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("gpu", pa.int32(), nullable=False),
+        pa.field("worker", pa.int32(), nullable=False),
+        pa.field("start", TIMESTAMP, nullable=False),
+        pa.field("end", TIMESTAMP, nullable=False),
+        pa.field("fetch_s", pa.float64(), nullable=False),
+    ]
+)
+
+TRAIN_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int32(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("gpu", pa.int32(), nullable=False),
+        pa.field("start", TIMESTAMP, nullable=False),
+        pa.field("iteration_s", pa.float64(), nullable=False),
+        pa.field("stall_s", pa.float64(), nullable=False),
+        pa.field("throughput", pa.float64(), nullable=True),
+    ]
+)
+
+
+@dataclass
+class RunTables:
+    """One parsed run: its two tables and its ``run.json`` document.
+
+    ``info`` keys (written by ``dsim parse``): ``format_version``, ``name``,
+    ``gpus``, ``epochs`` (list of epoch numbers), ``iterations_per_epoch``
+    (dict epoch -> count), ``metadata`` (fields of the run name), ``sources``
+    (list of {path, size, sha256}), ``report`` (the parse report).
+    """
+
+    name: str
+    fetch: pa.Table
+    train: pa.Table
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_schema(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise InputError(
+            f"not a dsim table: missing column(s) {', '.join(missing)} "
+            f"(re-run `dsim parse` to rebuild it)",
+            path,
+        )
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InputError(f"column types do not match the dsim table format: {exc}", path) from exc
+
+
+def write_run(run: RunTables, directory: str | Path) -> Path:
+    """Write a run directory atomically: readers see the old run or the new one, never a mix."""
+    directory = Path(directory)
+    info = {"format_version": FORMAT_VERSION, **run.info, "name": run.name}
+    with atomic_dir(directory) as tmp:
+        pq.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
+        pq.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
+        write_json(info, tmp / RUN_FILE)
+    return directory
+
+
+def read_info(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"no parsed run here (missing {RUN_FILE}; run `dsim parse` first)", Path(directory)
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"unreadable run description: {exc}", path) from exc
+    if not isinstance(info, dict) or info.get("format_version") != FORMAT_VERSION:
+        raise InputError(
+            f"run written by another dsim format (expected format_version {FORMAT_VERSION}); "
+            "re-run `dsim parse`",
+            path,
+        )
+    return info
+
+
+def read_run(directory: str | Path) -> RunTables:
+    """Read and validate one run directory written by ``write_run``."""
+    directory = Path(directory)
+    info = read_info(directory)
+    tables = []
+    for name, schema in ((FETCH_FILE, FETCH_SCHEMA), (TRAIN_FILE, TRAIN_SCHEMA)):
+        path = directory / name
+        try:
+            table = pq.read_table(path)
+        except FileNotFoundError:
+            raise InputError(f"missing {name} (re-run `dsim parse`)", directory) from None
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"unreadable Parquet table: {exc}", path) from exc
+        tables.append(_check_schema(table, schema, path))
+    return RunTables(
+        name=info.get("name", directory.name), fetch=tables[0], train=tables[1], info=info
+    )
