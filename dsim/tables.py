@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from dsim.atomic import atomic_dir, write_json
@@ -84,13 +85,19 @@ def _check_schema(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
         raise InputError(f"column types do not match the dsim table format: {exc}", path) from exc
 
 
-def write_run(run: RunTables, directory: str | Path) -> Path:
-    """Write a run directory atomically: readers see the old run or the new one, never a mix."""
+def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = None) -> Path:
+    """Write a run directory atomically: readers see the old run or the new one, never a mix.
+
+    ``rejects`` (file, line, reason, text), when it has rows, goes to
+    ``rejects.csv`` beside the tables so that users can read what was skipped.
+    """
     directory = Path(directory)
     info = {"format_version": FORMAT_VERSION, **run.info, "name": run.name}
     with atomic_dir(directory) as tmp:
         pq.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
         pq.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
+        if rejects is not None and rejects.num_rows:
+            pacsv.write_csv(rejects, tmp / REJECTS_FILE)
         write_json(info, tmp / RUN_FILE)
     return directory
 

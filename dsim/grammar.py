@@ -1,0 +1,265 @@
+"""The raw log grammar of DESIGN.md §1, applied to whole blocks of text at once.
+
+Logs of long runs hold millions of lines, so nothing here loops over lines in
+Python: a block of bytes becomes one Arrow string array (zero-copy, split at
+newlines with NumPy), full-line regular expressions (RE2, inside Arrow)
+classify and dissect every line, and the captured fields are cast to typed
+NumPy arrays. Lines that look like records but break the grammar become
+*rejects* with a reason and their line number; all other lines are counted
+and ignored.
+
+A fetch line::
+
+    2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time 8.11 data idx0
+
+A training line::
+
+    2021-09-01 19:48:55.191641 GPU: 0 Epoch: [1][  0/851]\tTime 9.77 (9.77)\tData 8.59 (8.59)\t...
+
+Both may carry any prefix before the timestamp (``(pid=1) ``, ``[rank0]:``),
+tabs or spaces between fields, a fraction of 1 to 9 digits and CRLF ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_TS = r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(?P<frac>\d{1,9})"
+_NUM = r"[^\s()]+"  # captured loosely, validated by NUMBER below for a precise reason
+
+FETCH_PATTERN = (
+    r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
+    r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})\s*$"
+)
+TRAIN_PATTERN = (
+    r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?Epoch:\s*\[\s*(?P<epoch>\d{1,6})\s*\]"
+    r"\[\s*(?P<iteration>\d{1,9})\s*/\s*(?P<total>\d{1,9})\s*\]"
+    r"\s+Time\s+(?P<time>" + _NUM + r")\s+\([^)]*\)"
+    r"\s+Data\s+(?P<data>" + _NUM + r")\s+\([^)]*\)"
+    r"(?:\s+Throughput\s+(?P<throughput>" + _NUM + r")\s+\([^)]*\))?"
+)
+NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
+
+FETCH_MARK = "END FETCH"
+TRAIN_MARK = "Epoch:"
+START_MARK = "START FETCH"
+
+# Reasons a line is rejected; the parse report counts by these exact strings.
+MALFORMED_FETCH = "malformed fetch line"
+MALFORMED_TRAIN = "malformed training line"
+TRUNCATED = "truncated last line (no line end)"
+BINARY = "binary data (not UTF-8 text)"
+BAD_TIMESTAMP = "invalid timestamp"
+NON_NUMERIC_FETCH = "non-numeric fetch duration"
+NEGATIVE_FETCH = "negative fetch duration"
+FETCH_RANGE = "fetch duration out of range (over a year)"
+MAX_FETCH_S = 365 * 86400.0
+NON_NUMERIC_TRAIN = "non-numeric training value"
+NEGATIVE_TRAIN = "negative training value"
+ITERATION_RANGE = "iteration index not below iterations per epoch"
+
+
+@dataclass
+class Rejects:
+    """Rejected lines of one file: 1-based line numbers, reasons and the text."""
+
+    line: list[np.ndarray] = field(default_factory=list)
+    reason: list[str | np.ndarray] = field(default_factory=list)
+    text: list[pa.Array] = field(default_factory=list)
+
+    def add(self, lines: np.ndarray, reason: str | np.ndarray, text: pa.Array) -> None:
+        if len(lines):
+            self.line.append(np.asarray(lines, dtype=np.int64))
+            if isinstance(reason, str):
+                reason = np.full(len(lines), reason, dtype=object)
+            self.reason.append(reason)
+            self.text.append(text.cast(pa.large_string()))
+
+    def table(self) -> pa.Table:
+        if not self.line:
+            return pa.table(
+                {
+                    "line": pa.array([], pa.int64()),
+                    "reason": pa.array([], pa.string()),
+                    "text": pa.array([], pa.large_string()),
+                }
+            )
+        text = pa.concat_arrays(self.text)
+        text = pc.utf8_slice_codeunits(pc.utf8_rtrim(text, characters="\r\n"), 0, 300)
+        return pa.table(
+            {
+                "line": np.concatenate(self.line),
+                "reason": pa.array(np.concatenate(self.reason).astype(str)),
+                "text": text,
+            }
+        )
+
+
+@dataclass
+class BlockRecords:
+    """Typed columns of the records found in some lines, plus the counts of the rest."""
+
+    fetch: dict[str, np.ndarray]
+    train: dict[str, np.ndarray]
+    counts: dict[str, int]
+
+
+def lines_of(block: bytes) -> pa.LargeStringArray:
+    """Split a block that ends with a newline into one string per line, without copying.
+
+    Each value keeps its trailing ``\\n`` (Arrow offsets are contiguous); the
+    patterns allow trailing white space, and reject texts are trimmed.
+    Invalid UTF-8 (binary garbage) is replaced by U+FFFD so that the lines it
+    touches are caught as binary data instead of breaking the string kernels.
+    """
+    if not block:
+        return pa.array([], pa.large_string())
+    buf = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10) + 1
+    if len(ends) == 0 or ends[-1] != len(buf):  # the unterminated tail, if any
+        ends = np.append(ends, len(buf))
+    offsets = np.concatenate(([0], ends)).astype(np.int64)
+    lines = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(block))
+    try:
+        lines.validate(full=True)
+    except pa.ArrowInvalid:
+        return lines_of(block.decode("utf-8", errors="replace").encode("utf-8"))
+    return lines
+
+
+def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Parse decimal strings; returns (values, ok) with NaN where not a number."""
+    ok = pc.fill_null(pc.match_substring_regex(values, NUMBER), False)
+    out = np.full(len(values), np.nan)
+    if pc.any(ok).as_py():
+        okn = ok.to_numpy(zero_copy_only=False)
+        out[okn] = pc.cast(values.filter(ok), pa.float64()).to_numpy(zero_copy_only=False)
+    return out, ok.to_numpy(zero_copy_only=False)
+
+
+def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
+    return pc.cast(pc.fill_null(values, str(default)), pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
+    """Nanoseconds since 1970 (naive wall clock) and a validity mask.
+
+    Whole seconds go through ``strptime``; a round trip through ``strftime``
+    catches dates that strptime would quietly roll over (February 30).
+    The fraction of 1 to 9 digits is scaled to nanoseconds exactly.
+    """
+    fmt = "%Y-%m-%d %H:%M:%S"
+    text = parts.field("ts")
+    seconds = pc.strptime(text, format=fmt, unit="s", error_is_null=True)
+    same = pc.equal(pc.strftime(seconds, format=fmt), text)
+    ok = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    frac = parts.field("frac")
+    digits = pc.utf8_length(frac).to_numpy(zero_copy_only=False).astype(np.int64)
+    frac_ns = _ints(frac, 0) * (10 ** (9 - digits))
+    whole = pc.fill_null(pc.cast(seconds, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    return whole * 1_000_000_000 + frac_ns, ok
+
+
+def parse_lines(lines: pa.LargeStringArray, first_line: int, rejects: Rejects) -> BlockRecords:
+    """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``."""
+    numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
+    counts = {"lines": len(lines)}
+
+    is_fetch = pc.match_substring_regex(lines, FETCH_PATTERN)
+    rest = pc.invert(is_fetch)
+    is_train = pc.and_(rest, pc.match_substring_regex(lines, TRAIN_PATTERN))
+    other = pc.and_not(rest, is_train)
+
+    fetch = _fetch_records(lines.filter(is_fetch), numbers[_np(is_fetch)], rejects)
+    train = _train_records(lines.filter(is_train), numbers[_np(is_train)], rejects)
+
+    # Lines that are neither: a record that breaks the grammar, or text we ignore.
+    other_np = _np(other)
+    text = lines.filter(other)
+    nums = numbers[other_np]
+    binary = _np(pc.or_(pc.match_substring(text, "\ufffd"), pc.match_substring(text, "\x00")))
+    rejects.add(nums[binary], BINARY, text.filter(binary))
+    bad_fetch = ~binary & _np(pc.match_substring(text, FETCH_MARK))
+    rejects.add(nums[bad_fetch], MALFORMED_FETCH, text.filter(bad_fetch))
+    bad_train = ~binary & ~bad_fetch & _np(pc.match_substring(text, TRAIN_MARK))
+    rejects.add(nums[bad_train], MALFORMED_TRAIN, text.filter(bad_train))
+    ignored = ~binary & ~bad_fetch & ~bad_train
+    starts = ignored & _np(pc.match_substring(text, START_MARK))
+    blank = ignored & _np(pc.equal(pc.utf8_trim_whitespace(text), ""))
+    counts["start_fetch_lines"] = int(starts.sum())
+    counts["blank_lines"] = int(blank.sum())
+    counts["other_lines"] = int((ignored & ~starts & ~blank).sum())
+    return BlockRecords(fetch=fetch, train=train, counts=counts)
+
+
+def _np(mask: pa.Array) -> np.ndarray:
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+
+
+def _fetch_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> dict[str, np.ndarray]:
+    parts = pc.extract_regex(lines, FETCH_PATTERN)
+    end_ns, ts_ok = _timestamps(parts)
+    fetch_s, num_ok = _numbers(parts.field("at"))
+    negative = num_ok & (fetch_s < 0)
+    huge = num_ok & (fetch_s > MAX_FETCH_S)
+    reason = np.where(
+        ~ts_ok,
+        BAD_TIMESTAMP,
+        np.where(
+            ~num_ok,
+            NON_NUMERIC_FETCH,
+            np.where(negative, NEGATIVE_FETCH, np.where(huge, FETCH_RANGE, "")),
+        ),
+    )
+    bad = reason != ""
+    rejects.add(numbers[bad], reason[bad].astype(object), lines.filter(pa.array(bad)))
+    keep = ~bad
+    return {
+        "line": numbers[keep],
+        "gpu": _ints(parts.field("gpu"))[keep],
+        "worker": _ints(parts.field("worker"))[keep],
+        "idx": _ints(parts.field("idx"))[keep],
+        "end": end_ns[keep],
+        "fetch_s": fetch_s[keep],
+    }
+
+
+def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> dict[str, np.ndarray]:
+    parts = pc.extract_regex(lines, TRAIN_PATTERN)
+    start_ns, ts_ok = _timestamps(parts)
+    iteration_s, time_ok = _numbers(parts.field("time"))
+    stall_s, data_ok = _numbers(parts.field("data"))
+    tp_text = parts.field("throughput")
+    throughput, tp_ok = _numbers(tp_text)
+    tp_present = _np(pc.is_valid(tp_text))
+    iteration = _ints(parts.field("iteration"))
+    total = _ints(parts.field("total"))
+    numeric = time_ok & data_ok & (tp_ok | ~tp_present)
+    negative = numeric & ((iteration_s < 0) | (stall_s < 0) | (tp_present & (throughput < 0)))
+    reason = np.where(
+        ~ts_ok,
+        BAD_TIMESTAMP,
+        np.where(
+            ~numeric,
+            NON_NUMERIC_TRAIN,
+            np.where(negative, NEGATIVE_TRAIN, np.where(iteration >= total, ITERATION_RANGE, "")),
+        ),
+    )
+    bad = reason != ""
+    rejects.add(numbers[bad], reason[bad].astype(object), lines.filter(pa.array(bad)))
+    keep = ~bad
+    return {
+        "line": numbers[keep],
+        "gpu": _ints(parts.field("gpu"))[keep],
+        "epoch": _ints(parts.field("epoch"))[keep],
+        "iteration": iteration[keep],
+        "total": total[keep],
+        "start": start_ns[keep],
+        "iteration_s": iteration_s[keep],
+        "stall_s": stall_s[keep],
+        "throughput": np.where(tp_present, throughput, np.nan)[keep],
+    }

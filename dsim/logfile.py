@@ -1,0 +1,124 @@
+"""Read one raw log file in blocks and collect its records.
+
+Memory follows the records, not the text: the file is read in blocks of a
+few megabytes, each block is dissected by ``dsim.grammar`` and only the
+typed columns of its records are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dsim import grammar
+from dsim.errors import InputError
+
+BLOCK_BYTES = 8 << 20
+
+
+@dataclass
+class FileRecords:
+    """Everything one file contributed: record columns, line counts, rejects, identity."""
+
+    path: Path
+    fetch: dict[str, np.ndarray]
+    train: dict[str, np.ndarray]
+    counts: dict[str, int]
+    rejects: grammar.Rejects
+    size: int
+    sha256: str
+    ends_with_newline: bool = True
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    keys = parts[0].keys()
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+
+
+def read_log(
+    path: Path,
+    progress: Callable[[int], None] | None = None,
+    block_bytes: int = BLOCK_BYTES,
+) -> FileRecords:
+    """Parse one file; ``progress`` is called with the number of bytes consumed per block."""
+    digest = hashlib.sha256()
+    rejects = grammar.Rejects()
+    fetch_parts: list[dict[str, np.ndarray]] = []
+    train_parts: list[dict[str, np.ndarray]] = []
+    counts: dict[str, int] = {}
+    size = 0
+    next_line = 1
+    carry = b""
+    last_byte = b"\n"
+
+    def consume(block: bytes) -> None:
+        nonlocal next_line
+        lines = grammar.lines_of(block)
+        records = grammar.parse_lines(lines, next_line, rejects)
+        fetch_parts.append(records.fetch)
+        train_parts.append(records.train)
+        for key, value in records.counts.items():
+            counts[key] = counts.get(key, 0) + value
+        next_line += len(lines)
+
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                chunk = handle.read(block_bytes)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                size += len(chunk)
+                last_byte = chunk[-1:]
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    carry += chunk
+                    continue
+                block, carry = carry + chunk[: cut + 1], chunk[cut + 1 :]
+                consume(block)
+                if progress is not None:
+                    progress(len(chunk))
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a log file", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+
+    ends_with_newline = last_byte == b"\n"
+    if carry:
+        _consume_tail(carry, next_line, rejects, consume, counts)
+    if not fetch_parts:
+        empty = grammar.parse_lines(grammar.lines_of(b""), 1, grammar.Rejects())
+        fetch_parts, train_parts = [empty.fetch], [empty.train]
+    counts.setdefault("lines", 0)
+    return FileRecords(
+        path=path,
+        fetch=_concat(fetch_parts),
+        train=_concat(train_parts),
+        counts=counts,
+        rejects=rejects,
+        size=size,
+        sha256=digest.hexdigest(),
+        ends_with_newline=ends_with_newline,
+    )
+
+
+def _consume_tail(tail: bytes, line_no: int, rejects: grammar.Rejects, consume, counts) -> None:
+    """The last line has no line end: a logger always ends its lines, so this one was cut off.
+
+    It is rejected when it looks like a record (it may be missing digits we
+    cannot see); otherwise it is counted like any other ignored line.
+    """
+    probe = grammar.Rejects()
+    lines = grammar.lines_of(tail)
+    records = grammar.parse_lines(lines, line_no, probe)
+    looks_like_record = len(records.fetch["line"]) or len(records.train["line"]) or probe.line
+    if looks_like_record:
+        rejects.add(np.array([line_no]), grammar.TRUNCATED, lines)
+        counts["lines"] = counts.get("lines", 0) + 1
+    else:
+        consume(tail)

@@ -1,0 +1,298 @@
+"""From the raw logs of one run to its tables (DESIGN.md §1 and §2).
+
+The grammar (``dsim.grammar``) finds records line by line; this module
+applies the rules that need the whole run: the rank of per-rank files
+without ``GPU:`` fields, duplicated records, clocks that go backwards, the
+epoch of every fetch, and the parse report. It returns tables and rejects;
+writing them is the caller's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dsim import grammar
+from dsim.discover import RunSource, rank_from_file_name
+from dsim.epochs import assign_fetch_epochs
+from dsim.errors import InputError
+from dsim.logfile import FileRecords, read_log
+from dsim.runname import parse_run_name
+from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
+
+NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
+DUPLICATE_FETCH = "duplicate fetch record"
+DUPLICATE_TRAIN = "duplicate training record"
+CLOCK_BACKWARDS = "clock went backwards"
+
+_LINE_BITS = 40  # order key = file index << 40 | line number
+
+
+@dataclass
+class ParsedRun:
+    """A parsed run, its rejected lines (file, line, reason, text) and its report."""
+
+    tables: RunTables
+    rejects: pa.Table
+    report: dict[str, Any]
+
+
+def _default_rank(files: tuple, path) -> int | None:
+    from_name = rank_from_file_name(path)
+    if from_name is not None:
+        return from_name
+    return 0 if len(files) == 1 else None
+
+
+def _collect(source: RunSource, progress: Callable[[int], None] | None):
+    """Read every file; fill in missing ranks; stack records with a global order key."""
+    fetch_parts, train_parts, reject_parts = [], [], []
+    counts: dict[str, int] = {}
+    sources = []
+    for index, path in enumerate(source.files):
+        records: FileRecords = read_log(path, progress)
+        sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
+        for key, value in records.counts.items():
+            counts[key] = counts.get(key, 0) + value
+        default = _default_rank(source.files, path)
+        for part, out in ((records.fetch, fetch_parts), (records.train, train_parts)):
+            missing = part["gpu"] < 0
+            if missing.any():
+                if default is None:
+                    rows = np.flatnonzero(missing)
+                    records.rejects.add(
+                        part["line"][rows], NO_RANK, pa.array([""] * len(rows), pa.large_string())
+                    )
+                    part = {k: v[~missing] for k, v in part.items()}
+                else:
+                    part["gpu"] = np.where(missing, default, part["gpu"])
+            part["order"] = (np.int64(index) << _LINE_BITS) | part["line"]
+            part["file"] = np.full(len(part["line"]), index, dtype=np.int64)
+            out.append(part)
+        rejected = records.rejects.table()
+        reject_parts.append(
+            rejected.append_column("file", pa.array([str(path)] * rejected.num_rows, pa.string()))
+        )
+    fetch = {k: np.concatenate([p[k] for p in fetch_parts]) for k in fetch_parts[0]}
+    train = {k: np.concatenate([p[k] for p in train_parts]) for k in train_parts[0]}
+    return fetch, train, reject_parts, counts, sources
+
+
+def _drop(columns: dict[str, np.ndarray], bad: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[~bad] for k, v in columns.items()}
+
+
+def _duplicates(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """Rows repeating an earlier row's ``keys`` (earlier in file order)."""
+    ordered = frame.sort_values("order", kind="stable")
+    dup = ordered.duplicated(subset=keys, keep="first")
+    return dup.reindex(frame.index).to_numpy()
+
+
+def _backwards(frame: pd.DataFrame, groups: list[str], by: str, time: str) -> np.ndarray:
+    """Rows whose clock reads earlier than a row before them in the same group."""
+    ordered = frame.sort_values([*groups, by], kind="stable")
+    running = ordered.groupby(groups, sort=False)[time].cummax()
+    back = ordered[time] < running
+    return back.reindex(frame.index).to_numpy()
+
+
+def _reject_rows(columns, bad, reason, files, reject_parts) -> None:
+    if not bad.any():
+        return
+    rows = np.flatnonzero(bad)
+    reject_parts.append(
+        pa.table(
+            {
+                "line": columns["line"][rows],
+                "reason": pa.array([reason] * len(rows), pa.string()),
+                "text": pa.array([""] * len(rows), pa.large_string()),
+                "file": pa.array([str(files[i]) for i in columns["file"][rows]], pa.string()),
+            }
+        )
+    )
+
+
+def parse_run(
+    source: RunSource, *, strict: bool = False, progress: Callable[[int], None] | None = None
+) -> ParsedRun:
+    """Parse one run. With ``strict``, the first rejected line raises ``InputError``."""
+    fetch, train, reject_parts, counts, sources = _collect(source, progress)
+    files = source.files
+
+    # Duplicates first, so that they neither trip the clock check nor shift epoch ordinals.
+    train_df = pd.DataFrame({k: train[k] for k in ("gpu", "epoch", "iteration", "order", "start")})
+    bad = _duplicates(train_df, ["gpu", "epoch", "iteration"])
+    _reject_rows(train, bad, DUPLICATE_TRAIN, files, reject_parts)
+    train = _drop(train, bad)
+    fetch_df = pd.DataFrame(
+        {k: fetch[k] for k in ("gpu", "worker", "idx", "end", "fetch_s", "order", "file")}
+    )
+    bad = _duplicates(fetch_df, ["gpu", "worker", "idx", "end", "fetch_s"])
+    _reject_rows(fetch, bad, DUPLICATE_FETCH, files, reject_parts)
+    fetch = _drop(fetch, bad)
+
+    # A worker writes its lines in time order; an iteration starts after the one before it.
+    fetch_df = pd.DataFrame({k: fetch[k] for k in ("gpu", "worker", "file", "order", "end")})
+    bad = _backwards(fetch_df, ["file", "gpu", "worker"], "order", "end")
+    _reject_rows(fetch, bad, CLOCK_BACKWARDS, files, reject_parts)
+    fetch = _drop(fetch, bad)
+    train_df = pd.DataFrame({k: train[k] for k in ("gpu", "epoch", "iteration", "start")})
+    bad = _backwards(train_df, ["gpu", "epoch"], "iteration", "start")
+    _reject_rows(train, bad, CLOCK_BACKWARDS, files, reject_parts)
+    train = _drop(train, bad)
+
+    rejects = _rejects_table(reject_parts)
+    if strict and rejects.num_rows:
+        first = rejects.slice(0, 1).to_pylist()[0]
+        text = f": {first['text']!r}" if first["text"] else ""
+        raise InputError(f"{first['reason']}{text}", first["file"], first["line"])
+
+    epoch, _matched = assign_fetch_epochs(
+        fetch["gpu"], fetch["idx"], fetch["end"], fetch["order"],
+        train["gpu"], train["iteration"], train["start"], train["order"], train["epoch"],
+    )  # fmt: skip
+    fetch_table = _fetch_table(fetch, epoch)
+    train_table = _train_table(train)
+    if fetch_table.num_rows == 0 and train_table.num_rows == 0:
+        raise InputError(
+            f"no fetch or training records found ({_describe(counts, rejects)})",
+            files[0] if len(files) == 1 else files[0].parent,
+        )
+    report = _report(counts, rejects, fetch_table, train_table)
+    info = _info(source, train, fetch_table, train_table, sources, report)
+    return ParsedRun(RunTables(source.name, fetch_table, train_table, info), rejects, report)
+
+
+def _rejects_table(parts: list[pa.Table]) -> pa.Table:
+    schema = pa.schema(
+        [
+            ("file", pa.string()),
+            ("line", pa.int64()),
+            ("reason", pa.string()),
+            ("text", pa.large_string()),
+        ]
+    )
+    tables = [t.select(schema.names).cast(schema) for t in parts if t.num_rows]
+    if not tables:
+        return schema.empty_table()
+    order = {str(p): i for i, p in enumerate(dict.fromkeys(t["file"][0].as_py() for t in tables))}
+    table = pa.concat_tables(tables)
+    file_rank = np.array([order[f] for f in table["file"].to_pylist()])
+    sort = np.lexsort((table["line"].to_numpy(), file_rank))
+    return table.take(sort)
+
+
+def _fetch_table(fetch: dict[str, np.ndarray], epoch: np.ndarray) -> pa.Table:
+    start = fetch["end"] - np.round(fetch["fetch_s"] * 1e9).astype(np.int64)
+    sort = np.lexsort((fetch["gpu"], fetch["idx"], epoch))
+    return pa.table(
+        {
+            "epoch": pa.array(epoch[sort], pa.int32()),
+            "iteration": pa.array(fetch["idx"][sort], pa.int32()),
+            "gpu": pa.array(fetch["gpu"][sort], pa.int32()),
+            "worker": pa.array(fetch["worker"][sort], pa.int32()),
+            "start": pa.array(start[sort].astype("datetime64[ns]")),
+            "end": pa.array(fetch["end"][sort].astype("datetime64[ns]")),
+            "fetch_s": pa.array(fetch["fetch_s"][sort], pa.float64()),
+        },
+        schema=FETCH_SCHEMA,
+    )
+
+
+def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
+    sort = np.lexsort((train["gpu"], train["iteration"], train["epoch"]))
+    return pa.table(
+        {
+            "epoch": pa.array(train["epoch"][sort], pa.int32()),
+            "iteration": pa.array(train["iteration"][sort], pa.int32()),
+            "gpu": pa.array(train["gpu"][sort], pa.int32()),
+            "start": pa.array(train["start"][sort].astype("datetime64[ns]")),
+            "iteration_s": pa.array(train["iteration_s"][sort], pa.float64()),
+            "stall_s": pa.array(train["stall_s"][sort], pa.float64()),
+            "throughput": pa.array(train["throughput"][sort], pa.float64(), from_pandas=True),
+        },
+        schema=TRAIN_SCHEMA,
+    )
+
+
+def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[str, Any]:
+    """Iterations that some rank lacks a fetch or a training record for (dropped from replays)."""
+    per = []
+    for table, kind in ((fetch, "fetch"), (train, "train")):
+        frame = table.select(["epoch", "iteration", "gpu"]).to_pandas()
+        per.append(frame.groupby(["epoch", "iteration"]).gpu.nunique().rename(kind))
+    both = pd.concat(per, axis=1).fillna(0)
+    incomplete = both[(both["fetch"] < gpus) | (both["train"] < gpus)]
+    examples = [
+        {
+            "epoch": int(e),
+            "iteration": int(i),
+            "fetch_gpus": int(r.fetch),
+            "train_gpus": int(r.train),
+        }
+        for (e, i), r in incomplete.head(5).iterrows()
+    ]
+    return {"count": len(incomplete), "examples": examples}
+
+
+def _report(counts, rejects: pa.Table, fetch: pa.Table, train: pa.Table) -> dict[str, Any]:
+    reasons = rejects["reason"].to_pylist()
+    skipped = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
+    gpu_ids = sorted(set(fetch["gpu"].to_pylist()) | set(train["gpu"].to_pylist()))
+    report: dict[str, Any] = {
+        "lines": counts.get("lines", 0),
+        "fetch_records": fetch.num_rows,
+        "train_records": train.num_rows,
+        "start_fetch_lines": counts.get("start_fetch_lines", 0),
+        "blank_lines": counts.get("blank_lines", 0),
+        "other_lines": counts.get("other_lines", 0),
+        "rejected": rejects.num_rows,
+        "skipped": skipped,
+        "incomplete_iterations": _incomplete_iterations(fetch, train, len(gpu_ids)),
+    }
+    if gpu_ids and gpu_ids != list(range(len(gpu_ids))):
+        report["warnings"] = [f"GPU ranks {gpu_ids} are not 0..{len(gpu_ids) - 1}"]
+    return report
+
+
+def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
+    lines = counts.get("lines", 0)
+    if lines == 0:
+        return "the input is empty"
+    return (
+        f"{lines} lines read: {rejects.num_rows} rejected, "
+        f"{counts.get('other_lines', 0)} unrecognised, {counts.get('blank_lines', 0)} blank"
+    )
+
+
+def _info(source, train, fetch_table, train_table, sources, report) -> dict[str, Any]:
+    gpu_ids = sorted(set(fetch_table["gpu"].to_pylist()) | set(train_table["gpu"].to_pylist()))
+    epochs = sorted(set(fetch_table["epoch"].to_pylist()) | set(train_table["epoch"].to_pylist()))
+    per_epoch: dict[str, int] = {}
+    for e in epochs:
+        declared = train["total"][train["epoch"] == e]
+        if len(declared):
+            values, freq = np.unique(declared, return_counts=True)
+            per_epoch[str(e)] = int(values[np.argmax(freq)])
+        else:
+            mask = fetch_table["epoch"].to_numpy() == e
+            per_epoch[str(e)] = len(np.unique(fetch_table["iteration"].to_numpy()[mask]))
+    return {
+        "name": source.name,
+        "gpus": len(gpu_ids),
+        "gpu_ids": gpu_ids,
+        "epochs": epochs,
+        "iterations_per_epoch": per_epoch,
+        "metadata": parse_run_name(source.name),
+        "sources": sources,
+        "report": report,
+    }
+
+
+__all__ = ["ParsedRun", "grammar", "parse_run"]
