@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.20 ships its own copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as click_exceptions
 
 from dsim import __version__
 from dsim.commands import parse as parse_cmd
@@ -73,12 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="dsim", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         typer.echo("dsim: interrupted", err=True)
         code = EXIT_INTERRUPTED
-    except click.exceptions.ClickException as exc:
+    except click_exceptions.ClickException as exc:
         exc.show()
         code = exc.exit_code if exc.exit_code else EXIT_USAGE
     except DsimError as exc:

@@ -142,7 +142,10 @@ def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
-    return pc.cast(pc.fill_null(values, str(default)), pa.int64()).to_numpy(zero_copy_only=False)
+    """Digit strings to integers; an optional group that did not match ("") gives ``default``."""
+    empty = pc.equal(pc.utf8_length(values), 0)
+    filled = pc.if_else(pc.fill_null(empty, True), str(default), values)
+    return pc.cast(filled, pa.int64()).to_numpy(zero_copy_only=False)
 
 
 def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +238,7 @@ def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> di
     stall_s, data_ok = _numbers(parts.field("data"))
     tp_text = parts.field("throughput")
     throughput, tp_ok = _numbers(tp_text)
-    tp_present = _np(pc.is_valid(tp_text))
+    tp_present = _np(pc.greater(pc.utf8_length(tp_text), 0))  # an unmatched group gives ""
     iteration = _ints(parts.field("iteration"))
     total = _ints(parts.field("total"))
     numeric = time_ok & data_ok & (tp_ok | ~tp_present)

@@ -1,0 +1,85 @@
+"""`dsim parse` end to end: a real subprocess on a fresh directory."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+from conftest import run_dsim
+from test_parse_grammar import fetch_line, one_epoch, train_line
+
+
+def write(path, lines, tail="\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + tail)
+    return path
+
+
+def test_parse_writes_tables_and_report(tmp_path):
+    log = write(
+        tmp_path / "logs" / "myrun" / "output.log",
+        [*one_epoch(gpus=(0, 1), iters=3), "noise", fetch_line("50.0", 0, 0, "-2", 9)],
+    )
+    result = run_dsim("parse", str(log), "--out", str(tmp_path / "traces"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "myrun: 2 GPUs, epochs 0, 3 iterations per epoch" in result.stdout
+    assert "negative fetch duration" in result.stdout
+    run_dir = tmp_path / "traces" / "myrun"
+    assert pq.read_table(run_dir / "fetch.parquet").num_rows == 6
+    assert pq.read_table(run_dir / "train.parquet").num_rows == 6
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["gpus"] == 2 and info["report"]["skipped"] == {"negative fetch duration": 1}
+    assert info["sources"][0]["sha256"] and info["sources"][0]["size"] == log.stat().st_size
+    rejects = (run_dir / "rejects.csv").read_text().splitlines()
+    assert len(rejects) == 2 and ",14," in rejects[1]
+    assert not list((tmp_path / "traces").glob(".*"))  # no temporary leftovers
+
+
+def test_parse_tree_of_runs_in_parallel_and_quiet(tmp_path):
+    for name in ("a", "b", "c"):
+        write(
+            tmp_path / "tree" / name / "rank0.log",
+            [fetch_line("10.0", None, 0, "0.5", 0), train_line("10.5", None, 0, 0, n=1)],
+        )
+    result = run_dsim("parse", "tree", "-o", "out", "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b", "c"]
+
+
+def test_strict_stops_with_file_and_line(tmp_path):
+    log = write(tmp_path / "run.log", [*one_epoch(gpus=(0,), iters=1), "GPU: 0 Epoch: [0] oops"])
+    result = run_dsim("parse", str(log), "--strict", "--out", "t", cwd=tmp_path)
+    assert result.returncode == 3
+    assert f"{log}:3: malformed training line" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_garbage_empty_and_missing_inputs(tmp_path):
+    (tmp_path / "empty.log").write_bytes(b"")
+    (tmp_path / "junk.log").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 1000)
+    for name in ("empty.log", "junk.log"):
+        result = run_dsim("parse", name, "--out", "t", cwd=tmp_path)
+        assert result.returncode == 3, result.stderr
+        assert "no fetch or training records" in result.stderr and name in result.stderr
+        assert "Traceback" not in result.stderr
+    result = run_dsim("parse", "nope.log", cwd=tmp_path)
+    assert result.returncode == 3 and "nope.log: no such file or directory" in result.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_usage_errors_exit_2(tmp_path):
+    result = run_dsim("parse", cwd=tmp_path)
+    assert result.returncode == 2
+    write(tmp_path / "a" / "x.log", one_epoch(gpus=(0,), iters=1))
+    write(tmp_path / "b" / "y.log", one_epoch(gpus=(0,), iters=1))
+    result = run_dsim("parse", "a", "b", "--name", "one", cwd=tmp_path)
+    assert result.returncode == 2 and "--name names one run" in result.stderr
+
+
+def test_help_and_version():
+    result = run_dsim("parse", "--help")
+    assert result.returncode == 0 and "Examples" in result.stdout
+    result = run_dsim("--version")
+    assert result.returncode == 0 and result.stdout.startswith("dsim ")
