@@ -1,10 +1,110 @@
-"""`dsim summarize`: placeholder until its issue lands (see docs/ARCHITECTURE.md)."""
+"""`dsim summarize`: summary tables of existing replay results, without replaying.
+
+Thin: finds result runs (``dsim.results``), filters them, summarises
+(``dsim.summary``) and renders (``dsim.render``).
+"""
 
 from __future__ import annotations
 
-from dsim.errors import UsageError
+import fnmatch
+from pathlib import Path
+
+import typer
+
+HELP = """Summarise replay results written by `dsim run`, without replaying anything.
+
+RESULTS are results directories (or run directories inside one); several are
+summarised together. Prints one row per run and policy:
+mean ± sample std of iteration time, training stall, inter-GPU delay and the
+start/fetch spreads, the share of iterations with an effective delay, and the
+what-if columns against the measured run (actual/actual). Epoch selection,
+warm-up and threshold default to what `dsim run` recorded; options override them.
+With --out the table is also written (atomically) as OUT/summary.<format>.
+
+\b
+Examples:
+  dsim summarize results/
+  dsim summarize results/ --epochs all --warmup 0 --threshold 0.05
+  dsim summarize results/ --policy avg/min --policy actual__actual --run 'fsN*resnet50*'
+  dsim summarize results-a/ results-b/ --out summaries/ --format csv,parquet,json
+"""
 
 
-def command() -> None:
-    """Not available yet."""
-    raise UsageError("`dsim summarize` is not implemented yet")
+def parse_policy_option(text: str) -> tuple[str, str]:
+    """``avg/min`` or ``avg__min`` → a canonical policy pair."""
+    from dsim.errors import UsageError
+    from dsim.policies import normalize_policy, parse_policy_label
+
+    if "/" in text:
+        fetch, _, start = text.partition("/")
+        return normalize_policy(fetch), normalize_policy(start)
+    if "__" in text:
+        return parse_policy_label(text)
+    raise UsageError(f"--policy expects FETCH/START or FETCH__START (e.g. avg/min), got {text!r}")
+
+
+def command(
+    results: list[Path] = typer.Argument(
+        ..., help="Results directories written by `dsim run` (or run directories inside them)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Also write the summary to OUT/summary.<format>."
+    ),
+    formats: str = typer.Option(
+        "csv,parquet", "--format", "-f", help="Formats written with --out: csv, parquet, json."
+    ),
+    run_globs: list[str] = typer.Option(
+        None, "--run", "-r", help="Only runs whose name matches this glob (repeatable)."
+    ),
+    policy_specs: list[str] = typer.Option(
+        None, "--policy", "-p", help="Only this policy, FETCH/START or FETCH__START (repeatable)."
+    ),
+    epochs: str | None = typer.Option(
+        None, "--epochs", help="Epochs to summarise: 1,2 or all (default: as `dsim run` recorded)."
+    ),
+    warmup: int | None = typer.Option(
+        None,
+        "--warmup",
+        min=0,
+        help="Skip iterations <= N of each epoch (default: as recorded, else 10).",
+    ),
+    threshold: float | None = typer.Option(
+        None,
+        "--threshold",
+        min=0.0,
+        help="Effective-delay threshold in seconds (default: as recorded).",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+) -> None:
+    from dsim.config import parse_epochs_option
+    from dsim.errors import UsageError
+    from dsim.render.files import parse_formats, write_summary_files
+    from dsim.results import find_result_runs
+    from dsim.summary import summarize_results
+
+    format_names = parse_formats(formats)  # validate before any work
+    policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
+    epoch_option = parse_epochs_option(epochs) if epochs is not None else None
+
+    runs = find_result_runs(list(results))
+    if run_globs:
+        runs = [r for r in runs if any(fnmatch.fnmatchcase(r.name, g) for g in run_globs)]
+        if not runs:
+            raise UsageError(f"no run matches --run {' '.join(run_globs)}")
+    summary = summarize_results(
+        runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
+    )
+
+    written = write_summary_files(summary, out, format_names) if out is not None else []
+    if quiet:
+        return
+    from rich.console import Console
+
+    from dsim.render.terminal import print_summary
+
+    print_summary(summary)
+    for path in written:
+        Console(stderr=True).print(f"wrote {path}", highlight=False)
+
+
+command.__doc__ = HELP

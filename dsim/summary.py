@@ -1,0 +1,261 @@
+"""Summary statistics of replays (DESIGN.md §4) and the what-if comparison.
+
+A replay table holds every complete iteration of every epoch; the summary
+decides which of them count. It keeps the selected epochs (default: all but
+the first, which carries start-up effects, when a run has more than one) and
+skips warm-up iterations (``iteration <= warmup``) of each epoch, then gives
+one row per run and policy: mean and sample standard deviation of each metric,
+the iteration count and the share of iterations whose delay exceeds the
+threshold. What-if columns compare each policy with the same run's
+``actual/actual`` replay, the measured run.
+
+``summary_row`` + ``summary_frame`` build the table from in-memory replays
+(``dsim run``); ``summarize_results`` builds it from results directories
+(``dsim summarize``, ``dsim report``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsim.errors import UsageError
+from dsim.policies import ACTUAL, BASELINE, Policy
+from dsim.results import METRIC_COLUMNS, ResultRun
+from dsim.runname import RUN_NAME_FIELDS, parse_run_name
+
+DEFAULT_WARMUP = 10
+DEFAULT_THRESHOLD_S = 0.030
+
+METADATA_COLUMNS = ["run", *RUN_NAME_FIELDS, "gpus"]
+STAT_COLUMNS = [
+    "iterations",
+    *(f"{metric}_{stat}" for metric in METRIC_COLUMNS[:3] for stat in ("mean", "std")),
+    "start_diff_s_mean",
+    "start_diff_s_std",
+    "fetch_diff_s_mean",
+    "fetch_diff_s_std",
+    "effective_delay_pct",
+]
+WHAT_IF_COLUMNS = ["speedup", "stall_change_s", "effective_delay_change_pts"]
+SELECTION_COLUMNS = ["selected_epochs", "warmup", "threshold_s"]
+SUMMARY_COLUMNS: list[str] = [
+    *METADATA_COLUMNS,
+    "fetch_align",
+    "start_align",
+    *STAT_COLUMNS,
+    *WHAT_IF_COLUMNS,
+    *SELECTION_COLUMNS,
+]
+
+Epochs = Sequence[int] | str | None  # explicit list, "all", or None for the default
+
+
+def default_epochs(present: Sequence[int]) -> list[int]:
+    """Every epoch but the first when there is more than one (the first carries warm-up)."""
+    epochs = sorted({int(e) for e in present})
+    return epochs[1:] if len(epochs) > 1 else epochs
+
+
+def resolve_epochs(present: Sequence[int], epochs: Epochs, *, run: str = "") -> list[int]:
+    """Turn an epochs option into a list, checking that every asked-for epoch exists."""
+    have = sorted({int(e) for e in present})
+    if epochs is None:
+        return default_epochs(have)
+    if isinstance(epochs, str):
+        if epochs.strip().lower() == "all":
+            return have
+        raise UsageError(f"epochs must be a list of numbers or 'all', not {epochs!r}")
+    wanted = sorted({int(e) for e in epochs})
+    missing = [e for e in wanted if e not in have]
+    if missing:
+        where = f"run {run}: " if run else ""
+        raise UsageError(
+            f"{where}epoch(s) {', '.join(map(str, missing))} not in the replay "
+            f"(epochs present: {', '.join(map(str, have)) or 'none'})"
+        )
+    return wanted
+
+
+def selection_mask(
+    epoch: np.ndarray, iteration: np.ndarray, epochs: Iterable[int], warmup: int
+) -> np.ndarray:
+    """Iterations that count: in a selected epoch and past the warm-up (``iteration > warmup``)."""
+    return np.isin(np.asarray(epoch), np.asarray(list(epochs), dtype=np.int64)) & (
+        np.asarray(iteration) > warmup
+    )
+
+
+def _mean_std(values: np.ndarray) -> tuple[float, float]:
+    n = len(values)
+    mean = float(np.mean(values)) if n else math.nan
+    std = float(np.std(values, ddof=1)) if n >= 2 else math.nan
+    return mean, std
+
+
+def summarize_metrics(
+    metrics: Mapping[str, np.ndarray], mask: np.ndarray, threshold_s: float
+) -> dict[str, Any]:
+    """Statistics of one replay over the selected iterations (DESIGN.md §4).
+
+    Means and sample standard deviations (ddof=1; NaN with fewer than two
+    iterations), the count, and ``effective_delay_pct`` = share of iterations
+    with delay strictly above ``threshold_s``.
+    """
+    mask = np.asarray(mask, dtype=bool)
+    out: dict[str, Any] = {"iterations": int(mask.sum())}
+    for metric in METRIC_COLUMNS:
+        mean, std = _mean_std(np.asarray(metrics[metric], dtype=np.float64)[mask])
+        out[f"{metric}_mean"] = mean
+        out[f"{metric}_std"] = std
+    delay = np.asarray(metrics["delay_s"], dtype=np.float64)[mask]
+    n = len(delay)
+    out["effective_delay_pct"] = 100.0 * int((delay > threshold_s).sum()) / n if n else math.nan
+    return out
+
+
+def _group_keys(df: pd.DataFrame) -> list[str]:
+    return ["run", "results"] if "results" in df.columns else ["run"]
+
+
+def add_what_if(df: pd.DataFrame) -> pd.DataFrame:
+    """Compare every row with its run's ``actual/actual`` row; NaN where a run has none.
+
+    speedup = baseline mean iteration time ÷ this policy's (>1 is faster);
+    changes are this policy minus the baseline.
+    """
+    df = df.copy()
+    keys = _group_keys(df)
+    is_base = (df["fetch_align"] == ACTUAL) & (df["start_align"] == ACTUAL)
+    base = df.loc[is_base, [*keys, "iteration_s_mean", "stall_s_mean", "effective_delay_pct"]]
+    base = base.drop_duplicates(subset=keys, keep="first")
+    base = base.rename(columns=lambda c: c if c in keys else f"__base_{c}")
+    merged = df[keys].merge(base, on=keys, how="left")
+    merged.index = df.index
+    df["speedup"] = merged["__base_iteration_s_mean"] / df["iteration_s_mean"]
+    df["stall_change_s"] = df["stall_s_mean"] - merged["__base_stall_s_mean"]
+    df["effective_delay_change_pts"] = (
+        df["effective_delay_pct"] - merged["__base_effective_delay_pct"]
+    )
+    return df
+
+
+def run_metadata(run: str, trace: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Run-name fields and GPU count of a run, from its trace's ``run.json`` when known."""
+    trace = trace or {}
+    fields = trace.get("metadata") or parse_run_name(run)
+    meta: dict[str, Any] = {"run": run}
+    meta.update({name: fields.get(name) for name in RUN_NAME_FIELDS})
+    meta["gpus"] = trace.get("gpus")
+    return meta
+
+
+def summary_row(
+    *,
+    run: str,
+    trace: Mapping[str, Any] | None,
+    policy: Policy,
+    stats: Mapping[str, Any],
+    epochs: Sequence[int],
+    warmup: int,
+    threshold_s: float,
+) -> dict[str, Any]:
+    """One summary row: run metadata, policy, ``summarize_metrics`` output, selection."""
+    return {
+        **run_metadata(run, trace),
+        "fetch_align": policy[0],
+        "start_align": policy[1],
+        **stats,
+        "selected_epochs": ",".join(str(e) for e in epochs),
+        "warmup": int(warmup),
+        "threshold_s": float(threshold_s),
+    }
+
+
+def summary_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows → the summary table: what-if columns added, ``SUMMARY_COLUMNS`` first, extras after."""
+    df = pd.DataFrame(list(rows))
+    for col in SUMMARY_COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.Series(dtype="float64")
+    df = add_what_if(df)
+    extras = [c for c in df.columns if c not in SUMMARY_COLUMNS]
+    return df[[*SUMMARY_COLUMNS, *extras]].reset_index(drop=True)
+
+
+def _run_selection(
+    run: ResultRun, epochs: Epochs, warmup: int | None, threshold_s: float | None
+) -> tuple[Epochs, int, float]:
+    saved = run.info.get("summary") or {}
+    return (
+        epochs if epochs is not None else saved.get("epochs"),
+        int(warmup if warmup is not None else saved.get("warmup", DEFAULT_WARMUP)),
+        float(
+            threshold_s
+            if threshold_s is not None
+            else saved.get("threshold_s", DEFAULT_THRESHOLD_S)
+        ),
+    )
+
+
+def summarize_results(
+    runs: list[ResultRun],
+    *,
+    epochs: Epochs = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    policies: Sequence[Policy] | None = None,
+) -> pd.DataFrame:
+    """The summary table of replays stored in results directories.
+
+    Options override the selection each run's ``result.json`` recorded. The
+    ``actual/actual`` replay is read for the what-if columns even when
+    ``policies`` leaves it out of the rows.
+    """
+    wanted = None if policies is None else list(dict.fromkeys(policies))
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        chosen = [p for p in run.replays if wanted is None or p in wanted]
+        if not chosen:
+            continue
+        if BASELINE in run.replays and BASELINE not in chosen:
+            chosen.append(BASELINE)
+        run_epochs, run_warmup, run_threshold = _run_selection(run, epochs, warmup, threshold_s)
+        trace = dict(run.info.get("trace") or {})
+        if trace.get("gpus") is None and isinstance(run.info.get("gpus"), list):
+            trace["gpus"] = len(run.info["gpus"])  # ranks replayed, when the trace lacks a count
+        for policy in chosen:
+            table = run.read(policy)
+            epoch = table.column("epoch").to_numpy()
+            iteration = table.column("iteration").to_numpy()
+            selected = resolve_epochs(np.unique(epoch).tolist(), run_epochs, run=run.name)
+            mask = selection_mask(epoch, iteration, selected, run_warmup)
+            if not mask.any():
+                raise UsageError(
+                    f"run {run.name}: no iterations selected (epochs "
+                    f"{','.join(map(str, selected)) or 'none'}, iterations > {run_warmup}); "
+                    "choose other --epochs or a smaller --warmup"
+                )
+            metrics = {m: table.column(m).to_numpy() for m in METRIC_COLUMNS}
+            stats = summarize_metrics(metrics, mask, run_threshold)
+            row = summary_row(
+                run=run.name,
+                trace=trace,
+                policy=policy,
+                stats=stats,
+                epochs=selected,
+                warmup=run_warmup,
+                threshold_s=run_threshold,
+            )
+            row["results"] = str(run.directory)
+            row["__shown"] = wanted is None or policy in wanted
+            rows.append(row)
+    if not rows:
+        raise UsageError("no replay matches the selected runs and policies")
+    df = summary_frame(rows)
+    df = df[df.pop("__shown").astype(bool)]
+    return df.sort_values(["run", "results"], kind="stable").reset_index(drop=True)

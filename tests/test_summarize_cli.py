@@ -1,0 +1,153 @@
+"""`dsim summarize` end to end: the real CLI in a subprocess on real Parquet result directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dsim.results import replay_table, write_replay, write_result_info
+
+DSIM = str(Path(sys.executable).with_name("dsim"))
+EPOCH = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)
+ITERATION = np.array([0, 1, 2, 0, 1, 2], dtype=np.int32)
+METRICS = {
+    # policy: iteration_s of the rows; selection epoch 1, warm-up 0 keeps the last two
+    ("actual", "actual"): [9.0, 9.0, 9.0, 9.0, 2.0, 4.0],
+    ("avg", "min"): [9.0, 9.0, 9.0, 9.0, 1.0, 2.0],
+    ("min", "actual"): [9.0, 9.0, 9.0, 9.0, 1.5, 3.0],
+}
+
+
+def make_results(out: Path, run: str, scale: float = 1.0) -> Path:
+    for policy, iteration_s in METRICS.items():
+        it = np.asarray(iteration_s) * scale
+        metrics = {
+            "iteration_s": it,
+            "stall_s": it / 2,
+            "delay_s": np.where(it > 3.5, 0.05, 0.01),
+            "fetch_diff_s": np.zeros(6),
+            "start_diff_s": np.ones(6),
+        }
+        table = replay_table(
+            EPOCH, ITERATION, metrics, np.arange(4), np.zeros((6, 4)),
+            run=run, policy=policy, key="k",
+        )  # fmt: skip
+        write_replay(table, out)
+    info = {"trace": {"gpus": 4}, "summary": {"epochs": [1], "warmup": 0, "threshold_s": 0.03}}
+    write_result_info(info, out, run)
+    return out
+
+
+def dsim(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [DSIM, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return make_results(tmp_path / "results", "runA")
+
+
+def test_prints_the_table(results):
+    proc = dsim("summarize", results)
+    assert proc.returncode == 0, proc.stderr
+    assert "runA (4 GPUs, 2 iterations)" in proc.stdout
+    for label in ("actual/actual", "avg/min", "min/actual"):
+        assert label in proc.stdout
+    assert "2.00×" in proc.stdout  # avg/min: 3.0 / 1.5
+    assert "3.000" in proc.stdout and "±1.414" in proc.stdout  # actual/actual mean ± std
+    assert not list(results.glob("summary.*"))  # nothing written without --out
+
+
+def test_writes_every_format_atomically(results, tmp_path):
+    out = tmp_path / "summaries"
+    proc = dsim("summarize", results, "--out", out, "--format", "csv,parquet,json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert sorted(p.name for p in out.iterdir()) == [
+        "summary.csv",
+        "summary.json",
+        "summary.parquet",
+    ]
+    table = pq.read_table(out / "summary.parquet").to_pandas()
+    assert len(table) == 3
+    aligned = table[table.fetch_align == "avg"].iloc[0]
+    assert aligned.iteration_s_mean == pytest.approx(1.5)
+    assert aligned.speedup == pytest.approx(2.0)
+    assert aligned.effective_delay_change_pts == pytest.approx(-50.0)
+    records = json.loads((out / "summary.json").read_text())
+    assert [r["run"] for r in records] == ["runA"] * 3
+    assert records[0]["logtype"] is None  # NaN/None become null, valid JSON
+    assert (out / "summary.csv").read_text().splitlines()[0].startswith("run,logtype,")
+
+
+def test_filters_and_several_results_directories(results, tmp_path):
+    other = make_results(tmp_path / "other", "runB", scale=2.0)
+    proc = dsim(
+        "summarize", results, other, "--run", "run[B]", "--policy", "avg/min",
+        "--out", tmp_path / "s", "--format", "csv",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "s" / "summary.csv").read_text().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("runB,")
+    proc = dsim("summarize", results, other, "--policy", "min__actual", "--epochs", "all")
+    assert proc.returncode == 0, proc.stderr
+    assert "runA" in proc.stdout and "runB" in proc.stdout
+    assert "avg/min" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--run", "nomatch*"], 2, "no run matches --run nomatch*"),
+        (["--policy", "median/min"], 2, "unknown policy 'median'"),
+        (["--policy", "avg"], 2, "--policy expects FETCH/START"),
+        (["--epochs", "7"], 2, "epoch(s) 7 not in the replay"),
+        (["--epochs", "x"], 2, "--epochs expects"),
+        (["--warmup", "5"], 2, "no iterations selected"),
+        (["--format", "xlsx", "--out", "o"], 2, "unknown output format xlsx"),
+    ],
+)
+def test_bad_options_give_one_line_and_write_nothing(results, tmp_path, args, code, message):
+    proc = dsim("summarize", results, *args, cwd=tmp_path)
+    assert proc.returncode == code
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_or_empty_results_directory(tmp_path):
+    proc = dsim("summarize", tmp_path / "nope")
+    assert proc.returncode == 3 and "no such file or directory" in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = dsim("summarize", tmp_path / "empty")
+    assert proc.returncode == 3 and "no dsim results here" in proc.stderr
+
+
+def test_unwritable_out_is_an_output_error(results, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    proc = dsim("summarize", results, "--out", blocker / "sub")
+    assert proc.returncode == 4
+    assert "cannot write" in proc.stderr and "Traceback" not in proc.stderr
+    assert blocker.read_text() == "in the way"
+
+
+def test_help_has_examples():
+    proc = dsim("summarize", "--help")
+    assert proc.returncode == 0
+    assert "Examples" in proc.stdout and "--policy" in proc.stdout
