@@ -1,10 +1,268 @@
-"""`dsim report`: placeholder until its issue lands (see docs/ARCHITECTURE.md)."""
+"""`dsim report`: the self-contained what-if HTML report of replay results.
+
+Thin: options → ``find_result_runs`` → ``summarize_results`` → figures and page
+(``dsim.render``) → one atomic write. plotly and pandas are imported inside
+the command so that ``dsim --help`` stays fast.
+"""
 
 from __future__ import annotations
 
-from dsim.errors import UsageError
+import fnmatch
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from dsim.errors import OutputError, UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsim.policies import Policy
+    from dsim.results import ResultRun
+
+IMAGE_FORMATS = ("png", "svg")
 
 
-def command() -> None:
-    """Not available yet."""
-    raise UsageError("`dsim report` is not implemented yet")
+def parse_epochs_option(text: str | None) -> list[int] | str | None:
+    """``all``, ``2``, ``1,3`` or ``1-3`` (ranges inclusive) → what the summary accepts."""
+    if text is None:
+        return None
+    text = text.strip()
+    if text.lower() == "all":
+        return "all"
+    epochs: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise UsageError(f"--epochs: expected 'all', N, N,M or N-M, not {text!r}")
+        lo = int(match.group(1))
+        hi = int(match.group(2) or lo)
+        if hi < lo:
+            raise UsageError(f"--epochs: empty range {part.strip()!r}")
+        epochs.extend(range(lo, hi + 1))
+    return sorted(set(epochs))
+
+
+def parse_policy_option(text: str) -> Policy:
+    """``avg/min``, ``avg__min`` or ``avg,min`` (fetch first) → a canonical policy pair."""
+    from dsim.policies import normalize_policy
+
+    parts = re.split(r"__|/|,|:", text.strip())
+    if len(parts) != 2:
+        raise UsageError(f"--policy: expected FETCH/START such as avg/min, not {text!r}")
+    return normalize_policy(parts[0]), normalize_policy(parts[1])
+
+
+def select_runs(runs: list[ResultRun], globs: list[str]) -> list[ResultRun]:
+    """Runs whose name matches any ``--run`` glob (all runs without one)."""
+    if not globs:
+        return runs
+    chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, g) for g in globs)]
+    if not chosen:
+        names = ", ".join(r.name for r in runs[:10]) + (" …" if len(runs) > 10 else "")
+        raise UsageError(f"--run {' '.join(globs)} matches no run; runs found: {names}")
+    return chosen
+
+
+def _display_names(runs: list[ResultRun]) -> dict[str, str]:
+    """Run name per results directory, made unique when two directories hold the same run."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    return {
+        str(r.directory): r.name if counts[r.name] == 1 else f"{r.name} [{r.directory.parent}]"
+        for r in runs
+    }
+
+
+def _check_output(out: Path) -> None:
+    """Fail before any work when the report could not be written there."""
+    if out.is_dir():
+        raise OutputError(f"cannot write {out}: it is a directory")
+    parent = out.parent
+    for ancestor in (parent, *parent.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise OutputError(f"cannot write {out}: {ancestor} is not a directory")
+            break
+
+
+def _timeline_replays(
+    run: ResultRun, policies: list[Policy], summary_row: Any
+) -> dict[Policy, pd.DataFrame]:
+    """The timeline run's replays, restricted to the iterations the summary used."""
+    from dsim.summary import selection_mask
+
+    epochs = [int(e) for e in str(summary_row["selected_epochs"]).split(",") if e.strip()]
+    warmup = int(summary_row["warmup"])
+    out: dict[Policy, pd.DataFrame] = {}
+    for policy in policies:
+        table = run.read(policy)
+        mask = selection_mask(
+            table.column("epoch").to_numpy(), table.column("iteration").to_numpy(), epochs, warmup
+        )
+        frame = table.to_pandas()
+        out[policy] = frame[mask].reset_index(drop=True)
+    return out
+
+
+def _selection_text(row: Any) -> str:
+    epochs = str(row["selected_epochs"])
+    label = "epoch" if "," not in epochs else "epochs"
+    return f"{label} {epochs.replace(',', ', ')}, warm-up iterations ≤ {int(row['warmup'])} skipped"
+
+
+def _write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path | None:
+    """Static copies of every figure, only when a renderer (kaleido) is installed."""
+    try:
+        import kaleido  # noqa: F401
+        import plotly.io as pio
+    except ImportError:
+        typer.echo(
+            f"dsim: note: no {fmt} images written: static export needs the kaleido package "
+            "(pip install kaleido); the HTML report does not need it",
+            err=True,
+        )
+        return None
+    from dsim.atomic import atomic_path
+
+    folder = out.with_name(f"{out.stem}_images")
+    for div_id, fig in figs:
+        target = folder / f"{div_id.removeprefix('fig-')}.{fmt}"
+        with atomic_path(target) as tmp:
+            try:
+                pio.write_image(fig, tmp, format=fmt, width=1200, scale=2 if fmt == "png" else 1)
+            except (RuntimeError, ValueError) as exc:
+                raise OutputError(f"cannot render {target}: {exc}") from exc
+    return folder
+
+
+def command(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Results directories written by `dsim run` (or single run directories).",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    run: Annotated[
+        list[str] | None,
+        typer.Option("--run", help="Only runs whose name matches this glob (repeatable)."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy", help="Only this policy, FETCH/START such as avg/min (repeatable)."
+        ),
+    ] = None,
+    timeline_run: Annotated[
+        str | None,
+        typer.Option(
+            "--timeline-run", help="Run shown in the timeline and delay CDF (default: the first)."
+        ),
+    ] = None,
+    epochs: Annotated[
+        str | None,
+        typer.Option(
+            "--epochs",
+            help="Epochs the statistics use: all, N, N,M or N-M (default: as `dsim run` recorded).",
+        ),
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            "--warmup", min=0, help="Skip iterations <= N of each epoch (default: recorded)."
+        ),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            min=0.0,
+            help="Effective-delay threshold in seconds (default: recorded, else 0.030).",
+        ),
+    ] = None,
+    images: Annotated[
+        str | None,
+        typer.Option(
+            "--images",
+            help="Also write each figure as png or svg next to the report (needs kaleido).",
+        ),
+    ] = None,
+) -> None:
+    """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
+    if images is not None and images.lower() not in IMAGE_FORMATS:
+        raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
+    epoch_sel = parse_epochs_option(epochs)
+    policies = [parse_policy_option(p) for p in policy or []] or None
+    _check_output(out)
+
+    from dsim.atomic import write_text
+    from dsim.policies import BASELINE
+    from dsim.render.html import ReportInput, render_report, report_figures
+    from dsim.results import find_result_runs
+    from dsim.summary import summarize_results
+
+    runs = select_runs(find_result_runs(list(results)), run or [])
+    for r in runs:
+        if not r.replays:
+            from dsim.errors import InputError
+
+            raise InputError("no replay tables (*__*.parquet) in this run directory", r.directory)
+    if policies is not None:
+        present = {p for r in runs for p in r.replays}
+        missing = [p for p in policies if p not in present]
+        if missing:
+            listed = ", ".join(f"{f}/{s}" for f, s in missing)
+            raise UsageError(f"--policy {listed}: no such replay in the selected runs")
+    summary = summarize_results(
+        runs, epochs=epoch_sel, warmup=warmup, threshold_s=threshold, policies=policies
+    )
+    names = _display_names(runs)
+    summary["run"] = [
+        names.get(d, r) for d, r in zip(summary["results"], summary["run"], strict=True)
+    ]
+
+    by_name = {names[str(r.directory)]: r for r in runs}
+    shown = [n for n in dict.fromkeys(summary["run"])]
+    if timeline_run is None:
+        chosen = shown[0]
+    else:
+        matches = [n for n in shown if n == timeline_run or by_name[n].name == timeline_run]
+        if not matches:
+            raise UsageError(
+                f"--timeline-run {timeline_run}: not among the runs shown: {', '.join(shown)}"
+            )
+        chosen = matches[0]
+    t_run = by_name[chosen]
+    rows = summary[summary["run"] == chosen]
+    t_policies = [
+        (str(f), str(s)) for f, s in zip(rows["fetch_align"], rows["start_align"], strict=True)
+    ]
+    if BASELINE in t_run.replays and BASELINE not in t_policies:
+        t_policies.insert(0, BASELINE)
+    first_row = rows.iloc[0]
+    data = ReportInput(
+        summary=summary,
+        timeline_run=chosen,
+        timeline_replays=_timeline_replays(t_run, t_policies, first_row),
+        threshold_s=float(first_row["threshold_s"]),
+        selection=_selection_text(first_row),
+        sources=[str(p) for p in results],
+    )
+    figs = report_figures(data)
+    write_text(render_report(data, figs), out)
+    size_mb = out.stat().st_size / 1e6
+    typer.echo(
+        f"wrote {out} ({len(shown)} run{'s' if len(shown) != 1 else ''}, "
+        f"{len(summary)} policy rows, {size_mb:.1f} MB)"
+    )
+    if images is not None:
+        folder = _write_images(figs, out, images.lower())
+        if folder is not None:
+            typer.echo(f"wrote {len(figs)} {images.lower()} images to {folder}")
