@@ -1,0 +1,155 @@
+"""The two raw log lines dsim's parser reads (DESIGN.md §1), and where they go.
+
+Formatting is kept apart from timing so that the exact text is defined in one
+place and can be tested without PyTorch. Sinks write one complete line per
+call: many DataLoader worker processes append to the same per-rank file, and a
+line must never be torn or interleaved with another one, nor lost in a buffer
+when the job crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from pathlib import Path
+from typing import Protocol
+
+from dsim.errors import UsageError
+
+# POSIX guarantees atomic appends of at most PIPE_BUF bytes; our lines are ~150.
+PIPE_BUF = getattr(select, "PIPE_BUF", 512)
+
+
+_second: list = [None, ""]  # (whole second, its formatted text): strftime is the costly part
+
+
+def format_timestamp(wall: float) -> str:
+    """Local wall-clock time with microseconds, as the original loggers printed it."""
+    second = int(wall // 1)
+    if second != _second[0]:
+        _second[:] = [second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))]
+    return f"{_second[1]}.{min(int((wall - second) * 1e6), 999_999):06d}"
+
+
+def fetch_line(wall_end: float, rank: int, worker: int, seconds: float, batch: int) -> str:
+    """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
+
+    Fixed-point seconds: ``repr`` would print tiny durations as ``1e-05``,
+    which the grammar does not accept.
+    """
+    return (
+        f"{format_timestamp(wall_end)} DEBUG:\tGPU: {rank} worker_id: {worker}, "
+        f"END FETCH at_time {seconds:.9f} data idx{batch}\n"
+    )
+
+
+def training_line(
+    wall_start: float,
+    rank: int,
+    epoch: int,
+    iteration: int,
+    total: int,
+    time_s: tuple[float, float],
+    data_s: tuple[float, float],
+    throughput: tuple[float, float] | None,
+) -> str:
+    """One iteration in the PyTorch ImageNet example's format; pairs are (value, running mean)."""
+    width = len(str(total))
+    line = (
+        f"{format_timestamp(wall_start)} GPU: {rank} "
+        f"Epoch: [{epoch}][{iteration:>{width}d}/{total}]"
+        f"\tTime {time_s[0]:.6f} ({time_s[1]:.6f})\tData {data_s[0]:.6f} ({data_s[1]:.6f})"
+    )
+    if throughput is not None:
+        line += f"\tThroughput {throughput[0]:.3f} ({throughput[1]:.3f})"
+    return line + "\n"
+
+
+class LineSink(Protocol):
+    def write(self, line: str) -> None: ...
+
+
+class FileSink:
+    """Appends lines to one file, safely from many processes at once.
+
+    Each process opens its own descriptor with ``O_APPEND`` (re-opened after a
+    fork) and writes each line with a single unbuffered ``os.write``: the
+    kernel appends it whole, and nothing waits in a buffer if the job dies.
+    Picklable, so it travels to DataLoader workers started with ``spawn``.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": self.path, "_fd": None, "_pid": None}
+
+    def _open(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            raise UsageError(f"cannot write the log file {self.path}: {reason}") from exc
+        self._fd, self._pid = fd, os.getpid()
+        return fd
+
+    def write(self, line: str) -> None:
+        fd = self._fd if self._pid == os.getpid() else self._open()
+        data = line.encode("utf-8")
+        if len(data) > PIPE_BUF:  # cannot happen for dsim's own lines; keep them whole anyway
+            data = data[: PIPE_BUF - 1] + b"\n"
+        os.write(fd, data)
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = self._pid = None
+
+
+class LoggerSink:
+    """Sends lines to a ``logging.Logger`` (kept by name, so it pickles to workers).
+
+    The line carries its own timestamp: give the logger's handler a format
+    with no timestamp of its own (``%(message)s``, optionally after a prefix
+    such as ``[rank0]: ``), or the parser would read the logger's time.
+    """
+
+    def __init__(self, logger: logging.Logger | str, level: int = logging.INFO):
+        self.name = logger.name if isinstance(logger, logging.Logger) else logger
+        self.level = level
+
+    def write(self, line: str) -> None:
+        logging.getLogger(self.name).log(self.level, line.rstrip("\n"))
+
+
+def make_sink(
+    log_dir: str | Path | None, rank: int, logger: logging.Logger | str | None
+) -> LineSink:
+    """``<log_dir>/rank<rank>.log`` or the given logger: exactly one of the two."""
+    if (log_dir is None) == (logger is None):
+        raise UsageError("give exactly one of log_dir= and logger=")
+    if logger is not None:
+        return LoggerSink(logger)
+    return FileSink(Path(log_dir) / f"rank{rank}.log")
+
+
+def resolve_rank(rank: int | None) -> int:
+    """The caller's rank, else torch.distributed's, else ``$RANK``, else 0."""
+    if rank is not None:
+        if rank < 0:
+            raise UsageError(f"rank must be >= 0, got {rank}")
+        return int(rank)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    env = os.environ.get("RANK", "")
+    return int(env) if env.isdigit() else 0

@@ -1,0 +1,105 @@
+"""Time a training loop: one training line per iteration and rank.
+
+Conventions of the PyTorch ImageNet example, which the original logs used:
+an iteration starts when the previous one ended (the first one when the
+epoch's iterator is requested, so worker start-up counts as waiting), Data is
+the time until the batch arrived, Time runs until the step ended, including
+the wait, and the line's timestamp is the batch's arrival. Consecutive Times
+therefore add up to the epoch's wall time. Means in parentheses are per epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dsim.errors import UsageError
+from dsim.instrument.lines import make_sink, resolve_rank, training_line
+
+T = TypeVar("T")
+
+
+class _Mean:
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> tuple[float, float]:
+        self.count += 1
+        self.total += value
+        return value, self.total / self.count
+
+
+class TrainingTimer:
+    """Wraps the iteration over a loader; see ``iterate``.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before the end of
+    each iteration is taken, so that asynchronous GPU work is counted in the
+    iteration that launched it. ``batch_size`` defaults to the loader's; the
+    Throughput column is left out when it is unknown.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | Path | None = None,
+        rank: int | None = None,
+        batch_size: int | None = None,
+        *,
+        logger: logging.Logger | str | None = None,
+        sync: Callable[[], Any] | None = None,
+    ):
+        self.rank = resolve_rank(rank)
+        self.batch_size = batch_size
+        self.sync = sync
+        self.sink = make_sink(log_dir, self.rank, logger)
+
+    def iterate(self, loader: Iterable[T], epoch: int, total: int | None = None) -> Iterator[T]:
+        """Yield ``loader``'s batches; log each iteration when the loop asks for the next batch.
+
+        ``total`` (iterations in the epoch) defaults to ``len(loader)``. An
+        iteration the loop leaves with ``break`` or an exception is not
+        logged: its end is unknown, and a wrong record is worse than none.
+        """
+        if total is None:
+            try:
+                total = len(loader)  # type: ignore[arg-type]
+            except TypeError:
+                raise UsageError("the loader has no len(); pass total= to iterate()") from None
+        batch_size = self.batch_size or getattr(loader, "batch_size", None)
+        times, waits, rates = _Mean(), _Mean(), _Mean()
+        clock, sync, write, rank = time.perf_counter, self.sync, self.sink.write, self.rank
+
+        begin = clock()
+        batches = iter(loader)
+        for iteration in itertools.count():
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            arrived = clock()
+            arrived_wall = time.time()
+            yield batch
+            if sync is not None:
+                sync()
+            end = clock()
+            elapsed = end - begin
+            rate = rates.add(batch_size / elapsed) if batch_size and elapsed > 0 else None
+            write(
+                training_line(
+                    arrived_wall,
+                    rank,
+                    epoch,
+                    iteration,
+                    total,
+                    times.add(elapsed),
+                    waits.add(arrived - begin),
+                    rate,
+                )
+            )
+            begin = end

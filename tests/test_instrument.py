@@ -1,0 +1,422 @@
+"""dsim.instrument: the instrumented loader yields what the plain one yields, and logs parse.
+
+Everything runs real PyTorch DataLoaders (worker processes included) and, for
+the round trip, the real ``dsim parse`` command on the logs they wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsim.errors import UsageError
+from dsim.instrument import FileSink, fetch_line, training_line
+
+pytestmark = pytest.mark.torch
+
+# The two line kinds of DESIGN.md §1, written independently of dsim's grammar module.
+FETCH_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) DEBUG:\tGPU: (?P<gpu>\d+) "
+    r"worker_id: (?P<worker>\d+), END FETCH at_time (?P<secs>\d+\.\d+) data idx(?P<idx>\d+)$"
+)
+TRAIN_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) GPU: (?P<gpu>\d+) "
+    r"Epoch: \[(?P<epoch>\d+)\]\[ *(?P<it>\d+)/(?P<total>\d+)\]"
+    r"\tTime (?P<time>\d+\.\d+) \((?P<time_avg>\d+\.\d+)\)"
+    r"\tData (?P<data>\d+\.\d+) \((?P<data_avg>\d+\.\d+)\)"
+    r"(\tThroughput (?P<thr>\d+\.\d+) \((?P<thr_avg>\d+\.\d+)\))?$"
+)
+
+
+def read_log(path: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Split a log into fetch and training records; any other line fails the test."""
+    fetches, trains = [], []
+    if not path.exists():
+        return fetches, trains
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if m := FETCH_RE.match(line):
+            fetches.append(m.groupdict())
+        elif m := TRAIN_RE.match(line):
+            trains.append(m.groupdict())
+        else:
+            raise AssertionError(f"{path}:{number}: not a dsim line: {line!r}")
+    return fetches, trains
+
+
+# ---------------------------------------------------------------- lines, no torch needed
+
+
+def test_lines_match_the_grammar_even_for_tiny_and_huge_values() -> None:
+    f = fetch_line(1_630_525_734.841123, 3, 11, 1e-7, 850).rstrip("\n")
+    m = FETCH_RE.match(f)
+    assert m and m["gpu"] == "3" and m["worker"] == "11" and m["idx"] == "850"
+    assert float(m["secs"]) == pytest.approx(1e-7, abs=1e-9)
+    t = training_line(
+        1_630_525_735.191641, 0, 1, 7, 851, (9.777588, 1.5), (8.596788, 1.0), (52.365, 52.0)
+    ).rstrip("\n")
+    m = TRAIN_RE.match(t)
+    assert m and m["epoch"] == "1" and m["it"] == "7" and m["total"] == "851"
+    assert "[1][  7/851]" in t and m["thr"] == "52.365"
+    no_rate = training_line(0.0, 0, 0, 0, 1, (1e-9, 1e-9), (0.0, 0.0), None)
+    assert TRAIN_RE.match(no_rate.rstrip("\n")) and "Throughput" not in no_rate
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 4e9))
+def test_timestamps_are_local_time_truncated_to_the_microsecond(wall: float) -> None:
+    from datetime import datetime
+
+    from dsim.instrument.lines import format_timestamp
+
+    text = format_timestamp(wall)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", text)
+    parsed = datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f")
+    # datetime rounds to the nearest microsecond where dsim truncates.
+    assert abs((parsed - datetime.fromtimestamp(wall)).total_seconds()) <= 1e-6
+
+
+def _hammer(path: str, who: int, count: int) -> None:
+    sink = FileSink(path)
+    for i in range(count):
+        sink.write(fetch_line(1_630_525_734.0 + i, who, who, 0.25 * i, i))
+
+
+def test_file_sink_never_tears_lines_across_processes(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hammer, args=(str(path), w, 3000)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    fetches, _ = read_log(path)
+    per_writer = Counter(r["gpu"] for r in fetches)
+    assert per_writer == {str(w): 3000 for w in range(4)}
+    for w in range(4):
+        idx = [int(r["idx"]) for r in fetches if r["gpu"] == str(w)]
+        assert idx == list(range(3000))  # each process's lines in its own order
+
+
+def test_file_sink_reopens_after_fork_and_pickles_without_its_descriptor(tmp_path: Path) -> None:
+    import pickle
+
+    sink = FileSink(tmp_path / "a" / "rank2.log")
+    sink.write("x\n")
+    clone = pickle.loads(pickle.dumps(sink))
+    clone.write("y\n")
+    sink.close()
+    assert (tmp_path / "a" / "rank2.log").read_text() == "x\ny\n"
+
+
+# ---------------------------------------------------------------- with torch
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+class Squares:
+    """A map-style dataset of mixed structures, so collation is not trivial."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.note = "passes through"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return {"x": torch.tensor([float(i), float(i * i)]), "label": i % 3, "name": f"s{i}"}
+
+
+class SquaresBatched(Squares):
+    """Same data, read a batch at a time through ``__getitems__``."""
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+def tuple_collate(samples):
+    """A custom collate_fn returning a different structure than default_collate."""
+    import torch
+
+    return (
+        torch.stack([s["x"] for s in samples]).sum(dim=1),
+        [s["name"] for s in samples],
+    )
+
+
+def same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def make_loader(torch, cfg: dict, rank: int):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ds = (SquaresBatched if cfg["getitems"] else Squares)(cfg["size"])
+    kwargs: dict = {"num_workers": cfg["workers"]}
+    if cfg["workers"]:
+        kwargs.update(persistent_workers=cfg["persistent"], prefetch_factor=cfg["prefetch"])
+    if cfg["collate"]:
+        kwargs["collate_fn"] = tuple_collate if cfg["batch"] else (lambda s: s["x"] * 2)
+    if cfg["distributed"]:
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=cfg["shuffle"], seed=5)
+        kwargs["sampler"] = sampler
+    else:
+        sampler = None
+        kwargs["shuffle"] = cfg["shuffle"]
+    if cfg["batch"]:
+        kwargs.update(batch_size=cfg["batch"], drop_last=cfg["drop_last"])
+    else:
+        kwargs["batch_size"] = None
+    return DataLoader(ds, **kwargs), sampler
+
+
+def run_epochs(torch, loader, sampler, epochs: int, timer=None) -> list[list]:
+    out = []
+    for epoch in range(epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        batches = loader if timer is None else timer.iterate(loader, epoch=epoch)
+        out.append(list(batches))
+    return out
+
+
+configs = st.fixed_dictionaries(
+    {
+        "size": st.integers(1, 23),
+        "batch": st.sampled_from([None, 1, 3, 4]),
+        "drop_last": st.booleans(),
+        "shuffle": st.booleans(),
+        "workers": st.sampled_from([0, 1, 2]),
+        "persistent": st.booleans(),
+        "prefetch": st.sampled_from([1, 2, 3]),
+        "collate": st.booleans(),
+        "distributed": st.booleans(),
+        "getitems": st.booleans(),
+        "epochs": st.integers(1, 2),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+@settings(
+    max_examples=14,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cfg=configs)
+def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
+    torch, tmp_path_factory, cfg: dict
+) -> None:
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    log_dir = tmp_path_factory.mktemp("logs")
+    ranks = (0, 1) if cfg["distributed"] else (0,)
+    for rank in ranks:
+        torch.manual_seed(cfg["seed"])
+        plain, sampler = make_loader(torch, cfg, rank)
+        expected = run_epochs(torch, plain, sampler, cfg["epochs"])
+
+        torch.manual_seed(cfg["seed"])
+        original, sampler = make_loader(torch, cfg, rank)
+        loader = instrument_loader(original, log_dir=log_dir, rank=rank)
+        timer = TrainingTimer(log_dir=log_dir, rank=rank, batch_size=cfg["batch"])
+        got = run_epochs(torch, loader, sampler, cfg["epochs"], timer)
+
+        assert len(loader) == len(original)
+        assert loader.sampler is original.sampler and loader.batch_size == original.batch_size
+        assert [len(e) for e in got] == [len(e) for e in expected]
+        flat_expected = [b for epoch in expected for b in epoch]
+        pairs = list(zip(flat_expected, [b for epoch in got for b in epoch], strict=True))
+        assert all(same(a, b) for a, b in pairs)
+
+        fetches, trains = read_log(log_dir / f"rank{rank}.log")
+        n = len(expected[0])
+        assert {r["gpu"] for r in fetches + trains} <= {str(rank)}
+        assert {int(r["worker"]) for r in fetches} <= set(range(max(cfg["workers"], 1)))
+        # One fetch per batch and epoch: every index of the epoch once per epoch.
+        assert Counter(int(r["idx"]) for r in fetches) == Counter(
+            {i: cfg["epochs"] for i in range(n)}
+        )
+        assert [(int(r["epoch"]), int(r["it"])) for r in trains] == [
+            (e, i) for e in range(cfg["epochs"]) for i in range(n)
+        ]
+        for r in trains:
+            assert int(r["total"]) == n
+            assert float(r["time"]) + 2e-6 >= float(r["data"]) >= 0
+            assert (r["thr"] is None) == (cfg["batch"] is None)
+
+    if n:  # the real parser, strict: any rejected line fails
+        from dsim.discover import discover_runs
+        from dsim.parse import parse_run
+
+        (source,) = discover_runs([log_dir], name="run")
+        tables = parse_run(source, strict=True).tables
+        expected_keys = Counter(
+            (e, i, g) for e in range(cfg["epochs"]) for i in range(n) for g in ranks
+        )
+        for table in (tables.fetch, tables.train):
+            columns = table.select(["epoch", "iteration", "gpu"]).to_pydict()
+            assert Counter(zip(*columns.values(), strict=True)) == expected_keys
+
+
+def test_timer_logs_each_finished_iteration_syncs_once_and_skips_a_broken_one(
+    torch, tmp_path: Path
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    calls = []
+    loader = instrument_loader(DataLoader(Squares(10), batch_size=2), log_dir=tmp_path, rank=4)
+    timer = TrainingTimer(log_dir=tmp_path, rank=4, sync=lambda: calls.append(1))
+    for i, _ in enumerate(timer.iterate(loader, epoch=3)):
+        if i == 2:
+            break
+    fetches, trains = read_log(tmp_path / "rank4.log")
+    assert [(r["epoch"], r["it"], r["total"]) for r in trains] == [("3", "0", "5"), ("3", "1", "5")]
+    assert len(calls) == 2
+    assert [r["idx"] for r in fetches] == ["0", "1", "2"]
+    assert {r["thr"] is not None for r in trains} == {True}  # batch size taken from the loader
+
+
+def test_rank_comes_from_the_environment_and_logger_output_works(
+    torch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    monkeypatch.setenv("RANK", "3")
+    logger = logging.getLogger("dsim-test-instrument")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(tmp_path / "out.log")
+    handler.setFormatter(logging.Formatter("[rank3]: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        loader = instrument_loader(DataLoader(Squares(4), batch_size=2), logger=logger)
+        for _ in TrainingTimer(logger=logger).iterate(loader, epoch=0):
+            pass
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    lines = (tmp_path / "out.log").read_text().splitlines()
+    assert len(lines) == 4
+    assert all(line.startswith("[rank3]: ") for line in lines)
+    stripped = [line.removeprefix("[rank3]: ") for line in lines]
+    assert sum(bool(FETCH_RE.match(s)) for s in stripped) == 2
+    assert sum(bool(TRAIN_RE.match(s)) for s in stripped) == 2
+    assert all("GPU: 3 " in s for s in stripped)
+
+
+def test_spawned_workers_and_attribute_passthrough(torch, tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import instrument_loader
+
+    plain = DataLoader(Squares(6), batch_size=3, num_workers=1, multiprocessing_context="spawn")
+    loader = instrument_loader(plain, log_dir=tmp_path, rank=0)
+    assert loader.dataset.note == "passes through" and loader.dataset.wrapped is plain.dataset
+    loader.dataset.note = "set through"
+    assert plain.dataset.note == "set through"
+    assert all(map(same, plain, loader))
+    fetches, _ = read_log(tmp_path / "rank0.log")
+    assert sorted(r["idx"] for r in fetches) == ["0", "1"]
+
+
+def test_refuses_what_it_cannot_time(torch, tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(UsageError, match="map-style"):
+        instrument_loader(DataLoader(Stream()), log_dir=tmp_path)
+    once = instrument_loader(DataLoader(Squares(2)), log_dir=tmp_path)
+    with pytest.raises(UsageError, match="already"):
+        instrument_loader(once, log_dir=tmp_path)
+    with pytest.raises(UsageError, match="exactly one"):
+        TrainingTimer()
+    with pytest.raises(UsageError, match="total="):
+        list(TrainingTimer(log_dir=tmp_path).iterate(iter([1, 2]), epoch=0))
+
+
+def test_dsim_import_does_not_import_torch() -> None:
+    code = "import dsim.instrument, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_real_parser_reads_two_ranks_with_zero_rejects(torch, tmp_path: Path) -> None:
+    """Two ranks of a DistributedSampler, two epochs, then `dsim parse` and the Parquet tables."""
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    log_dir = tmp_path / "logs" / "instr_squares_none_mlp_epoch2_b6_worker2_thread0"
+    cfg = {
+        "size": 22,
+        "batch": 3,
+        "drop_last": False,
+        "shuffle": True,
+        "workers": 2,
+        "persistent": True,
+        "prefetch": 2,
+        "collate": False,
+        "distributed": True,
+        "getitems": False,
+    }
+    for rank in (0, 1):
+        original, sampler = make_loader(torch, cfg, rank)
+        loader = instrument_loader(original, log_dir=log_dir, rank=rank)
+        run_epochs(torch, loader, sampler, 2, TrainingTimer(log_dir=log_dir, rank=rank))
+    n = len(original)
+    out = tmp_path / "traces"
+    dsim = Path(sys.executable).with_name("dsim")
+    proc = subprocess.run(
+        [str(dsim), "parse", str(log_dir), "--out", str(out), "--name", "run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    from dsim.tables import read_run
+
+    run = read_run(out / "run")
+    fetch = run.fetch.to_pandas()
+    train = run.train.to_pandas()
+    expected = {(e, i, g) for e in (0, 1) for i in range(n) for g in (0, 1)}
+    assert set(zip(fetch.epoch, fetch.iteration, fetch.gpu, strict=True)) == expected
+    assert len(fetch) == len(expected)
+    assert set(zip(train.epoch, train.iteration, train.gpu, strict=True)) == expected
+    assert len(train) == len(expected)
+    assert run.info["gpus"] == 2
+    report = run.info["report"]
+    assert report["rejected"] == 0 and report["other_lines"] == 0, report
+    assert report["fetch_records"] == report["train_records"] == len(expected)
+    assert report["incomplete_iterations"]["count"] == 0
