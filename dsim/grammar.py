@@ -194,6 +194,11 @@ def _civil_seconds(text: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     d = raw[:, _TS_DIGITS].astype(np.int64) - 48
     if ((d < 0) | (d > 9)).any():
         return None
+    return _civil_from_digits(d)
+
+
+def _civil_from_digits(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds since 1970 from the 14 digits of ``YYYYmmddHHMMSS`` (int64 rows), and validity."""
     century, yy, month, day, hour, minute, second = (d[:, 0::2] * 10 + d[:, 1::2]).T
     year = century * 100 + yy
     leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
@@ -237,9 +242,46 @@ def _reasons(checks: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, np.ndarr
     return bad, reason
 
 
-def parse_lines(lines: pa.LargeStringArray, first_line: int, rejects: Rejects) -> BlockRecords:
-    """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``."""
+def parse_lines(
+    lines: pa.LargeStringArray, first_line: int, rejects: Rejects, *, fast: bool = True
+) -> BlockRecords:
+    """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``.
+
+    Lines written exactly as DESIGN.md §1 shows them (the canonical spelling)
+    are cut by position in NumPy (``_fast_records``); all others -- prefixes,
+    extra white space, odd numbers, bad records -- take the general regular
+    expressions. ``fast=False`` sends every line the general way (tests compare).
+    """
     numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
+    if not fast or len(lines) == 0:
+        return _general_records(lines, numbers, rejects)
+    fast_fetch, fast_train, rest = _fast_records(lines, numbers)
+    if len(rest) == len(lines):
+        return _general_records(lines, numbers, rejects)
+    if len(rest) == 0:
+        counts = {"lines": len(lines), "start_fetch_lines": 0, "blank_lines": 0, "other_lines": 0}
+        return BlockRecords(fetch=fast_fetch, train=fast_train, counts=counts)
+    general = _general_records(lines.take(pa.array(rest)), numbers[rest], rejects)
+    general.counts["lines"] = len(lines)
+    return BlockRecords(
+        fetch=_merge_by_line(fast_fetch, general.fetch),
+        train=_merge_by_line(fast_train, general.train),
+        counts=general.counts,
+    )
+
+
+def _merge_by_line(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Records of both paths in file order, as if one path had found them all."""
+    if len(b["line"]) == 0:
+        return a
+    if len(a["line"]) == 0:
+        return b
+    order = np.argsort(np.concatenate([a["line"], b["line"]]), kind="stable")
+    return {k: np.concatenate([a[k], b[k].astype(a[k].dtype, copy=False)])[order] for k in a}
+
+
+def _general_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> BlockRecords:
+    """The full grammar (RE2 over every line): any spelling, every reject reason."""
     counts = {"lines": len(lines)}
 
     is_fetch = pc.match_substring_regex(lines, FETCH_PATTERN)
@@ -323,4 +365,237 @@ def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> di
         "iteration_s": iteration_s[keep],
         "stall_s": stall_s[keep],
         "throughput": np.where(tp_present, throughput, np.nan)[keep],
+    }
+
+
+# --- The canonical fast path -------------------------------------------------------------
+#
+# RE2 inside Arrow costs about 150 ns a line before it reads a byte, and the
+# general patterns (a lazy prefix, optional groups) about 1 µs. Nearly every
+# real line is spelled exactly as DESIGN.md §1 shows it: no prefix, single
+# separators. Such a line is a fixed sequence of literals and bounded runs of
+# digits, so it can be checked and cut by position over the whole block at
+# once: gather a small byte window per line at a computed offset, measure the
+# run in it, move on. A line is taken here only if every byte is where the
+# canonical spelling puts it and every value is valid; anything else (and any
+# doubt) goes to the general path, so the result is the same either way.
+
+_REACH = 448  # no window of a canonical line reaches further than this from its start
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_TS_SEPS = np.array([4, 7, 10, 13, 16, 19])
+_TS_SEP_BYTES = np.frombuffer(b"-- ::.", dtype=np.uint8)
+_TOKEN = 40  # longest number the fast path cuts; longer ones take the general path
+_FRAC_WEIGHTS = _POW10[8::-1]  # 10^8 .. 10^0: fraction digits straight to nanoseconds
+_FETCH_KEYS = ("gpu", "worker", "idx", "end", "fetch_s")  # the general path's columns, in order
+_TRAIN_KEYS = (
+    *("gpu", "epoch", "iteration", "total", "start"),
+    *("iteration_s", "stall_s", "throughput"),
+)
+
+
+def _gather(raw: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """Row i: the ``width`` bytes of ``raw`` from ``pos[i]`` (a copy, one row per line)."""
+    return np.lib.stride_tricks.sliding_window_view(raw, width)[pos]
+
+
+def _lit(win: np.ndarray, col: int, text: bytes) -> np.ndarray:
+    return (win[:, col : col + len(text)] == np.frombuffer(text, dtype=np.uint8)).all(axis=1)
+
+
+def _run(win: np.ndarray, col: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Digits from ``col`` and the length of their run, 0 when none or longer than ``width``."""
+    d = win[:, col : col + width + 1] - np.uint8(48)
+    return d[:, :width], (d < 10).argmin(axis=1)
+
+
+def _int_value(d: np.ndarray, length: np.ndarray) -> np.ndarray:
+    width = d.shape[1]
+    keep = np.arange(width) < length[:, None]
+    full = np.where(keep, d, 0).astype(np.int64) @ _POW10[width - 1 :: -1]
+    return full // _POW10[width - length]
+
+
+def _token(win: np.ndarray, col: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A plain decimal (digits with at most one inner point) from ``col``: bytes, length, ok."""
+    c = win[:, col : col + _TOKEN + 1]
+    digit = (c - np.uint8(48)) < 10
+    point = c == 46
+    length = (digit | point).argmin(axis=1)
+    points = (point & (np.arange(_TOKEN + 1) < length[:, None])).sum(axis=1)
+    last = digit[np.arange(len(c)), np.maximum(length - 1, 0)]
+    ok = (length >= 1) & (points <= 1) & digit[:, 0] & last
+    return c, length, ok
+
+
+def _avg(win: np.ndarray, col: int) -> np.ndarray:
+    """Length of the ``(avg)`` text from ``col``: digits and points only, at most _TOKEN."""
+    c = win[:, col : col + _TOKEN + 1]
+    return (((c - np.uint8(48)) < 10) | (c == 46)).argmin(axis=1)
+
+
+def _floats(c: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The tokens as float64 by Arrow's cast: the general path's rounding, to the bit."""
+    if len(c) == 0:
+        return np.zeros(0)
+    data = c[np.arange(c.shape[1]) < length[:, None]]  # row-major: the tokens, back to back
+    offsets = np.concatenate(([0], np.cumsum(length))).astype(np.int64)
+    text = pa.LargeStringArray.from_buffers(
+        len(c), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data))
+    )
+    return pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _fast_records(
+    lines: pa.LargeStringArray, numbers: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Records of the canonical lines, and the indices of all other lines (for the general path).
+
+    Lines near the end of the buffer are cut from a zero-padded copy of the
+    tail so that every window stays inside memory.
+    """
+    n = len(lines)
+    _, offsets_buf, data_buf = lines.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[lines.offset : lines.offset + n + 1]
+    raw = np.frombuffer(data_buf, dtype=np.uint8)[: offsets[-1]]
+    starts, ends = offsets[:-1], offsets[1:]
+    split = int(np.searchsorted(starts, len(raw) - _REACH, side="right"))
+    tail0 = int(starts[split]) if split < n else len(raw)
+    padded = np.concatenate([raw[tail0:], np.zeros(_REACH, dtype=np.uint8)])
+    fetch_parts, train_parts, taken = [], [], []
+    for buf, lo, hi, shift in ((raw, 0, split, 0), (padded, split, n, tail0)):
+        if hi > lo:
+            f_rows, fetch, t_rows, train = _cut(buf, starts[lo:hi] - shift, ends[lo:hi] - shift)
+            fetch_parts.append({"line": numbers[lo + f_rows]} | {k: fetch[k] for k in _FETCH_KEYS})
+            train_parts.append({"line": numbers[lo + t_rows]} | {k: train[k] for k in _TRAIN_KEYS})
+            taken += [lo + f_rows, lo + t_rows]
+    keep = np.ones(n, dtype=bool)
+    keep[np.concatenate(taken)] = False
+    return _stack(fetch_parts), _stack(train_parts), np.flatnonzero(keep)
+
+
+def _stack(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Cut canonical lines at ``starts`` (exclusive ``ends``) of ``raw``: fetch and train rows."""
+    content_end = ends - (raw[ends - 1] == 10)
+    content_end = content_end - ((content_end > starts) & (raw[content_end - 1] == 13))
+    head = _gather(raw, starts, 30)  # timestamp, point, fraction of up to 9 digits, one more
+    ok = (head[:, _TS_SEPS] == _TS_SEP_BYTES).all(axis=1)
+    ts_digits = head[:, _TS_DIGITS] - np.uint8(48)
+    ok &= (ts_digits < 10).all(axis=1)
+    frac, frac_len = _run(head, 20, 9)
+    ok &= (frac_len >= 1) & (head[np.arange(len(head)), 20 + frac_len] == 32)
+    kind_at = starts + 21 + frac_len
+    kind = raw[kind_at]
+    f_rows = np.flatnonzero(ok & (kind == ord("D")))
+    t_rows = np.flatnonzero(ok & (kind == ord("G")))
+    f_ok, fetch = _cut_fetch(raw, kind_at[f_rows], content_end[f_rows])
+    t_ok, train = _cut_train(raw, kind_at[t_rows], content_end[t_rows])
+    f_rows, t_rows = f_rows[f_ok], t_rows[t_ok]  # the values are of these rows only
+    ns = []
+    for rows in (f_rows, t_rows):
+        whole, ts_ok = _civil_from_digits(ts_digits[rows].astype(np.int64))
+        frac_ns = np.where(np.arange(9) < frac_len[rows, None], frac[rows], 0).astype(np.int64)
+        ns.append((whole * 1_000_000_000 + frac_ns @ _FRAC_WEIGHTS, ts_ok))
+    (fetch["end"], f_ts), (train["start"], t_ts) = ns
+    fetch = {k: v[f_ts] for k, v in fetch.items()}
+    train = {k: v[t_ts] for k, v in train.items()}
+    return f_rows[f_ts], fetch, t_rows[t_ts], train
+
+
+def _cut_fetch(raw: np.ndarray, at: np.ndarray, end: np.ndarray):
+    """``DEBUG:\\tGPU: g worker_id: w, END FETCH at_time a data idxi`` from ``at`` to ``end``."""
+    w = _gather(raw, at, 12 + 7)
+    ok = _lit(w, 0, b"DEBUG:\tGPU: ")
+    gpu, gpu_len = _run(w, 12, 6)
+    p = at + 12 + gpu_len
+    w = _gather(raw, p, 12 + 7)
+    ok &= (gpu_len >= 1) & _lit(w, 0, b" worker_id: ")
+    worker, worker_len = _run(w, 12, 6)
+    p = p + 12 + worker_len
+    w = _gather(raw, p, 20 + _TOKEN + 1)
+    ok &= (worker_len >= 1) & _lit(w, 0, b", END FETCH at_time ")
+    tok, tok_len, tok_ok = _token(w, 20)
+    p = p + 20 + tok_len
+    w = _gather(raw, p, 9 + 10)
+    ok &= tok_ok & _lit(w, 0, b" data idx")
+    idx, idx_len = _run(w, 9, 9)
+    ok &= (idx_len >= 1) & (p + 9 + idx_len == end)
+    rows = np.flatnonzero(ok)
+    fetch_s = _floats(tok[rows], tok_len[rows])
+    good = fetch_s <= MAX_FETCH_S  # the general path names the reason for larger ones
+    rows = rows[good]
+    ok = np.zeros(len(at), dtype=bool)
+    ok[rows] = True
+    return ok, {
+        "gpu": _int_value(gpu[rows], gpu_len[rows]),
+        "worker": _int_value(worker[rows], worker_len[rows]),
+        "idx": _int_value(idx[rows], idx_len[rows]),
+        "fetch_s": fetch_s[good],
+    }
+
+
+def _cut_train(raw: np.ndarray, at: np.ndarray, end: np.ndarray):
+    """``GPU: g Epoch: [e][  i/n]\\tTime t (t)\\tData d (d)[\\tThroughput p (p)]`` from ``at``."""
+    w = _gather(raw, at, 5 + 7)
+    ok = _lit(w, 0, b"GPU: ")
+    gpu, gpu_len = _run(w, 5, 6)
+    p = at + 5 + gpu_len
+    w = _gather(raw, p, 9 + 7)
+    ok &= (gpu_len >= 1) & _lit(w, 0, b" Epoch: [")
+    epoch, epoch_len = _run(w, 9, 6)
+    p = p + 9 + epoch_len
+    w = _gather(raw, p, 2 + 13)
+    ok &= (epoch_len >= 1) & _lit(w, 0, b"][")
+    p = p + 2 + (w[:, 2:] == 32).argmin(axis=1)  # the padding of the iteration index
+    w = _gather(raw, p, 10)
+    iteration, iteration_len = _run(w, 0, 9)
+    p = p + iteration_len
+    w = _gather(raw, p, 1 + 10)
+    ok &= (iteration_len >= 1) & _lit(w, 0, b"/")
+    total, total_len = _run(w, 1, 9)
+    p = p + 1 + total_len
+    values = []
+    for label in (b"]\tTime ", b")\tData "):
+        w = _gather(raw, p, 7 + _TOKEN + 1)
+        ok &= _lit(w, 0, label)
+        tok, tok_len, tok_ok = _token(w, 7)
+        values.append((tok, tok_len))
+        p = p + 7 + tok_len
+        w = _gather(raw, p, 2 + _TOKEN + 1)
+        ok &= tok_ok & _lit(w, 0, b" (")
+        p = p + 2 + _avg(w, 2)
+    w = _gather(raw, p, 13 + _TOKEN + 1)
+    ok &= _lit(w, 0, b")")
+    no_tp = p + 1 == end
+    tp, tp_len, tp_ok = _token(w, 13)
+    q = p + 13 + tp_len
+    w = _gather(raw, q, 2 + _TOKEN + 1)
+    q = q + 2 + _avg(w, 2)
+    has_tp = _lit(_gather(raw, p, 13), 0, b")\tThroughput ") & tp_ok & _lit(w, 0, b" (")
+    has_tp &= (raw[q] == 41) & (q + 1 == end)
+    ok &= no_tp | has_tp
+    rows = np.flatnonzero(ok)
+    iteration_v = _int_value(iteration[rows], iteration_len[rows])
+    total_v = _int_value(total[rows], total_len[rows])
+    good = iteration_v < total_v  # the general path names the reason otherwise
+    rows = rows[good]
+    ok = np.zeros(len(at), dtype=bool)
+    ok[rows] = True
+    with_tp = np.flatnonzero(has_tp[rows])
+    throughput = np.full(len(rows), np.nan)
+    throughput[with_tp] = _floats(tp[rows[with_tp]], tp_len[rows[with_tp]])
+    (time_tok, time_len), (data_tok, data_len) = values
+    return ok, {
+        "gpu": _int_value(gpu[rows], gpu_len[rows]),
+        "epoch": _int_value(epoch[rows], epoch_len[rows]),
+        "iteration": iteration_v[good],
+        "total": total_v[good],
+        "iteration_s": _floats(time_tok[rows], time_len[rows]),
+        "stall_s": _floats(data_tok[rows], data_len[rows]),
+        "throughput": throughput,
     }

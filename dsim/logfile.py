@@ -17,7 +17,11 @@ import numpy as np
 from dsim import grammar
 from dsim.errors import InputError
 
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
+
+# Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
+# them keeps the records of a long run close to the size of its tables.
+_NARROW = ("gpu", "worker", "idx", "epoch", "iteration", "total")
 
 
 @dataclass
@@ -36,8 +40,17 @@ class FileRecords:
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    keys = parts[0].keys()
-    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+    if len(parts) == 1:
+        return parts[0]
+    keys = list(parts[0])
+    out = {}
+    for k in keys:  # column by column, freeing the pieces as they are joined
+        out[k] = np.concatenate([p.pop(k) for p in parts])
+    return out
+
+
+def _narrow(records: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.int32) if k in _NARROW else v for k, v in records.items()}
 
 
 def read_log(
@@ -60,8 +73,8 @@ def read_log(
         nonlocal next_line
         lines = grammar.lines_of(block)
         records = grammar.parse_lines(lines, next_line, rejects)
-        fetch_parts.append(records.fetch)
-        train_parts.append(records.train)
+        fetch_parts.append(_narrow(records.fetch))
+        train_parts.append(_narrow(records.train))
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
         next_line += len(lines)
@@ -93,7 +106,7 @@ def read_log(
         _consume_tail(carry, next_line, rejects, consume, counts)
     if not fetch_parts:
         empty = grammar.parse_lines(grammar.lines_of(b""), 1, grammar.Rejects())
-        fetch_parts, train_parts = [empty.fetch], [empty.train]
+        fetch_parts, train_parts = [_narrow(empty.fetch)], [_narrow(empty.train)]
     counts.setdefault("lines", 0)
     return FileRecords(
         path=path,

@@ -72,34 +72,67 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None):
                 else:
                     part["gpu"] = np.where(missing, default, part["gpu"])
             part["order"] = (np.int64(index) << _LINE_BITS) | part["line"]
-            part["file"] = np.full(len(part["line"]), index, dtype=np.int64)
+            part["file"] = np.full(len(part["line"]), index, dtype=np.int32)
             out.append(part)
         rejected = records.rejects.table()
         reject_parts.append(
             rejected.append_column("file", pa.array([str(path)] * rejected.num_rows, pa.string()))
         )
-    fetch = {k: np.concatenate([p[k] for p in fetch_parts]) for k in fetch_parts[0]}
-    train = {k: np.concatenate([p[k] for p in train_parts]) for k in train_parts[0]}
+    fetch, train = _join(fetch_parts), _join(train_parts)
     return fetch, train, reject_parts, counts, sources
 
 
+def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The records of all files, column by column, freeing each file's copy as it goes."""
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}
+
+
 def _drop(columns: dict[str, np.ndarray], bad: np.ndarray) -> dict[str, np.ndarray]:
+    if not bad.any():
+        return columns
     return {k: v[~bad] for k, v in columns.items()}
 
 
-def _duplicates(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+def _group_starts(sort: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
+    """In ``sort`` order: True where a row's ``keys`` differ from the row before (a new group)."""
+    new = np.zeros(len(sort), dtype=bool)
+    if len(sort):
+        new[0] = True
+        for key in keys:
+            k = key[sort]
+            new[1:] |= k[1:] != k[:-1]
+    return new
+
+
+def _duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
     """Rows repeating an earlier row's ``keys`` (earlier in file order)."""
-    ordered = frame.sort_values("order", kind="stable")
-    dup = ordered.duplicated(subset=keys, keep="first")
-    return dup.reindex(frame.index).to_numpy()
+    values = [columns[k] for k in keys]
+    sort = np.lexsort((columns["order"], *reversed(values)))
+    dup = np.empty(len(sort), dtype=bool)
+    dup[sort] = ~_group_starts(sort, values)
+    return dup
 
 
-def _backwards(frame: pd.DataFrame, groups: list[str], by: str, time: str) -> np.ndarray:
-    """Rows whose clock reads earlier than a row before them in the same group."""
-    ordered = frame.sort_values([*groups, by], kind="stable")
-    running = ordered.groupby(groups, sort=False)[time].cummax()
-    back = ordered[time] < running
-    return back.reindex(frame.index).to_numpy()
+def _backwards(columns: dict[str, np.ndarray], groups: list[str], by: str, time: str) -> np.ndarray:
+    """Rows whose clock reads earlier than a row before them (by ``by``) in the same group.
+
+    A running maximum per group is one ``maximum.accumulate`` once every group
+    lives in its own band of values: the time's rank plus group number times
+    the row count (ranks keep ties, so equal times are not "backwards").
+    """
+    n = len(columns[time])
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    values = [columns[g] for g in groups]
+    sort = np.lexsort((columns[by], *reversed(values)))
+    group = np.cumsum(_group_starts(sort, values)) - 1
+    _, rank = np.unique(columns[time][sort], return_inverse=True)
+    key = group.astype(np.int64) * n + rank.reshape(-1)
+    back = np.empty(n, dtype=bool)
+    back[sort] = key < np.maximum.accumulate(key)
+    return back
 
 
 def _reject_rows(columns, bad, reason, files, reject_parts) -> None:
@@ -126,24 +159,18 @@ def parse_run(
     files = source.files
 
     # Duplicates first, so that they neither trip the clock check nor shift epoch ordinals.
-    train_df = pd.DataFrame({k: train[k] for k in ("gpu", "epoch", "iteration", "order", "start")})
-    bad = _duplicates(train_df, ["gpu", "epoch", "iteration"])
+    bad = _duplicates(train, ["gpu", "epoch", "iteration"])
     _reject_rows(train, bad, DUPLICATE_TRAIN, files, reject_parts)
     train = _drop(train, bad)
-    fetch_df = pd.DataFrame(
-        {k: fetch[k] for k in ("gpu", "worker", "idx", "end", "fetch_s", "order", "file")}
-    )
-    bad = _duplicates(fetch_df, ["gpu", "worker", "idx", "end", "fetch_s"])
+    bad = _duplicates(fetch, ["gpu", "worker", "idx", "end", "fetch_s"])
     _reject_rows(fetch, bad, DUPLICATE_FETCH, files, reject_parts)
     fetch = _drop(fetch, bad)
 
     # A worker writes its lines in time order; an iteration starts after the one before it.
-    fetch_df = pd.DataFrame({k: fetch[k] for k in ("gpu", "worker", "file", "order", "end")})
-    bad = _backwards(fetch_df, ["file", "gpu", "worker"], "order", "end")
+    bad = _backwards(fetch, ["file", "gpu", "worker"], "order", "end")
     _reject_rows(fetch, bad, CLOCK_BACKWARDS, files, reject_parts)
     fetch = _drop(fetch, bad)
-    train_df = pd.DataFrame({k: train[k] for k in ("gpu", "epoch", "iteration", "start")})
-    bad = _backwards(train_df, ["gpu", "epoch"], "iteration", "start")
+    bad = _backwards(train, ["gpu", "epoch"], "iteration", "start")
     _reject_rows(train, bad, CLOCK_BACKWARDS, files, reject_parts)
     train = _drop(train, bad)
 
@@ -158,7 +185,9 @@ def parse_run(
         train["gpu"], train["iteration"], train["start"], train["order"], train["epoch"],
     )  # fmt: skip
     fetch_table = _fetch_table(fetch, epoch)
+    del fetch, epoch  # the records go as their tables come: peak memory stays near the tables
     train_table = _train_table(train)
+    train = {k: train[k] for k in ("epoch", "total")}
     if fetch_table.num_rows == 0 and train_table.num_rows == 0:
         raise InputError(
             f"no fetch or training records found ({_describe(counts, rejects)})",
@@ -221,12 +250,30 @@ def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
     )
 
 
+def _gpus_per_iteration(table: pa.Table) -> pd.Series:
+    """Distinct ranks per (epoch, iteration), sorted by both: a ``groupby(...).nunique()``."""
+    epoch, iteration, gpu = (table[c].to_numpy() for c in ("epoch", "iteration", "gpu"))
+    sort = np.lexsort((gpu, iteration, epoch))
+    keys = [epoch, iteration]
+    distinct = _group_starts(sort, [*keys, gpu])
+    first = _group_starts(sort, keys)
+    count = np.add.reduceat(distinct, np.flatnonzero(first)) if len(sort) else np.zeros(0, int)
+    rows = sort[first]
+    index = pd.MultiIndex.from_arrays([epoch[rows], iteration[rows]], names=["epoch", "iteration"])
+    return pd.Series(count.astype(np.int64), index=index, name="gpu")
+
+
+def _gpu_ids(fetch: pa.Table, train: pa.Table) -> list[int]:
+    both = np.concatenate([fetch["gpu"].to_numpy(), train["gpu"].to_numpy()])
+    return [int(g) for g in np.unique(both)]
+
+
 def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[str, Any]:
     """Iterations that some rank lacks a fetch or a training record for (dropped from replays)."""
-    per = []
-    for table, kind in ((fetch, "fetch"), (train, "train")):
-        frame = table.select(["epoch", "iteration", "gpu"]).to_pandas()
-        per.append(frame.groupby(["epoch", "iteration"]).gpu.nunique().rename(kind))
+    per = [
+        _gpus_per_iteration(table).rename(kind)
+        for table, kind in ((fetch, "fetch"), (train, "train"))
+    ]
     both = pd.concat(per, axis=1).fillna(0)
     incomplete = both[(both["fetch"] < gpus) | (both["train"] < gpus)]
     examples = [
@@ -244,7 +291,7 @@ def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[
 def _report(counts, rejects: pa.Table, fetch: pa.Table, train: pa.Table) -> dict[str, Any]:
     reasons = rejects["reason"].to_pylist()
     skipped = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
-    gpu_ids = sorted(set(fetch["gpu"].to_pylist()) | set(train["gpu"].to_pylist()))
+    gpu_ids = _gpu_ids(fetch, train)
     report: dict[str, Any] = {
         "lines": counts.get("lines", 0),
         "fetch_records": fetch.num_rows,
@@ -272,8 +319,9 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
 
 
 def _info(source, train, fetch_table, train_table, sources, report) -> dict[str, Any]:
-    gpu_ids = sorted(set(fetch_table["gpu"].to_pylist()) | set(train_table["gpu"].to_pylist()))
-    epochs = sorted(set(fetch_table["epoch"].to_pylist()) | set(train_table["epoch"].to_pylist()))
+    gpu_ids = _gpu_ids(fetch_table, train_table)
+    both = [fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy()]
+    epochs = [int(e) for e in np.unique(np.concatenate(both))]
     per_epoch: dict[str, int] = {}
     for e in epochs:
         declared = train["total"][train["epoch"] == e]

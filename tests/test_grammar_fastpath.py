@@ -1,0 +1,179 @@
+"""The canonical fast path of the grammar must agree with the general path, line for line.
+
+``parse_lines(..., fast=False)`` runs every line through the general regular
+expressions; the default cuts canonical lines by position. Both must give the
+same records (same values, same order, same dtypes), the same counts and the
+same rejects, for canonical lines and for lines one edit away from canonical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from dsim import grammar
+
+
+def _parse(text: bytes, fast: bool, first_line: int = 1):
+    rejects = grammar.Rejects()
+    records = grammar.parse_lines(grammar.lines_of(text), first_line, rejects, fast=fast)
+    return records, rejects.table()
+
+
+def _assert_same(text: bytes) -> grammar.BlockRecords:
+    fast, fast_rejects = _parse(text, fast=True)
+    slow, slow_rejects = _parse(text, fast=False)
+    for kind in ("fetch", "train"):
+        a, b = getattr(fast, kind), getattr(slow, kind)
+        assert list(a) == list(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype, (kind, key)
+            nan = a[key].dtype.kind == "f"
+            assert np.array_equal(a[key], b[key], equal_nan=nan), (kind, key, a[key], b[key])
+    assert fast.counts == slow.counts
+    assert fast_rejects.equals(slow_rejects), (fast_rejects.to_pylist(), slow_rejects.to_pylist())
+    return fast
+
+
+digits = st.integers(0, 10**9 - 1)
+fraction = st.integers(1, 9).flatmap(lambda n: st.text("0123456789", min_size=n, max_size=n))
+number = st.one_of(
+    st.floats(0, 1e6, allow_nan=False).map(repr),
+    st.tuples(
+        st.text("0123456789", min_size=1, max_size=25), st.text("0123456789", max_size=25)
+    ).map(lambda t: f"{t[0]}.{t[1]}" if t[1] else t[0]),
+)
+
+
+@st.composite
+def timestamps(draw: st.DrawFn) -> str:
+    y, mo, d = draw(st.integers(1970, 2100)), draw(st.integers(1, 12)), draw(st.integers(1, 31))
+    h, mi, s = draw(st.integers(0, 23)), draw(st.integers(0, 59)), draw(st.integers(0, 59))
+    return f"{y:04d}-{mo:02d}-{d:02d} {h:02d}:{mi:02d}:{s:02d}.{draw(fraction)}"
+
+
+@st.composite
+def fetch_lines(draw: st.DrawFn) -> str:
+    gpu, worker = draw(st.integers(0, 999999)), draw(st.integers(0, 999999))
+    return (
+        f"{draw(timestamps())} DEBUG:\tGPU: {gpu} worker_id: {worker}, END FETCH at_time "
+        f"{draw(number)} data idx{draw(digits)}"
+    )
+
+
+@st.composite
+def train_lines(draw: st.DrawFn) -> str:
+    total = draw(st.integers(1, 10**9 - 1))
+    it = draw(st.integers(0, total + 2))  # sometimes not below the total: a reject
+    pad = draw(st.integers(0, 14))
+    tp = draw(st.none() | number)
+    tail = f"\tThroughput {tp} ({draw(number)})" if tp is not None else ""
+    return (
+        f"{draw(timestamps())} GPU: {draw(st.integers(0, 999999))} "
+        f"Epoch: [{draw(st.integers(0, 999999))}][{it:>{pad}}/{total}]\t"
+        f"Time {draw(number)} ({draw(number)})\tData {draw(number)} ({draw(number)}){tail}"
+    )
+
+
+canonical = st.one_of(fetch_lines(), train_lines())
+EDITS = [*" \t\r.:-,()[]/0123456789xE+-", "", "  ", "\ufffd", "\x00", "GPU: ", "e-05"]
+
+
+@st.composite
+def near_canonical(draw: st.DrawFn) -> str:
+    """A canonical line with one edit: a byte replaced, inserted or removed, or a cut."""
+    line = draw(canonical)
+    i = draw(st.integers(0, len(line)))
+    edit = draw(st.sampled_from(["replace", "insert", "delete", "cut", "prefix", "suffix"]))
+    piece = draw(st.sampled_from(EDITS))
+    if edit == "replace":
+        return line[:i] + piece + line[i + 1 :]
+    if edit == "insert":
+        return line[:i] + piece + line[i:]
+    if edit == "delete":
+        return line[:i] + line[i + 1 :]
+    if edit == "cut":
+        return line[:i]
+    if edit == "prefix":
+        return draw(st.sampled_from(["(pid=1) ", "[rank0]:", " ", "x"])) + line
+    return line + draw(st.sampled_from(["\r", " ", "\t", " x", "(1)"]))
+
+
+def _block(lines: list[str], newline: str) -> bytes:
+    return (newline.join(lines) + newline).encode("utf-8", errors="surrogatepass")
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(lines=st.lists(canonical, min_size=1, max_size=30), crlf=st.booleans())
+@example(
+    lines=["2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time 8.1 data idx0"],
+    crlf=False,
+)
+def test_canonical_lines_agree(lines: list[str], crlf: bool) -> None:
+    _assert_same(_block(lines, "\r\n" if crlf else "\n"))
+
+
+@SETTINGS
+@given(lines=st.lists(st.one_of(canonical, near_canonical()), min_size=1, max_size=30))
+def test_near_canonical_lines_agree(lines: list[str]) -> None:
+    _assert_same(_block(lines, "\n"))
+
+
+@SETTINGS
+@given(lines=st.lists(st.one_of(canonical, near_canonical()), min_size=1, max_size=10))
+def test_last_line_without_line_end_agrees(lines: list[str]) -> None:
+    _assert_same("\n".join(lines).encode())
+
+
+def test_long_blocks_take_the_fast_path_and_agree() -> None:
+    """Most lines of a long block lie far from its end, where the windows need no padding."""
+    fetch = (
+        "2021-09-01 19:48:{:02d}.{} DEBUG:\tGPU: {} worker_id: {}, END FETCH at_time {} data idx{}"
+    )
+    train = "2021-09-01 19:48:{:02d}.{} GPU: {} Epoch: [3][{:>5}/{}]\tTime {} (1.5)\tData {} (0.5)"
+    lines = []
+    for i in range(2000):
+        lines.append(fetch.format(i % 60, "841"[: 1 + i % 3], i % 8, i % 5, f"{i}.25", i))
+        tp = f"\tThroughput {i}.5 ({i}.5)" if i % 3 else ""
+        lines.append(train.format(i % 60, "191641", i % 8, i, 2000, "0.9", f"0.{i}") + tp)
+    records = _assert_same(_block(lines, "\n"))
+    assert len(records.fetch["line"]) == len(records.train["line"]) == 2000
+    assert np.isnan(records.train["throughput"][0]) and records.train["throughput"][1] == 1.5
+
+
+def test_fast_path_handles_what_it_can_and_leaves_the_rest() -> None:
+    """The general path sees only the lines the fast path could not vouch for."""
+    good = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time 8.1 data idx0"
+    lines = [good] * 600 + ["[rank0]:" + good, good.replace("8.1", "-8.1"), "hello"]
+    text = _block(lines, "\n")
+    numbers = np.arange(1, len(lines) + 1, dtype=np.int64)
+    fetch, train, rest = grammar._fast_records(grammar.lines_of(text), numbers)
+    assert len(fetch["line"]) == 600 and len(train["line"]) == 0
+    assert rest.tolist() == [600, 601, 602]
+    records = _assert_same(text)
+    assert len(records.fetch["line"]) == 601  # the prefixed line, by the general path
+
+
+def test_calendar_and_range_checks_match() -> None:
+    lines = [
+        "2021-02-29 00:00:00.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 1.0 data idx0",
+        "2020-02-29 24:00:00.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 1.0 data idx0",
+        "2020-02-29 23:59:59.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 99999999.0 data idx0",
+        "2020-02-29 23:59:59.5 GPU: 0 Epoch: [0][5/5]\tTime 1.0 (1.0)\tData 0.5 (0.5)",
+        "2020-02-29 23:59:59.1234567890 GPU: 0 Epoch: [0][1/5]\tTime 1.0 (1.0)\tData 0.5 (0.5)",
+    ]
+    records = _assert_same(_block(lines * 20, "\n"))
+    assert len(records.fetch["line"]) == len(records.train["line"]) == 0
+
+
+def test_binary_garbage_is_rewritten_before_either_path() -> None:
+    good = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time 8.1 data idx0"
+    text = (good + "\n").encode() * 10 + b"\xff\xfe\x00junk\n" + (good + "\n").encode() * 10
+    records = _assert_same(text)
+    assert len(records.fetch["line"]) == 20
+    assert pa.array(records.fetch["line"]).to_pylist()[10] == 12
