@@ -1,10 +1,135 @@
-"""`dsim run`: placeholder until its issue lands (see docs/ARCHITECTURE.md)."""
+"""`dsim run`: replay parsed runs under alignment policies and summarise them.
+
+Thin: options become an ``Overrides`` for ``dsim.config``; the work is
+``dsim.execute.runner.run_replays``; output goes through ``dsim.render``.
+"""
 
 from __future__ import annotations
 
-from dsim.errors import UsageError
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
+
+Writes RESULTS/<run>/<fetch>__<start>.parquet (one row per iteration),
+RESULTS/<run>/result.json and RESULTS/summary.{parquet,csv}, and prints the
+summary. actual/actual (the measured run) is always replayed, since the
+what-if columns compare against it. Finished replays are reused when the
+trace and replay parameters are unchanged (--force recomputes), so an
+interrupted run resumes where it stopped.
+
+\b
+Examples:
+  dsim run --conf configs/sim_conf.json
+  dsim run myrun            # all 9 policies of traces/myrun
+  dsim run --conf sim_conf.json --epochs all --warmup 0 --threshold 0.05
+  dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
+"""
+
+# A progress bar is worth drawing only when the replay takes noticeable time.
+PROGRESS_MIN_ROWS = 200_000
 
 
-def command() -> None:
-    """Not available yet."""
-    raise UsageError("`dsim run` is not implemented yet")
+def _progress_factory(console: Any, stack: Any) -> Callable[[int], Callable[[int], None] | None]:
+    def factory(total: int) -> Callable[[int], None] | None:
+        if total < PROGRESS_MIN_ROWS:
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = stack.enter_context(
+            Progress(
+                TextColumn("replaying"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+        )
+        task = progress.add_task("replay", total=total)
+        return lambda rows: progress.advance(task, rows)
+
+    return factory
+
+
+def command(
+    runs: list[str] = typer.Argument(
+        None, help="Run names (or globs) under the traces directory; replaces the config's FILE."
+    ),
+    conf: Path | None = typer.Option(
+        None, "--conf", "-c", help="sim_conf.json (FILE, FETCH_ALIGN, START_ALIGN, ...)."
+    ),
+    traces: Path | None = typer.Option(
+        None, "--traces", help="Directory of parsed runs (default: config 'traces', else ./traces)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Results directory (default: config 'out', else ./results)."
+    ),
+    epochs: str | None = typer.Option(
+        None, "--epochs", help="Epochs to summarise: 1,2 or all (default: all but the first)."
+    ),
+    warmup: int | None = typer.Option(
+        None, "--warmup", min=0, help="Skip iterations <= N of each epoch (default 10)."
+    ),
+    threshold: float | None = typer.Option(
+        None, "--threshold", min=0.0, help="Effective-delay threshold in seconds (default 0.030)."
+    ),
+    executor: str | None = typer.Option(
+        None,
+        "--executor",
+        help="auto (in-process for small jobs, else Ray), local or ray (default auto).",
+    ),
+    num_cpus: int | None = typer.Option(
+        None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Join this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Recompute replays even when cached."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+) -> None:
+    import contextlib
+
+    from rich.console import Console
+
+    from dsim.config import Overrides, load_config, parse_epochs_option
+    from dsim.execute.runner import run_replays
+
+    overrides = Overrides(
+        runs=tuple(runs or ()),
+        traces=traces,
+        out=out,
+        epochs=parse_epochs_option(epochs) if epochs is not None else None,
+        warmup=warmup,
+        threshold_s=threshold,
+        executor=executor,
+        num_cpus=num_cpus,
+        ray_address=ray_address,
+    )
+    config = load_config(conf, overrides)
+    err = Console(stderr=True)
+    with contextlib.ExitStack() as stack:
+        outcome = run_replays(
+            config,
+            force=force,
+            progress=None if quiet else _progress_factory(err, stack),
+        )
+    if quiet:
+        return
+    from dsim.render.terminal import print_summary
+
+    print_summary(outcome.summary)
+    how = f" on {outcome.executor}" if outcome.executor else ""
+    err.print(
+        f"{outcome.computed} replay(s) computed{how}, {outcome.cached} reused, "
+        f"in {outcome.seconds:.1f} s; results in {config.out}",
+        highlight=False,
+    )
+    sys.stdout.flush()
+
+
+command.__doc__ = HELP

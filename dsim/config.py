@@ -1,0 +1,393 @@
+"""``sim_conf.json`` (DESIGN.md §5): what ``dsim run`` replays, checked before any work.
+
+A config names runs (``FILE``: names or globs under the traces directory) and
+the policies to replay (``FETCH_ALIGN`` x ``START_ALIGN``), plus optional
+lower-case settings. Validation collects *every* problem and raises one
+``UsageError`` listing them all, so a user fixes a config in one edit instead
+of one error per attempt. Nothing is read beyond the config itself and each
+run's ``run.json``, so a bad config fails in milliseconds and writes nothing.
+
+Precedence: command-line options > config keys > defaults. Paths written in
+the config are relative to the config file; paths given on the command line
+(and the defaults ``./traces`` and ``./results``) are relative to the
+working directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsim.errors import InputError, UsageError
+from dsim.policies import BASELINE, POLICIES, Policy, normalize_policy, policy_pairs
+from dsim.tables import RUN_FILE, read_info
+
+DEFAULT_TRACES = Path("traces")
+DEFAULT_OUT = Path("results")
+DEFAULT_STALL_FLOOR_S = 0.000002
+DEFAULT_STALL_GROW_MIN_S = 0.01
+EXECUTORS = ("auto", "local", "ray")
+
+#: Keys the original analysis used; accepted so its configs run unchanged, and ignored.
+LEGACY_KEYS = frozenset(
+    {
+        "IOFILE",
+        "WORKER_NUM",
+        "TRAINING_TIME",
+        "PADDING_TIME",
+        "PREFETCH_FACTOR",
+        "FETCH_DELAY",
+        "PREFETCH_DELAY",
+    }
+)
+KNOWN_KEYS = frozenset(
+    {
+        "FILE",
+        "FETCH_ALIGN",
+        "START_ALIGN",
+        "traces",
+        "out",
+        "epochs",
+        "warmup",
+        "effective_delay_threshold_s",
+        "stall_floor_s",
+        "stall_grow_min_s",
+        "executor",
+        "num_cpus",
+        "ray_address",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Settings given on the command line; ``None`` means "not given"."""
+
+    runs: tuple[str, ...] = ()
+    traces: Path | None = None
+    out: Path | None = None
+    epochs: list[int] | str | None = None
+    warmup: int | None = None
+    threshold_s: float | None = None
+    executor: str | None = None
+    num_cpus: int | None = None
+    ray_address: str | None = None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A validated config: every run exists, every policy and epoch is known.
+
+    ``epochs`` is a list of epoch numbers, ``"all"``, or ``None`` for the
+    summary's default; ``warmup``/``threshold_s`` are ``None`` for the
+    summary's defaults. ``policies`` always includes ``actual/actual``,
+    because the what-if columns compare against it.
+    """
+
+    runs: tuple[str, ...]
+    run_dirs: tuple[Path, ...]
+    policies: tuple[Policy, ...]
+    traces: Path
+    out: Path
+    epochs: list[int] | str | None = None
+    warmup: int | None = None
+    threshold_s: float | None = None
+    stall_floor_s: float = DEFAULT_STALL_FLOOR_S
+    stall_grow_min_s: float = DEFAULT_STALL_GROW_MIN_S
+    executor: str = "auto"
+    num_cpus: int | None = None
+    ray_address: str | None = None
+    source: Path | None = None
+    run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+
+
+def parse_epochs_option(text: str) -> list[int] | str:
+    """``--epochs 1,2`` or ``--epochs all``."""
+    text = text.strip()
+    if text.lower() == "all":
+        return "all"
+    try:
+        epochs = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--epochs expects comma-separated epoch numbers or 'all', got {text!r}"
+        ) from None
+    if not epochs:
+        raise UsageError("--epochs expects comma-separated epoch numbers or 'all'")
+    return epochs
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read config {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"config {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from exc
+    if not isinstance(raw, dict):
+        raise UsageError(f"config {path} must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+class _Problems:
+    """Collects validation problems so they are all reported together."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, message: str) -> None:
+        self.items.append(message)
+
+    def raise_if_any(self, where: str) -> None:
+        if self.items:
+            count = len(self.items)
+            noun = "problem" if count == 1 else "problems"
+            raise UsageError(f"{where}: {count} {noun}: " + "; ".join(self.items))
+
+
+def _number(raw: dict[str, Any], key: str, problems: _Problems) -> float | None:
+    if key not in raw:
+        return None
+    value = raw[key]
+    if not _is_number(value) or value < 0:
+        problems.add(f"{key} must be a non-negative number of seconds, got {value!r}")
+        return None
+    return float(value)
+
+
+def _names(raw: dict[str, Any], problems: _Problems) -> list[str]:
+    if "FILE" not in raw:
+        problems.add('FILE is missing (a run name or a list of them, e.g. "FILE": "myrun")')
+        return []
+    value = raw["FILE"]
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, str) and v.strip() for v in value)
+    ):
+        problems.add(f"FILE must be a run name or a non-empty list of run names, got {value!r}")
+        return []
+    return [v.strip() for v in value]
+
+
+def _policies(raw: dict[str, Any], problems: _Problems) -> list[Policy]:
+    sides: list[list[object]] = []
+    for key in ("FETCH_ALIGN", "START_ALIGN"):
+        value = raw.get(key, list(POLICIES))
+        if not isinstance(value, list) or not value:
+            problems.add(f'{key} must be a non-empty list such as [false, "avg", "min"]')
+            sides.append([])
+            continue
+        good = []
+        for item in value:
+            try:
+                good.append(normalize_policy(item))
+            except UsageError as exc:
+                problems.add(f"{key}: {exc}")
+        sides.append(good)
+    pairs = policy_pairs(sides[0], sides[1])
+    return list(dict.fromkeys([*pairs, BASELINE])) if pairs else []
+
+
+def _epochs(value: object, problems: _Problems, what: str) -> list[int] | str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return "all"
+    if _is_int(value):
+        value = [value]
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        return sorted(set(value))  # type: ignore[arg-type]
+    problems.add(f'{what} must be a list of epoch numbers or "all", got {value!r}')
+    return None
+
+
+def available_runs(traces: Path) -> list[str]:
+    """Names of the parsed runs under a traces directory (sub-directories holding run.json)."""
+    if not traces.is_dir():
+        return []
+    return sorted(p.parent.name for p in traces.glob(f"*/{RUN_FILE}"))
+
+
+def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> list[str]:
+    available = available_runs(traces)
+    found: list[str] = []
+    missing: list[str] = []
+    for pattern in patterns:
+        if any(ch in pattern for ch in "*?["):
+            matches = fnmatch.filter(available, pattern)
+        else:
+            matches = [pattern] if pattern in available else []
+        if matches:
+            found.extend(matches)
+        else:
+            missing.append(pattern)
+    if missing:
+        if not traces.is_dir():
+            hint = f"traces directory {traces} does not exist (run `dsim parse` or set traces)"
+        elif available:
+            hint = f"available in {traces}: {', '.join(available)}"
+        else:
+            hint = f"no parsed runs in {traces} (run `dsim parse` first)"
+        problems.add(f"run(s) not found: {', '.join(missing)}; {hint}")
+    return list(dict.fromkeys(found))
+
+
+def _check_epochs(
+    epochs: list[int] | str | None,
+    run_infos: dict[str, dict[str, Any]],
+    problems: _Problems,
+) -> None:
+    if not isinstance(epochs, list):
+        return
+    for name, info in run_infos.items():
+        present = sorted(int(e) for e in info.get("epochs") or [])
+        absent = [e for e in epochs if e not in present]
+        if absent:
+            problems.add(
+                f"epoch(s) {', '.join(map(str, absent))} not in run {name}; "
+                f"available epochs: {', '.join(map(str, present)) or 'none'}"
+            )
+
+
+def validate_config(
+    raw: dict[str, Any],
+    *,
+    base: Path,
+    overrides: Overrides | None = None,
+    source: Path | None = None,
+) -> SimConfig:
+    """Check a config dict against DESIGN.md §5 and the traces it names.
+
+    ``base`` is the directory config paths are relative to. Raises one
+    ``UsageError`` listing every problem found.
+    """
+    overrides = overrides or Overrides()
+    problems = _Problems()
+
+    for key in raw:
+        if key in KNOWN_KEYS or key in LEGACY_KEYS:
+            continue
+        spelled = {k.lower(): k for k in KNOWN_KEYS | LEGACY_KEYS}
+        close = difflib.get_close_matches(str(key).lower(), sorted(spelled), n=1)
+        hint = f" (did you mean {spelled[close[0]]}?)" if close else ""
+        problems.add(f"unknown key {key!r}{hint}")
+
+    names = list(overrides.runs) if overrides.runs else _names(raw, problems)
+    policies = _policies(raw, problems)
+
+    paths: dict[str, Path] = {}
+    for key, override, default in (
+        ("traces", overrides.traces, DEFAULT_TRACES),
+        ("out", overrides.out, DEFAULT_OUT),
+    ):
+        value = raw.get(key)
+        if override is not None:
+            paths[key] = Path(override)
+        elif value is None:
+            paths[key] = default
+        elif isinstance(value, str) and value:
+            paths[key] = base / Path(value).expanduser()
+        else:
+            problems.add(f"{key} must be a path string, got {value!r}")
+            paths[key] = default
+
+    if overrides.epochs is not None:
+        epochs = overrides.epochs
+    else:
+        epochs = _epochs(raw.get("epochs"), problems, "epochs")
+
+    warmup = overrides.warmup
+    if warmup is None and "warmup" in raw:
+        value = raw["warmup"]
+        if _is_int(value) and value >= 0:
+            warmup = value
+        else:
+            problems.add(f"warmup must be a non-negative integer (iterations), got {value!r}")
+    if warmup is not None and warmup < 0:
+        problems.add(f"warmup must be a non-negative integer, got {warmup}")
+
+    threshold = overrides.threshold_s
+    if threshold is None:
+        threshold = _number(raw, "effective_delay_threshold_s", problems)
+    elif not math.isfinite(threshold) or threshold < 0:
+        problems.add(f"threshold must be a non-negative number of seconds, got {threshold}")
+    stall_floor = _number(raw, "stall_floor_s", problems)
+    grow_min = _number(raw, "stall_grow_min_s", problems)
+
+    executor = overrides.executor or raw.get("executor", "auto")
+    if executor not in EXECUTORS:
+        problems.add(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    num_cpus = overrides.num_cpus
+    if num_cpus is None and "num_cpus" in raw:
+        num_cpus = raw["num_cpus"]
+        if not _is_int(num_cpus):
+            problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
+            num_cpus = None
+    if num_cpus is not None and num_cpus < 1:
+        problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
+    ray_address = overrides.ray_address or raw.get("ray_address")
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
+        problems.add(f"ray_address must be a string such as 127.0.0.1:6379, got {ray_address!r}")
+        ray_address = None
+
+    runs = _resolve_runs(names, paths["traces"], problems) if names else []
+    run_infos: dict[str, dict[str, Any]] = {}
+    for name in runs:
+        try:
+            run_infos[name] = read_info(paths["traces"] / name)
+        except InputError as exc:
+            problems.add(f"run {name}: {exc}")
+    _check_epochs(epochs, run_infos, problems)
+
+    where = f"invalid config {source}" if source is not None else "invalid run settings"
+    problems.raise_if_any(where)
+    return SimConfig(
+        runs=tuple(runs),
+        run_dirs=tuple(paths["traces"] / name for name in runs),
+        policies=tuple(policies),
+        traces=paths["traces"],
+        out=paths["out"],
+        epochs=epochs,
+        warmup=warmup,
+        threshold_s=threshold,
+        stall_floor_s=DEFAULT_STALL_FLOOR_S if stall_floor is None else stall_floor,
+        stall_grow_min_s=DEFAULT_STALL_GROW_MIN_S if grow_min is None else grow_min,
+        executor=str(executor),
+        num_cpus=num_cpus,
+        ray_address=ray_address,
+        source=source,
+        run_infos=run_infos,
+    )
+
+
+def load_config(path: Path | None, overrides: Overrides | None = None) -> SimConfig:
+    """Read and validate ``sim_conf.json``; without one, the command line must name the runs."""
+    overrides = overrides or Overrides()
+    if path is None:
+        if not overrides.runs:
+            raise UsageError(
+                "nothing to run: give --conf sim_conf.json or run names (dsim run RUN)"
+            )
+        return validate_config({}, base=Path.cwd(), overrides=overrides)
+    raw = read_config_file(path)
+    return validate_config(raw, base=path.parent, overrides=overrides, source=path)

@@ -1,0 +1,32 @@
+"""In-process execution: no start-up cost, the right choice for small jobs."""
+
+from __future__ import annotations
+
+from dsim.execute.units import (
+    Job,
+    OnProgress,
+    OnResult,
+    chunk_bounds,
+    join_chunks,
+    replay_rows,
+)
+from dsim.replay import ReplayParams
+
+
+def run_local(
+    jobs: list[Job],
+    params: ReplayParams,
+    *,
+    chunk_rows: int,
+    on_result: OnResult,
+    on_progress: OnProgress | None = None,
+) -> None:
+    """Replay every (run, policy) in this process, reporting each policy as soon as it is done."""
+    for job in jobs:
+        for policy in job.policies:
+            parts = []
+            for lo, hi in chunk_bounds(job.rows, chunk_rows):
+                parts.append(replay_rows(job.prepared, policy, params, lo, hi))
+                if on_progress is not None:
+                    on_progress(hi - lo)
+            on_result(join_chunks(job.run, policy, parts))

@@ -1,0 +1,185 @@
+"""``dsim run`` as a library call: plan, skip cached work, execute, write, summarise.
+
+Order matters for users: the config is fully validated first (``dsim.config``),
+then every run is loaded and checked, and only then does anything get written.
+Each policy's replay is written atomically the moment it is complete, so an
+interrupted run keeps every finished policy and the next run redoes only the
+rest. ``result.json`` and the summary are written last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsim.config import SimConfig
+from dsim.errors import InputError
+from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
+from dsim.execute.cache import replay_key, trace_fingerprint
+from dsim.iterations import IterationArrays, build_iteration_arrays
+from dsim.policies import Policy
+from dsim.render.files import write_summary_files
+from dsim.replay import ReplayParams, prepare
+from dsim.results import (
+    SUMMARY_STEM,
+    find_result_runs,
+    read_replay_key,
+    replay_path,
+    replay_table,
+    write_replay,
+    write_result_info,
+)
+from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, resolve_epochs, summarize_results
+from dsim.tables import read_run
+
+
+@dataclass
+class RunPlan:
+    """One run: its arrays, keys per policy, and which policies still need computing."""
+
+    name: str
+    trace: dict[str, Any]
+    arrays: IterationArrays
+    keys: dict[Policy, str]
+    todo: list[Policy]
+    epochs: list[int]
+
+
+@dataclass
+class RunOutcome:
+    """What ``run_replays`` did, for the command to report."""
+
+    summary: pd.DataFrame
+    executor: str | None
+    computed: int
+    cached: int
+    seconds: float
+    written: list[Path] = field(default_factory=list)
+
+
+ProgressFactory = Callable[[int], Callable[[int], None] | None]
+
+
+def replay_params(config: SimConfig) -> ReplayParams:
+    return ReplayParams(
+        stall_floor_s=config.stall_floor_s, stall_grow_min_s=config.stall_grow_min_s
+    )
+
+
+def plan_run(
+    name: str, run_dir: Path, config: SimConfig, params: ReplayParams, force: bool
+) -> RunPlan:
+    """Load one run and decide which of its policies are already done with the same key."""
+    tables = read_run(run_dir)
+    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    if arrays.n_iterations == 0:
+        raise InputError(
+            "no complete iteration to replay (every iteration lacks a fetch or training "
+            f"record for some GPU; dropped: {arrays.dropped or 'none'})",
+            run_dir,
+        )
+    epochs = resolve_epochs(np.unique(arrays.epoch).tolist(), config.epochs, run=name)
+    fingerprint = trace_fingerprint(run_dir)
+    keys = {policy: replay_key(fingerprint, params, policy) for policy in config.policies}
+    todo = [
+        policy
+        for policy, key in keys.items()
+        if force or read_replay_key(replay_path(config.out, name, policy)) != key
+    ]
+    return RunPlan(name, tables.info, arrays, keys, todo, epochs)
+
+
+def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict[str, Any]:
+    return {
+        "run": plan.name,
+        "trace": plan.trace,
+        "summary": {
+            "epochs": plan.epochs,
+            "warmup": DEFAULT_WARMUP if config.warmup is None else config.warmup,
+            "threshold_s": (
+                DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s
+            ),
+        },
+        "params": {
+            "stall_floor_s": params.stall_floor_s,
+            "stall_grow_min_s": params.stall_grow_min_s,
+        },
+        "dropped": dict(plan.arrays.dropped),
+        "iterations": plan.arrays.n_iterations,
+        "gpus": [int(g) for g in plan.arrays.gpus],
+        "policies": {f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
+    }
+
+
+def run_replays(
+    config: SimConfig,
+    *,
+    force: bool = False,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    progress: ProgressFactory | None = None,
+) -> RunOutcome:
+    """Replay every run and policy of a validated config; see the module docstring."""
+    began = time.perf_counter()
+    params = replay_params(config)
+    plans = [
+        plan_run(name, run_dir, config, params, force)
+        for name, run_dir in zip(config.runs, config.run_dirs, strict=True)
+    ]
+    by_name = {plan.name: plan for plan in plans}
+    written: list[Path] = []
+
+    def on_result(result: PolicyResult) -> None:
+        plan = by_name[result.run]
+        table = replay_table(
+            plan.arrays.epoch,
+            plan.arrays.iteration,
+            result.metrics,
+            plan.arrays.gpus,
+            result.gpu_stall,
+            run=plan.name,
+            policy=result.policy,
+            key=plan.keys[result.policy],
+        )
+        written.append(write_replay(table, config.out))
+
+    jobs = [Job(plan.name, prepare(plan.arrays), tuple(plan.todo)) for plan in plans]
+    jobs = [job for job in jobs if job.policies]
+    executor = None
+    if jobs:
+        on_progress = progress(total_rows(jobs)) if progress is not None else None
+        executor = execute(
+            jobs,
+            params,
+            executor=config.executor,
+            num_cpus=config.num_cpus,
+            address=config.ray_address,
+            chunk_rows=chunk_rows,
+            on_result=on_result,
+            on_progress=on_progress,
+        )
+    for plan in plans:
+        written.append(write_result_info(_result_info(plan, config, params), config.out, plan.name))
+    summary = summarize_results(
+        find_result_runs([config.out / plan.name for plan in plans]),
+        epochs=config.epochs,
+        warmup=config.warmup,
+        threshold_s=config.threshold_s,
+        policies=list(config.policies),
+    )
+    written.extend(write_summary_files(summary, config.out, ["parquet", "csv"], SUMMARY_STEM))
+    computed = sum(len(job.policies) for job in jobs)
+    cached = sum(len(plan.keys) for plan in plans) - computed
+    return RunOutcome(
+        summary=summary,
+        executor=executor,
+        computed=computed,
+        cached=cached,
+        seconds=time.perf_counter() - began,
+        written=written,
+    )

@@ -1,0 +1,229 @@
+"""sim_conf.json validation (DESIGN.md §5): every problem reported at once, before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_executors import write_synthetic
+
+from dsim.config import LEGACY_KEYS, Overrides, load_config, parse_epochs_option
+from dsim.errors import UsageError
+from dsim.policies import BASELINE
+
+RUN = "fsNprepNloadNtrain_openimage_randaugment_resnet50_epoch2_b2048_worker12_thread0"
+ORIGINAL = {
+    "FILE": RUN,
+    "IOFILE": "./log/io_time.csv",
+    "FETCH_ALIGN": [False, "avg", "min"],
+    "START_ALIGN": [False, "avg", "min"],
+    "WORKER_NUM": 3,
+    "TRAINING_TIME": 0.8929,
+    "PADDING_TIME": 0.0003,
+    "PREFETCH_FACTOR": 2,
+    "FETCH_DELAY": 0.2,
+    "PREFETCH_DELAY": 0.2,
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """cwd with ./traces holding the original run's name and a second run (epochs 0 and 1)."""
+    monkeypatch.chdir(tmp_path)
+    write_synthetic(tmp_path / "traces", RUN, iterations=12)
+    write_synthetic(tmp_path / "traces", "other_run", iterations=12, seed=1)
+    return tmp_path
+
+
+def _write(path: Path, conf: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(conf), encoding="utf-8")
+    return path
+
+
+def _error(path: Path, overrides: Overrides | None = None) -> str:
+    with pytest.raises(UsageError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message  # the CLI prints it as one line
+    return message
+
+
+def test_original_analysis_config_runs_unchanged(workdir: Path) -> None:
+    config = load_config(_write(workdir / "sim_conf.json", ORIGINAL))
+    assert config.runs == (RUN,)
+    assert config.run_dirs == (Path("traces") / RUN,)
+    assert len(config.policies) == 9
+    assert config.policies[0] == BASELINE  # false/false is actual/actual
+    assert {p for pair in config.policies for p in pair} == {"actual", "avg", "min"}
+    assert config.out == Path("results")
+    assert config.epochs is None and config.warmup is None and config.threshold_s is None
+    assert config.stall_floor_s == 0.000002 and config.stall_grow_min_s == 0.01
+    assert config.executor == "auto"
+    assert set(ORIGINAL) | {"IOFILE"} >= LEGACY_KEYS
+
+
+def test_baseline_always_included_and_policies_normalised(workdir: Path) -> None:
+    conf = {"FILE": RUN, "FETCH_ALIGN": ["MIN", None], "START_ALIGN": ["avg", "actual"]}
+    config = load_config(_write(workdir / "c.json", conf))
+    assert config.policies == (("min", "avg"), ("min", "actual"), ("actual", "avg"), BASELINE)
+
+
+def test_paths_are_relative_to_the_config_file(workdir: Path) -> None:
+    (workdir / "traces").rename(workdir / "elsewhere")
+    conf = {**ORIGINAL, "traces": "../elsewhere", "out": "../res"}
+    config = load_config(_write(workdir / "configs" / "sim.json", conf))
+    assert config.traces == workdir / "configs" / ".." / "elsewhere"
+    assert config.out == workdir / "configs" / ".." / "res"
+    assert config.runs == (RUN,)
+
+
+def test_command_line_overrides_config(workdir: Path) -> None:
+    (workdir / "traces").rename(workdir / "t2")
+    conf = {**ORIGINAL, "traces": "nowhere", "warmup": 3, "epochs": [0], "executor": "ray"}
+    overrides = Overrides(
+        traces=Path("t2"),
+        out=Path("o"),
+        warmup=0,
+        epochs="all",
+        threshold_s=0.5,
+        executor="local",
+        num_cpus=2,
+        runs=("other_*",),
+    )
+    config = load_config(_write(workdir / "c.json", conf), overrides)
+    assert config.runs == ("other_run",)
+    assert (config.traces, config.out) == (Path("t2"), Path("o"))
+    assert (config.warmup, config.epochs, config.threshold_s) == (0, "all", 0.5)
+    assert (config.executor, config.num_cpus) == ("local", 2)
+
+
+def test_globs_and_lists_of_runs(workdir: Path) -> None:
+    config = load_config(_write(workdir / "c.json", {"FILE": ["*_run", "fsN*"]}))
+    assert config.runs == ("other_run", RUN)
+    assert len(config.policies) == 9  # FETCH_ALIGN/START_ALIGN default to every policy
+
+
+def test_optional_keys_accepted(workdir: Path) -> None:
+    conf = {
+        **ORIGINAL,
+        "epochs": [1, 0],
+        "warmup": 0,
+        "effective_delay_threshold_s": 0.05,
+        "stall_floor_s": 0,
+        "stall_grow_min_s": 0.02,
+        "executor": "ray",
+        "num_cpus": 2,
+        "ray_address": "127.0.0.1:6379",
+    }
+    config = load_config(_write(workdir / "c.json", conf))
+    assert config.epochs == [0, 1]
+    assert (config.warmup, config.threshold_s) == (0, 0.05)
+    assert (config.stall_floor_s, config.stall_grow_min_s) == (0.0, 0.02)
+    assert (config.executor, config.num_cpus, config.ray_address) == ("ray", 2, "127.0.0.1:6379")
+
+
+def test_every_problem_is_listed_in_one_error(workdir: Path) -> None:
+    conf = {
+        "FILE": RUN,
+        "FETCH_ALIGN": [False, "mean"],
+        "START_ALIGN": "avg",
+        "WARMUP": 5,
+        "stall_floor": 1,
+        "warmup": -1,
+        "effective_delay_threshold_s": "0.03",
+        "stall_grow_min_s": True,
+        "epochs": [1, "2"],
+        "executor": "dask",
+        "num_cpus": 0,
+        "traces": 3,
+    }
+    message = _error(_write(workdir / "bad.json", conf))
+    assert message.startswith(f"invalid config {workdir / 'bad.json'}: 11 problems")
+    for part in (
+        "unknown policy 'mean'",
+        "START_ALIGN must be a non-empty list",
+        "unknown key 'WARMUP' (did you mean warmup?)",
+        "unknown key 'stall_floor' (did you mean stall_floor_s?)",
+        "warmup must be a non-negative integer",
+        "effective_delay_threshold_s must be a non-negative number",
+        "stall_grow_min_s must be a non-negative number",
+        "epochs must be a list of epoch numbers",
+        "executor must be one of auto, local, ray, got 'dask'",
+        "num_cpus must be a positive integer, got 0",
+        "traces must be a path string",
+    ):
+        assert part in message, part
+
+
+def test_missing_file_key(workdir: Path) -> None:
+    message = _error(_write(workdir / "c.json", {"FETCH_ALIGN": [False]}))
+    assert "FILE is missing" in message
+
+
+@pytest.mark.parametrize("value", [[], "", [3], ["ok", ""]])
+def test_file_of_wrong_type(workdir: Path, value: object) -> None:
+    assert "FILE must be a run name" in _error(_write(workdir / "c.json", {"FILE": value}))
+
+
+def test_missing_run_lists_available_runs(workdir: Path) -> None:
+    message = _error(_write(workdir / "c.json", {"FILE": ["nope", "other_run", "x*"]}))
+    assert "run(s) not found: nope, x*" in message
+    assert f"available in traces: {RUN}, other_run" in message
+
+
+def test_missing_traces_directory(workdir: Path) -> None:
+    message = _error(_write(workdir / "c.json", {"FILE": RUN, "traces": "absent"}))
+    assert f"traces directory {workdir / 'absent'} does not exist" in message
+
+
+def test_empty_traces_directory(workdir: Path) -> None:
+    (workdir / "empty").mkdir()
+    message = _error(_write(workdir / "c.json", {"FILE": RUN, "traces": "empty"}))
+    assert "no parsed runs in" in message and "dsim parse" in message
+
+
+def test_epoch_not_in_trace_lists_available_epochs(workdir: Path) -> None:
+    message = _error(_write(workdir / "c.json", {**ORIGINAL, "epochs": [1, 2, 7]}))
+    assert f"epoch(s) 2, 7 not in run {RUN}; available epochs: 0, 1" in message
+    message = _error(_write(workdir / "c.json", ORIGINAL), Overrides(epochs=[5]))
+    assert "epoch(s) 5 not in run" in message
+
+
+def test_unreadable_run_is_reported(workdir: Path) -> None:
+    (workdir / "traces" / "other_run" / "run.json").write_text("{broken", encoding="utf-8")
+    message = _error(_write(workdir / "c.json", {"FILE": "other_run"}))
+    assert "run other_run:" in message and "unreadable run description" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+    ],
+)
+def test_malformed_file(workdir: Path, text: str, needle: str) -> None:
+    path = workdir / "c.json"
+    path.write_text(text, encoding="utf-8")
+    assert needle in _error(path)
+
+
+def test_missing_config_file(workdir: Path) -> None:
+    assert "config file not found" in _error(workdir / "none.json")
+
+
+def test_runs_without_config(workdir: Path) -> None:
+    config = load_config(None, Overrides(runs=("other_run",)))
+    assert config.runs == ("other_run",) and len(config.policies) == 9
+    with pytest.raises(UsageError, match="nothing to run"):
+        load_config(None, Overrides())
+
+
+def test_epochs_option() -> None:
+    assert parse_epochs_option("1, 2") == [1, 2]
+    assert parse_epochs_option("ALL") == "all"
+    for bad in ("one", ",", "1;2"):
+        with pytest.raises(UsageError, match="--epochs"):
+            parse_epochs_option(bad)

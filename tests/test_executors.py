@@ -1,0 +1,174 @@
+"""Executors: in-process and Ray give bit-identical replays, chunked or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dsim.errors import UsageError
+from dsim.execute import AUTO_LOCAL_MAX_WORK, Job, PolicyResult, choose_executor, execute
+from dsim.execute.units import chunk_bounds
+from dsim.iterations import build_iteration_arrays
+from dsim.policies import POLICIES
+from dsim.replay import ReplayParams, prepare, replay
+from dsim.tables import RunTables, write_run
+
+ALL_POLICIES = tuple((f, s) for f in POLICIES for s in POLICIES)
+BASE_NS = 1_630_000_000 * 10**9
+
+
+def synthetic_run(
+    name: str = "synth_run", *, gpus: int = 4, epochs: int = 2, iterations: int = 40, seed: int = 0
+) -> RunTables:
+    """A small, irregular trace: random fetch starts, durations and stalls on every GPU.
+
+    Stalls mix zeros, tiny values and values above stall_grow_min so that
+    every branch of the replay rule is taken.
+    """
+    rng = np.random.default_rng(seed)
+    e, i, g = np.meshgrid(np.arange(epochs), np.arange(iterations), np.arange(gpus), indexing="ij")
+    e, i, g = e.ravel(), i.ravel(), g.ravel()
+    n = e.size
+    start_ns = BASE_NS + (e * 10_000 + i * 2) * 10**9 + rng.integers(0, 800_000_000, n)
+    fetch_s = rng.exponential(1.0, n)
+    end_ns = start_ns + (fetch_s * 1e9).astype(np.int64)
+    stall = np.where(rng.random(n) < 0.3, 0.000002, rng.exponential(0.5, n))
+    iteration_s = stall + rng.uniform(0.8, 1.0, n)
+    train_ns = end_ns + rng.integers(0, 10**8, n)
+    fetch = pa.table(
+        {
+            "epoch": pa.array(e, pa.int32()),
+            "iteration": pa.array(i, pa.int32()),
+            "gpu": pa.array(g, pa.int32()),
+            "worker": pa.array(i % 3, pa.int32()),
+            "start": pa.array(start_ns, pa.timestamp("ns")),
+            "end": pa.array(end_ns, pa.timestamp("ns")),
+            "fetch_s": pa.array(fetch_s, pa.float64()),
+        }
+    )
+    train = pa.table(
+        {
+            "epoch": pa.array(e, pa.int32()),
+            "iteration": pa.array(i, pa.int32()),
+            "gpu": pa.array(g, pa.int32()),
+            "start": pa.array(train_ns, pa.timestamp("ns")),
+            "iteration_s": pa.array(iteration_s, pa.float64()),
+            "stall_s": pa.array(stall, pa.float64()),
+            "throughput": pa.array([None] * n, pa.float64()),
+        }
+    )
+    info = {
+        "gpus": gpus,
+        "epochs": list(range(epochs)),
+        "iterations_per_epoch": {str(k): iterations for k in range(epochs)},
+        "metadata": {},
+        "sources": [],
+        "report": {},
+    }
+    return RunTables(name=name, fetch=fetch, train=train, info=info)
+
+
+def write_synthetic(traces: Path, name: str = "synth_run", **kwargs: int) -> Path:
+    return write_run(synthetic_run(name, **kwargs), traces / name)
+
+
+def _jobs(seed: int = 0, iterations: int = 40) -> tuple[list[Job], dict]:
+    runs = [synthetic_run(f"r{k}", iterations=iterations, seed=seed + k) for k in range(2)]
+    arrays = {r.name: build_iteration_arrays(r.fetch, r.train) for r in runs}
+    jobs = [Job(name, prepare(a), ALL_POLICIES) for name, a in arrays.items()]
+    return jobs, arrays
+
+
+def _collect(jobs: list[Job], **kwargs) -> dict:
+    results: dict = {}
+
+    def on_result(result: PolicyResult) -> None:
+        assert (result.run, result.policy) not in results
+        results[(result.run, result.policy)] = result
+
+    execute(jobs, ReplayParams(), on_result=on_result, **kwargs)
+    return results
+
+
+def _assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        ra, rb = a[key], b[key]
+        assert ra.metrics.keys() == rb.metrics.keys()
+        for name in ra.metrics:
+            assert ra.metrics[name].tobytes() == rb.metrics[name].tobytes(), (key, name)
+        assert ra.gpu_stall.shape == rb.gpu_stall.shape
+        assert ra.gpu_stall.tobytes() == rb.gpu_stall.tobytes(), key
+
+
+def test_chunk_bounds_cover_all_rows() -> None:
+    assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(8, 4) == [(0, 4), (4, 8)]
+    assert chunk_bounds(0, 4) == [(0, 0)]
+    with pytest.raises(ValueError):
+        chunk_bounds(5, 0)
+
+
+def test_local_matches_kernel_on_whole_run() -> None:
+    jobs, arrays = _jobs()
+    results = _collect(jobs, executor="local")
+    assert len(results) == 2 * len(ALL_POLICIES)
+    for (run, policy), result in results.items():
+        direct = replay(arrays[run], policy, ReplayParams())
+        for name, values in direct.metrics().items():
+            assert np.array_equal(values, result.metrics[name]), (run, policy, name)
+        assert np.array_equal(direct.gpu_stall_s, result.gpu_stall)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 33])
+def test_chunked_equals_unchunked(chunk_rows: int) -> None:
+    jobs, _ = _jobs(seed=3)
+    whole = _collect(jobs, executor="local", chunk_rows=10**6)
+    chunked = _collect(jobs, executor="local", chunk_rows=chunk_rows)
+    _assert_identical(whole, chunked)
+
+
+def test_progress_counts_every_row() -> None:
+    jobs, _ = _jobs()
+    seen: list[int] = []
+    _collect(jobs, executor="local", chunk_rows=11, on_progress=seen.append)
+    assert sum(seen) == sum(job.rows * len(job.policies) for job in jobs)
+    assert max(seen) <= 11
+
+
+def test_auto_picks_local_for_small_jobs_and_ray_for_clusters() -> None:
+    jobs, _ = _jobs()
+    assert choose_executor("auto", jobs, None) == "local"
+    assert choose_executor("auto", jobs, "127.0.0.1:6379") == "ray"
+    assert choose_executor("local", jobs, "127.0.0.1:6379") == "local"
+    big = [Job("big", jobs[0].prepared, ALL_POLICIES * (AUTO_LOCAL_MAX_WORK // 100))]
+    assert choose_executor("auto", big, None) == "ray"
+
+
+@pytest.mark.ray
+def test_ray_matches_local_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real embedded Ray; chunked on Ray vs unchunked in-process."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    import ray
+
+    jobs, _ = _jobs(seed=5, iterations=60)
+    local = _collect(jobs, executor="local")
+    on_ray = _collect(jobs, executor="ray", num_cpus=2, chunk_rows=25)
+    _assert_identical(local, on_ray)
+    assert not ray.is_initialized()  # the embedded instance it started is shut down
+
+
+@pytest.mark.ray
+def test_unreachable_cluster_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    jobs, _ = _jobs()
+    with pytest.raises(UsageError, match="cannot connect"):
+        _collect(jobs[:1], executor="auto")

@@ -1,0 +1,226 @@
+"""`dsim run` end to end: the real CLI in a subprocess on a fresh directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_dsim
+from test_executors import synthetic_run, write_synthetic
+
+from dsim.results import METRIC_COLUMNS, read_replay_key
+
+RUN = "synth_run"
+DESIGN_COLUMNS = [
+    "run",
+    "fetch_align",
+    "start_align",
+    "iterations",
+    "iteration_s_mean",
+    "iteration_s_std",
+    "stall_s_mean",
+    "stall_s_std",
+    "delay_s_mean",
+    "delay_s_std",
+    "start_diff_s_mean",
+    "start_diff_s_std",
+    "fetch_diff_s_mean",
+    "fetch_diff_s_std",
+    "effective_delay_pct",
+]
+LABELS = sorted(f"{f}__{s}" for f in ("actual", "avg", "min") for s in ("actual", "avg", "min"))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's directory: ./traces/synth_run and the original analysis's config."""
+    write_synthetic(tmp_path / "traces", RUN, iterations=30)
+    conf = {
+        "FILE": RUN,
+        "IOFILE": "io.csv",
+        "FETCH_ALIGN": [False, "avg", "min"],
+        "START_ALIGN": [False, "avg", "min"],
+        "WORKER_NUM": 3,
+        "TRAINING_TIME": 0.8929,
+        "PADDING_TIME": 0.0003,
+        "PREFETCH_FACTOR": 2,
+        "FETCH_DELAY": 0.2,
+        "PREFETCH_DELAY": 0.2,
+    }
+    (tmp_path / "sim_conf.json").write_text(json.dumps(conf), encoding="utf-8")
+    return tmp_path
+
+
+def _mtimes(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted(directory.glob("*.parquet"))}
+
+
+def test_run_writes_replays_result_and_summary(project: Path) -> None:
+    proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    out = project / "results"
+    assert sorted(p.stem for p in (out / RUN).glob("*.parquet")) == LABELS
+    assert not list(out.rglob("*.tmp"))  # atomic writes leave no temporaries
+
+    summary = pq.read_table(out / "summary.parquet").to_pandas()
+    assert set(DESIGN_COLUMNS) <= set(summary.columns)
+    assert sorted(summary["fetch_align"] + "__" + summary["start_align"]) == LABELS
+    assert (summary["iterations"] == 30 - 11).all()  # default: epoch 1 only, iterations > 10
+    csv = (out / "summary.csv").read_text(encoding="utf-8").splitlines()
+    assert csv[0].split(",")[: len(DESIGN_COLUMNS)] == list(summary.columns[: len(DESIGN_COLUMNS)])
+    assert len(csv) == 1 + 9
+
+    info = json.loads((out / RUN / "result.json").read_text(encoding="utf-8"))
+    assert info["run"] == RUN
+    assert info["trace"]["name"] == RUN and info["trace"]["epochs"] == [0, 1]
+    assert info["summary"] == {"epochs": [1], "warmup": 10, "threshold_s": 0.03}
+    assert info["params"] == {"stall_floor_s": 0.000002, "stall_grow_min_s": 0.01}
+    assert info["dropped"] == {}
+
+    assert "actual/actual" in proc.stdout and "min/min" in proc.stdout
+    assert "9 replay(s) computed on local" in proc.stderr
+
+
+def test_measured_run_is_reproduced(project: Path) -> None:
+    """actual/actual replays the trace: max iteration time and stall over GPUs, per iteration."""
+    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+    table = pq.read_table(project / "results" / RUN / "actual__actual.parquet")
+    train = synthetic_run(RUN, iterations=30).train.to_pandas()
+    expected = train.groupby(["epoch", "iteration"]).agg(
+        iteration_s=("iteration_s", "max"), stall_s=("stall_s", "max")
+    )
+    assert table.column("epoch").to_pylist() == [e for e, _ in expected.index]
+    assert np.array_equal(table.column("iteration_s").to_numpy(), expected["iteration_s"])
+    assert np.array_equal(table.column("stall_s").to_numpy(), expected["stall_s"])
+    assert set(METRIC_COLUMNS) <= set(table.column_names)
+    assert [c for c in table.column_names if c.startswith("stall_s_gpu")] == [
+        f"stall_s_gpu{g}" for g in range(4)
+    ]
+
+
+def test_second_run_reuses_results_force_recomputes(project: Path) -> None:
+    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+    replays = project / "results" / RUN
+    first = _mtimes(replays)
+
+    again = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert "0 replay(s) computed, 9 reused" in again.stderr
+    assert _mtimes(replays) == first
+
+    (replays / "avg__min.parquet").unlink()
+    resumed = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
+    assert "1 replay(s) computed on local, 8 reused" in resumed.stderr
+    now = _mtimes(replays)
+    assert {k: v for k, v in now.items() if k != "avg__min.parquet"} == {
+        k: v for k, v in first.items() if k != "avg__min.parquet"
+    }
+    assert "avg__min.parquet" in now
+
+    forced = run_dsim("run", "--conf", "sim_conf.json", "--force", cwd=project)
+    assert "9 replay(s) computed" in forced.stderr
+    assert all(now[k] != v for k, v in _mtimes(replays).items())
+
+
+def test_changed_trace_or_params_invalidate_the_cache(project: Path) -> None:
+    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+    key_path = project / "results" / RUN / "min__min.parquet"
+    key = read_replay_key(key_path)
+    write_synthetic(project / "traces", RUN, iterations=30, seed=9)
+    proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
+    assert "9 replay(s) computed" in proc.stderr
+    assert read_replay_key(key_path) != key
+
+    conf = json.loads((project / "sim_conf.json").read_text(encoding="utf-8"))
+    conf["stall_grow_min_s"] = 0.5
+    (project / "sim_conf.json").write_text(json.dumps(conf), encoding="utf-8")
+    proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
+    assert "9 replay(s) computed" in proc.stderr
+
+
+def test_summary_options_do_not_recompute(project: Path) -> None:
+    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+    proc = run_dsim(
+        "run", "--conf", "sim_conf.json", "--epochs", "all", "--warmup", "0", "--threshold",
+        "0.5", cwd=project,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "0 replay(s) computed, 9 reused" in proc.stderr
+    summary = pq.read_table(project / "results" / "summary.parquet").to_pandas()
+    assert (summary["iterations"] == 2 * 29).all()
+    assert (summary["threshold_s"] == 0.5).all()
+
+
+def test_subset_of_policies_still_replays_baseline(project: Path) -> None:
+    conf = {"FILE": RUN, "FETCH_ALIGN": ["min"], "START_ALIGN": ["min"], "out": "res"}
+    (project / "small.json").write_text(json.dumps(conf), encoding="utf-8")
+    proc = run_dsim("run", "--conf", "small.json", "--quiet", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+    assert sorted(p.stem for p in (project / "res" / RUN).glob("*.parquet")) == [
+        "actual__actual",
+        "min__min",
+    ]
+    summary = pq.read_table(project / "res" / "summary.parquet").to_pandas()
+    assert len(summary) == 2
+    assert summary["speedup"].notna().all()
+
+
+def test_runs_named_on_the_command_line(project: Path) -> None:
+    proc = run_dsim("run", RUN, "--out", "cli_out", "--epochs", "0", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((project / "cli_out" / RUN).glob("*.parquet"))) == 9
+
+
+@pytest.mark.parametrize(
+    ("conf", "needle"),
+    [
+        ({"FILE": RUN, "FETCH_ALIGN": ["fastest"]}, "unknown policy 'fastest'"),
+        ({"FILE": "nope"}, f"run(s) not found: nope; available in traces: {RUN}"),
+        ({"FILE": RUN, "epochs": [4]}, "epoch(s) 4 not in run synth_run; available epochs: 0, 1"),
+        ({"FILE": RUN, "PREFETCH": 2}, "unknown key 'PREFETCH'"),
+        ({"IOFILE": "x"}, "FILE is missing"),
+    ],
+)
+def test_bad_config_exits_2_and_writes_nothing(project: Path, conf: dict, needle: str) -> None:
+    (project / "bad.json").write_text(json.dumps(conf), encoding="utf-8")
+    proc = run_dsim("run", "--conf", "bad.json", cwd=project)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("dsim: error: invalid config")
+    assert needle in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert not (project / "results").exists()
+
+
+def test_bad_options_exit_2(project: Path) -> None:
+    proc = run_dsim("run", "--conf", "sim_conf.json", "--epochs", "x", cwd=project)
+    assert proc.returncode == 2 and "--epochs" in proc.stderr
+    proc = run_dsim("run", "--conf", "missing.json", cwd=project)
+    assert proc.returncode == 2 and "config file not found" in proc.stderr
+    proc = run_dsim("run", cwd=project)
+    assert proc.returncode == 2 and "nothing to run" in proc.stderr
+    assert not (project / "results").exists()
+
+
+@pytest.mark.ray
+def test_ray_executor_writes_identical_parquet(project: Path) -> None:
+    local = run_dsim("run", "--conf", "sim_conf.json", "--out", "local", cwd=project)
+    assert local.returncode == 0, local.stderr
+    ray = run_dsim(
+        "run", "--conf", "sim_conf.json", "--out", "ray", "--executor", "ray", "--num-cpus", "1",
+        cwd=project, env={"RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert ray.returncode == 0, ray.stderr
+    assert "9 replay(s) computed on ray" in ray.stderr
+    for path in sorted((project / "local" / RUN).glob("*.parquet")):
+        a, b = pq.read_table(path), pq.read_table(project / "ray" / RUN / path.name)
+        assert a.equals(b) and a.schema.metadata == b.schema.metadata, path.name
+    assert (
+        pq.read_table(project / "local" / "summary.parquet")
+        .drop(["results"])
+        .equals(pq.read_table(project / "ray" / "summary.parquet").drop(["results"]))
+    )
