@@ -6,6 +6,7 @@ Thin: options become an ``Overrides`` for ``dsim.config``; the work is
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -126,7 +127,7 @@ def command(
     how = f" on {outcome.executor}" if outcome.executor else ""
     err.print(
         f"{outcome.computed} replay(s) computed{how}, {outcome.cached} reused, "
-        f"in {outcome.seconds:.1f} s; results in {config.out}",
+        f"in {outcome.seconds:.1f} s; results in {os.path.normpath(config.out)}",
         highlight=False,
     )
     sys.stdout.flush()
