@@ -106,22 +106,6 @@ class SimConfig:
     run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
 
-def parse_epochs_option(text: str) -> list[int] | str:
-    """``--epochs 1,2`` or ``--epochs all``."""
-    text = text.strip()
-    if text.lower() == "all":
-        return "all"
-    try:
-        epochs = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(
-            f"--epochs expects comma-separated epoch numbers or 'all', got {text!r}"
-        ) from None
-    if not epochs:
-        raise UsageError("--epochs expects comma-separated epoch numbers or 'all'")
-    return epochs
-
-
 def read_config_file(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

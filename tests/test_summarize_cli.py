@@ -112,11 +112,11 @@ def test_filters_and_several_results_directories(results, tmp_path):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["--run", "nomatch*"], 2, "no run matches --run nomatch*"),
+        (["--run", "nomatch*"], 2, "--run nomatch* matches no run"),
         (["--policy", "median/min"], 2, "unknown policy 'median'"),
-        (["--policy", "avg"], 2, "--policy expects FETCH/START"),
+        (["--policy", "avg"], 2, "--policy: expected FETCH/START"),
         (["--epochs", "7"], 2, "epoch(s) 7 not in the replay"),
-        (["--epochs", "x"], 2, "--epochs expects"),
+        (["--epochs", "x"], 2, "--epochs: expected"),
         (["--warmup", "5"], 2, "no iterations selected"),
         (["--format", "xlsx", "--out", "o"], 2, "unknown output format xlsx"),
     ],

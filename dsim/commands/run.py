@@ -97,14 +97,15 @@ def command(
 
     from rich.console import Console
 
-    from dsim.config import Overrides, load_config, parse_epochs_option
+    from dsim.config import Overrides, load_config
     from dsim.execute.runner import run_replays
+    from dsim.options import parse_epochs_option
 
     overrides = Overrides(
         runs=tuple(runs or ()),
         traces=traces,
         out=out,
-        epochs=parse_epochs_option(epochs) if epochs is not None else None,
+        epochs=parse_epochs_option(epochs),
         warmup=warmup,
         threshold_s=threshold,
         executor=executor,

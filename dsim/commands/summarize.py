@@ -6,7 +6,6 @@ Thin: finds result runs (``dsim.results``), filters them, summarises
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 import typer
@@ -28,19 +27,6 @@ Examples:
   dsim summarize results/ --policy avg/min --policy actual__actual --run 'fsN*resnet50*'
   dsim summarize results-a/ results-b/ --out summaries/ --format csv,parquet,json
 """
-
-
-def parse_policy_option(text: str) -> tuple[str, str]:
-    """``avg/min`` or ``avg__min`` → a canonical policy pair."""
-    from dsim.errors import UsageError
-    from dsim.policies import normalize_policy, parse_policy_label
-
-    if "/" in text:
-        fetch, _, start = text.partition("/")
-        return normalize_policy(fetch), normalize_policy(start)
-    if "__" in text:
-        return parse_policy_label(text)
-    raise UsageError(f"--policy expects FETCH/START or FETCH__START (e.g. avg/min), got {text!r}")
 
 
 def command(
@@ -76,21 +62,16 @@ def command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
-    from dsim.config import parse_epochs_option
-    from dsim.errors import UsageError
+    from dsim.options import parse_epochs_option, parse_policy_option, select_runs
     from dsim.render.files import parse_formats, write_summary_files
     from dsim.results import find_result_runs
     from dsim.summary import summarize_results
 
     format_names = parse_formats(formats)  # validate before any work
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
-    epoch_option = parse_epochs_option(epochs) if epochs is not None else None
+    epoch_option = parse_epochs_option(epochs)
 
-    runs = find_result_runs(list(results))
-    if run_globs:
-        runs = [r for r in runs if any(fnmatch.fnmatchcase(r.name, g) for g in run_globs)]
-        if not runs:
-            raise UsageError(f"no run matches --run {' '.join(run_globs)}")
+    runs = select_runs(find_result_runs(list(results)), run_globs)
     summary = summarize_results(
         runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
     )
