@@ -16,13 +16,59 @@ from __future__ import annotations
 
 import numpy as np
 
+_FITS = 1 << 62  # packed sort keys stay below this
 
-def occurrence(keys: list[np.ndarray], time: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """0-based ordinal of each row among rows with equal ``keys``, by ``time`` then ``order``."""
-    n = len(time)
+
+def lexsort_order(keys: list[np.ndarray]) -> np.ndarray:
+    """The permutation ``np.lexsort(keys[::-1])`` gives: first key most significant, ties by row.
+
+    ``np.lexsort`` sorts once per key, indirectly. When the keys' ranges
+    multiply to less than 2^62 they pack into one int64, and with the row
+    number as the last digit every packed value is distinct, so one plain
+    (vectorised, unstable) argsort gives the same order several times faster.
+    Integer keys only.
+    """
+    n = len(keys[0])
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    sort = np.lexsort((order, time, *reversed(keys)))
+    spans = []
+    total = 1
+    for key in keys:
+        lo, hi = int(key.min()), int(key.max())
+        spans.append((lo, hi - lo + 1))
+        total *= hi - lo + 1
+    if total >= _FITS:
+        return np.lexsort(keys[::-1])
+    packed = np.zeros(n, dtype=np.int64)
+    for key, (lo, span) in zip(keys, spans, strict=True):
+        packed *= span
+        packed += key - lo if lo else key
+    if total * n < _FITS:
+        packed *= n
+        packed += np.arange(n)
+        return np.argsort(packed)
+    return np.argsort(packed, kind="stable")
+
+
+def _time_rank(time: np.ndarray) -> np.ndarray:
+    """Rank of each row by ``time``, ties by row (a stable sort: logs are nearly in time order)."""
+    sort = np.argsort(time, kind="stable")
+    rank = np.empty(len(time), dtype=np.int64)
+    rank[sort] = np.arange(len(time))
+    return rank
+
+
+def _occurrence_sort(
+    keys: list[np.ndarray], time: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ordinals (see ``occurrence``) and the sort by ``keys``, ``time``, ``order`` behind them."""
+    n = len(time)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if n > 1 and bool((order[1:] > order[:-1]).all()):  # rows are in file order: ties by row
+        sort = lexsort_order([*keys, _time_rank(time)])
+    else:
+        sort = np.lexsort((order, time, *reversed(keys)))
     same = np.ones(n, dtype=bool)
     same[0] = False
     for key in keys:
@@ -32,7 +78,12 @@ def occurrence(keys: list[np.ndarray], time: np.ndarray, order: np.ndarray) -> n
     group_start = np.repeat(starts, np.diff(np.append(starts, n)))
     ordinal = np.empty(n, dtype=np.int64)
     ordinal[sort] = np.arange(n) - group_start
-    return ordinal
+    return ordinal, sort
+
+
+def occurrence(keys: list[np.ndarray], time: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """0-based ordinal of each row among rows with equal ``keys``, by ``time`` then ``order``."""
+    return _occurrence_sort(keys, time, order)[0]
 
 
 def assign_fetch_epochs(
@@ -47,10 +98,10 @@ def assign_fetch_epochs(
     train_epoch: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Epoch of every fetch, and a mask of the fetches that had a matching training line."""
-    k_fetch = occurrence([fetch_gpu, fetch_idx], fetch_end, fetch_order)
+    k_fetch, f_sort = _occurrence_sort([fetch_gpu, fetch_idx], fetch_end, fetch_order)
     if len(train_gpu) == 0:
         return k_fetch, np.zeros(len(fetch_gpu), dtype=bool)
-    k_train = occurrence([train_gpu, train_iteration], train_start, train_order)
+    k_train, t_sort = _occurrence_sort([train_gpu, train_iteration], train_start, train_order)
 
     span_k = int(max(k_fetch.max(initial=0), k_train.max(initial=0))) + 1
     span_i = int(max(fetch_idx.max(initial=0), train_iteration.max(initial=0))) + 1
@@ -58,13 +109,26 @@ def assign_fetch_epochs(
     def key(gpu: np.ndarray, idx: np.ndarray, k: np.ndarray) -> np.ndarray:
         return (gpu.astype(np.int64) * span_i + idx) * span_k + k
 
+    # Both occurrence sorts order rows by (rank, index, ordinal): the keys come out
+    # ascending, so matching is a merge of two sorted lists (or, usually, equality).
     train_keys = key(train_gpu, train_iteration, k_train)
-    sort = np.argsort(train_keys, kind="stable")
+    sort = t_sort
     sorted_keys = train_keys[sort]
+    if len(sorted_keys) > 1 and not bool((sorted_keys[1:] > sorted_keys[:-1]).all()):
+        sort = np.argsort(train_keys, kind="stable")
+        sorted_keys = train_keys[sort]
     wanted = key(fetch_gpu, fetch_idx, k_fetch)
-    pos = np.clip(np.searchsorted(sorted_keys, wanted), 0, len(sorted_keys) - 1)
-    matched = sorted_keys[pos] == wanted
-    epoch = np.where(matched, train_epoch[sort][pos], -1).astype(np.int64)
+    wanted_sorted = wanted[f_sort]
+    epoch = np.empty(len(wanted), dtype=np.int64)
+    if np.array_equal(wanted_sorted, sorted_keys):
+        epoch[f_sort] = train_epoch[sort]
+        matched = np.ones(len(wanted), dtype=bool)
+        return epoch, matched
+    pos = np.clip(np.searchsorted(sorted_keys, wanted_sorted), 0, len(sorted_keys) - 1)
+    hit = sorted_keys[pos] == wanted_sorted
+    matched = np.empty(len(wanted), dtype=bool)
+    matched[f_sort] = hit
+    epoch[f_sort] = np.where(hit, train_epoch[sort][pos], -1)
 
     if not matched.all():
         # Continue after the last training line of the same (rank, index), if any.

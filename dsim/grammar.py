@@ -108,7 +108,7 @@ class BlockRecords:
     counts: dict[str, int]
 
 
-def lines_of(block: bytes) -> pa.LargeStringArray:
+def lines_of(block: bytes | memoryview) -> pa.LargeStringArray:
     """Split a block that ends with a newline into one string per line, without copying.
 
     Each value keeps its trailing ``\\n`` (Arrow offsets are contiguous); the
@@ -127,7 +127,7 @@ def lines_of(block: bytes) -> pa.LargeStringArray:
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:
-        return lines_of(block.decode("utf-8", errors="replace").encode("utf-8"))
+        return lines_of(bytes(block).decode("utf-8", errors="replace").encode("utf-8"))
     return lines
 
 
@@ -200,20 +200,43 @@ def _civil_seconds(text: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
 def _civil_from_digits(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Seconds since 1970 from the 14 digits of ``YYYYmmddHHMMSS`` (int64 rows), and validity."""
     century, yy, month, day, hour, minute, second = (d[:, 0::2] * 10 + d[:, 1::2]).T
-    year = century * 100 + yy
+    return _civil(century * 100 + yy, month, day, hour, minute, second)
+
+
+def _civil(year, month, day, hour, minute, second) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds since 1970 of civil times given field by field (int64 arrays), and validity.
+
+    Lines in a block nearly all share a date, so the calendar (the costly
+    part) runs once per run of equal dates, not once per line.
+    """
+    n = len(year)
+    date = (year * 100 + month) * 100 + day
+    change = np.ones(n, dtype=bool)
+    change[1:] = date[1:] != date[:-1]
+    first = np.flatnonzero(change)
+    if len(first) * 4 < n:
+        days, ok = _days(year[first], month[first], day[first])
+        which = np.cumsum(change) - 1
+        days, ok = days[which], ok[which]
+    else:
+        days, ok = _days(year, month, day)
+    ok &= (hour < 24) & (minute < 60) & (second < 60)
+    seconds = days * 86400 + hour * 3600 + minute * 60 + second
+    return np.where(ok, seconds, 0), ok
+
+
+def _days(year, month, day) -> tuple[np.ndarray, np.ndarray]:
+    """Days since 1970 of real dates (proleptic Gregorian), and which dates are real."""
     leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
     good_month = (month >= 1) & (month <= 12)
     days_in_month = _DAYS_IN_MONTH[np.where(good_month, month, 0)] + (leap & (month == 2))
-    ok = good_month & (day >= 1) & (day <= days_in_month) & (hour < 24)
-    ok &= (minute < 60) & (second < 60)
+    ok = good_month & (day >= 1) & (day <= days_in_month)
     # Days from civil (H. Hinnant): March-based years make February the last month.
     y = year - (month <= 2)
     era = y // 400
     yoe = y - era * 400
     doy = (153 * np.where(month > 2, month - 3, month + 9) + 2) // 5 + day - 1
-    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
-    seconds = days * 86400 + hour * 3600 + minute * 60 + second
-    return np.where(ok, seconds, 0), ok
+    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468, ok
 
 
 def _civil_seconds_arrow(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -375,17 +398,27 @@ def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> di
 # real line is spelled exactly as DESIGN.md §1 shows it: no prefix, single
 # separators. Such a line is a fixed sequence of literals and bounded runs of
 # digits, so it can be checked and cut by position over the whole block at
-# once: gather a small byte window per line at a computed offset, measure the
-# run in it, move on. A line is taken here only if every byte is where the
-# canonical spelling puts it and every value is valid; anything else (and any
-# doubt) goes to the general path, so the result is the same either way.
+# once, one field after the other, each step one vector operation over all
+# lines. A line is taken here only if every byte is where the canonical
+# spelling puts it and every value is valid; anything else (and any doubt)
+# goes to the general path, so the result is the same either way.
+#
+# The work is column-wise: every step gathers one 8-byte word per line at that
+# line's current offset (an unaligned little-endian view of the buffer) and
+# answers its question for all 8 bytes at once with bit arithmetic (SWAR): is
+# this the literal, how long is the run of digits, what is its value.
+# Row-wise windows ([lines, width] bytes reduced along the short axis) cost
+# several times more.
 
-_REACH = 448  # no window of a canonical line reaches further than this from its start
+_REACH = 512  # no word of a canonical line is read further than this from its start
+_U = np.uint64
+_LOW7 = _U(0x7F7F7F7F7F7F7F7F)
+_HIGH = _U(0x8080808080808080)
+_NIBBLES = _U(0x0F0F0F0F0F0F0F0F)
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
-_TS_SEPS = np.array([4, 7, 10, 13, 16, 19])
-_TS_SEP_BYTES = np.frombuffer(b"-- ::.", dtype=np.uint8)
-_TOKEN = 40  # longest number the fast path cuts; longer ones take the general path
-_FRAC_WEIGHTS = _POW10[8::-1]  # 10^8 .. 10^0: fraction digits straight to nanoseconds
+_POW10_U = _POW10.astype(np.uint64)
+_POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
+_EXACT = 1 << 53  # integers below this are exact doubles
 _FETCH_KEYS = ("gpu", "worker", "idx", "end", "fetch_s")  # the general path's columns, in order
 _TRAIN_KEYS = (
     *("gpu", "epoch", "iteration", "total", "start"),
@@ -393,56 +426,150 @@ _TRAIN_KEYS = (
 )
 
 
-def _gather(raw: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Row i: the ``width`` bytes of ``raw`` from ``pos[i]`` (a copy, one row per line)."""
-    return np.lib.stride_tricks.sliding_window_view(raw, width)[pos]
+def _words(buf: np.ndarray) -> np.ndarray:
+    """Every byte offset of ``buf`` as the start of an 8-byte record (indexing copies the bytes).
+
+    ``V8`` has alignment 1, so NumPy gathers it with plain 8-byte copies; the
+    unaligned ``<u8`` view would take a slow element-by-element path.
+    """
+    return np.ndarray((len(buf) - 7,), dtype="V8", buffer=buf, strides=(1,))
 
 
-def _lit(win: np.ndarray, col: int, text: bytes) -> np.ndarray:
-    return (win[:, col : col + len(text)] == np.frombuffer(text, dtype=np.uint8)).all(axis=1)
+def _word(words: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The 8 bytes at each ``pos`` as little-endian integers: byte ``pos`` is the lowest."""
+    return words[pos].view("<u8")
 
 
-def _run(win: np.ndarray, col: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Digits from ``col`` and the length of their run, 0 when none or longer than ``width``."""
-    d = win[:, col : col + width + 1] - np.uint8(48)
-    return d[:, :width], (d < 10).argmin(axis=1)
+def _not_digit(x: np.ndarray) -> np.ndarray:
+    """High bit of each byte that is not an ASCII digit (exact: no carry crosses a byte)."""
+    t = x ^ _U(0x3030303030303030)
+    return (((t & _LOW7) + _U(0x7676767676767676)) | t) & _HIGH
 
 
-def _int_value(d: np.ndarray, length: np.ndarray) -> np.ndarray:
-    width = d.shape[1]
-    keep = np.arange(width) < length[:, None]
-    full = np.where(keep, d, 0).astype(np.int64) @ _POW10[width - 1 :: -1]
-    return full // _POW10[width - length]
+def _not_byte(x: np.ndarray, byte: int) -> np.ndarray:
+    """High bit of each byte that differs from ``byte``."""
+    t = x ^ _U(byte * 0x0101010101010101)
+    return (((t & _LOW7) + _LOW7) | t) & _HIGH
 
 
-def _token(win: np.ndarray, col: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A plain decimal (digits with at most one inner point) from ``col``: bytes, length, ok."""
-    c = win[:, col : col + _TOKEN + 1]
-    digit = (c - np.uint8(48)) < 10
-    point = c == 46
-    length = (digit | point).argmin(axis=1)
-    points = (point & (np.arange(_TOKEN + 1) < length[:, None])).sum(axis=1)
-    last = digit[np.arange(len(c)), np.maximum(length - 1, 0)]
-    ok = (length >= 1) & (points <= 1) & digit[:, 0] & last
-    return c, length, ok
+def _not_number(x: np.ndarray) -> np.ndarray:
+    """High bit of each byte that is neither a digit nor a point."""
+    return _not_digit(x) & _not_byte(x, 46)
 
 
-def _avg(win: np.ndarray, col: int) -> np.ndarray:
-    """Length of the ``(avg)`` text from ``col``: digits and points only, at most _TOKEN."""
-    c = win[:, col : col + _TOKEN + 1]
-    return (((c - np.uint8(48)) < 10) | (c == 46)).argmin(axis=1)
+def _not_space(x: np.ndarray) -> np.ndarray:
+    return _not_byte(x, 32)
 
 
-def _floats(c: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """The tokens as float64 by Arrow's cast: the general path's rounding, to the bit."""
-    if len(c) == 0:
+def _first(mask: np.ndarray) -> np.ndarray:
+    """Index of the first byte whose high bit is set; 8 when none is (count trailing zeros / 8)."""
+    return np.bitwise_count((mask - _U(1)) & ~mask) >> np.uint8(3)  # uint8: fewer bytes to move
+
+
+def _swar(x: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Value of the ``n`` (0..8) digits at the low end of each word (the classic SWAR reduction).
+
+    Shifting left by the bytes after the run drops them and puts leading zeros
+    in front: the first digit, the lowest byte, is the most significant.
+    """
+    x = (x << ((8 - n) << np.uint8(3))) & _NIBBLES
+    x = (x * _U(10 * 256 + 1)) >> _U(8)
+    x = ((x & _U(0x00FF00FF00FF00FF)) * _U(100 * 65536 + 1)) >> _U(16)
+    return ((x & _U(0x0000FFFF0000FFFF)) * _U(10000 * (1 << 32) + 1)) >> _U(32)
+
+
+def _span(words: np.ndarray, pos: np.ndarray, outside, count: int) -> np.ndarray:
+    """Length of the run of bytes from ``pos`` that ``outside`` does not flag, at most 8 * count.
+
+    A run that fills all ``count`` words reads as exactly 8 * count: callers treat it as too long.
+    """
+    n = _first(outside(_word(words, pos)))
+    rows = np.flatnonzero(n == 8)
+    for k in range(1, count):
+        if len(rows) == 0:
+            break
+        m = _first(outside(_word(words, pos[rows] + 8 * k)))
+        n[rows] += m
+        rows = rows[m == 8]
+    return n
+
+
+def _digits(words: np.ndarray, pos: np.ndarray, count: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Value (uint64) and length of the run of digits at ``pos``, reading at most ``count`` words.
+
+    The length is exact below 8 * count (8 * count means "at least"); the value
+    is exact for runs of at most 16 digits.
+    """
+    x = _word(words, pos)
+    n = _first(_not_digit(x))
+    value = _swar(x, n)
+    rows = np.flatnonzero(n == 8)
+    if count > 1 and len(rows):
+        y = _word(words, pos[rows] + 8)
+        m = _first(_not_digit(y))
+        value[rows] = value[rows] * _POW10_U[m] + _swar(y, m)
+        n[rows] += m
+        rows = rows[m == 8]
+        if count > 2 and len(rows):
+            n[rows] += _span(words, pos[rows] + 16, _not_digit, count - 2)
+    return value, n
+
+
+def _lit(words: np.ndarray, pos: np.ndarray, text: bytes) -> np.ndarray:
+    """Whether ``text`` is at each ``pos``: whole words compared with constants."""
+    ok = None
+    for k in range(0, len(text), 8):
+        chunk = text[k : k + 8]
+        x = _word(words, pos + k if k else pos)
+        if len(chunk) < 8:
+            x = x & _U((1 << (8 * len(chunk))) - 1)
+        same = x == _U(int.from_bytes(chunk, "little"))
+        ok = same if ok is None else ok & same
+    return ok
+
+
+def _number(
+    words: np.ndarray, raw: np.ndarray, pos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A plain decimal ``digits[.digits]`` at ``pos``: value, length, ok, and value exact.
+
+    ``m`` digits in all with ``k`` after the point are the integer ``m``
+    divided by 10^k; while both are exact doubles (``m`` < 2^53, k <= 22) one
+    IEEE division rounds the true quotient correctly, which is what any
+    correct decimal parser (Arrow's cast included) returns. Longer numbers are
+    left to Arrow (``exact`` False).
+    """
+    whole, a = _digits(words, pos, 2)
+    point = raw[pos + a] == 46
+    frac, b = _digits(words, pos + a + 1, 3)
+    b = np.where(point, b, 0)
+    length = a + point + b
+    ok = (a >= 1) & (a < 16) & ~(point & ((b < 1) | (b >= 24)))
+    mantissa = whole * _POW10_U[np.minimum(b, 18)] + np.where(point, frac, _U(0))
+    exact = (a + b <= 16) & (mantissa < _U(_EXACT))
+    value = mantissa.view(np.int64).astype(np.float64) / _POW10_F[np.minimum(b, 22)]
+    return value, length, ok, exact
+
+
+def _arrow_floats(raw: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Tokens at ``pos`` as float64 by Arrow's cast (the general path's parser), to the bit."""
+    if len(pos) == 0:
         return np.zeros(0)
-    data = c[np.arange(c.shape[1]) < length[:, None]]  # row-major: the tokens, back to back
     offsets = np.concatenate(([0], np.cumsum(length))).astype(np.int64)
+    flat = np.repeat(pos - offsets[:-1], length) + np.arange(offsets[-1])
     text = pa.LargeStringArray.from_buffers(
-        len(c), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data))
+        len(pos), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(raw[flat]))
     )
     return pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _float_values(raw, pos, length, value, exact, rows) -> np.ndarray:
+    """``value`` at ``rows``, with Arrow's parse where the quick one is not exact."""
+    out = value[rows]
+    slow = np.flatnonzero(~exact[rows])
+    if len(slow):
+        out[slow] = _arrow_floats(raw, pos[rows[slow]], length[rows[slow]])
+    return out
 
 
 def _fast_records(
@@ -451,7 +578,7 @@ def _fast_records(
     """Records of the canonical lines, and the indices of all other lines (for the general path).
 
     Lines near the end of the buffer are cut from a zero-padded copy of the
-    tail so that every window stays inside memory.
+    tail so that every word read stays inside memory.
     """
     n = len(lines)
     _, offsets_buf, data_buf = lines.buffers()
@@ -479,123 +606,158 @@ def _stack(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def _byte(word: np.ndarray, k: int) -> np.ndarray:
+    return ((word >> _U(8 * k)) & _U(0xFF)).view(np.int64)
+
+
+# The timestamp ``YYYY-mm-dd HH:MM:SS.f``: three words from the line start; per word the
+# bytes that must be digits and the separators (mask, value) at their places.
+_TS_WORDS = ((b"dddd-dd-", 0), (b"dd dd:dd", 8), (b":dd.", 16))
+
+
+def _ts_checks():
+    out = []
+    for pattern, at in _TS_WORDS:
+        digit = sum(0x80 << (8 * i) for i, c in enumerate(pattern) if c == ord("d"))
+        sep = sum(0xFF << (8 * i) for i, c in enumerate(pattern) if c != ord("d"))
+        value = sum(c << (8 * i) for i, c in enumerate(pattern) if c != ord("d"))
+        out.append((at, _U(digit), _U(sep), _U(value)))
+    return out
+
+
+_TS_CHECKS = _ts_checks()
+
+
+def _pairs(word: np.ndarray) -> np.ndarray:
+    """Byte k becomes 10 * digit k + digit k+1: two-digit fields read off single bytes."""
+    return ((word & _NIBBLES) * _U(10 * 256 + 1)) >> _U(8)
+
+
 def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     """Cut canonical lines at ``starts`` (exclusive ``ends``) of ``raw``: fetch and train rows."""
+    words = _words(raw)
     content_end = ends - (raw[ends - 1] == 10)
     content_end = content_end - ((content_end > starts) & (raw[content_end - 1] == 13))
-    head = _gather(raw, starts, 30)  # timestamp, point, fraction of up to 9 digits, one more
-    ok = (head[:, _TS_SEPS] == _TS_SEP_BYTES).all(axis=1)
-    ts_digits = head[:, _TS_DIGITS] - np.uint8(48)
-    ok &= (ts_digits < 10).all(axis=1)
-    frac, frac_len = _run(head, 20, 9)
-    ok &= (frac_len >= 1) & (head[np.arange(len(head)), 20 + frac_len] == 32)
+    ok = None
+    ts = []
+    for at, digit, sep, value in _TS_CHECKS:
+        w = _word(words, starts + at)
+        good = ((_not_digit(w) & digit) == 0) & ((w & sep) == value)
+        ok = good if ok is None else ok & good
+        ts.append(_pairs(w))
+    frac, frac_len = _digits(words, starts + 20, 2)
+    ok &= (frac_len >= 1) & (frac_len <= 9) & (raw[starts + 20 + frac_len] == 32)
     kind_at = starts + 21 + frac_len
     kind = raw[kind_at]
     f_rows = np.flatnonzero(ok & (kind == ord("D")))
     t_rows = np.flatnonzero(ok & (kind == ord("G")))
-    f_ok, fetch = _cut_fetch(raw, kind_at[f_rows], content_end[f_rows])
-    t_ok, train = _cut_train(raw, kind_at[t_rows], content_end[t_rows])
+    f_ok, fetch = _cut_fetch(words, raw, kind_at[f_rows], content_end[f_rows])
+    t_ok, train = _cut_train(words, raw, kind_at[t_rows], content_end[t_rows])
     f_rows, t_rows = f_rows[f_ok], t_rows[t_ok]  # the values are of these rows only
+    w0, w1, w2 = ts
+    frac_ns = frac.view(np.int64) * _POW10[9 - np.minimum(frac_len, 9)]
     ns = []
     for rows in (f_rows, t_rows):
-        whole, ts_ok = _civil_from_digits(ts_digits[rows].astype(np.int64))
-        frac_ns = np.where(np.arange(9) < frac_len[rows, None], frac[rows], 0).astype(np.int64)
-        ns.append((whole * 1_000_000_000 + frac_ns @ _FRAC_WEIGHTS, ts_ok))
+        a, b = w0[rows], w1[rows]
+        year = _byte(a, 0) * 100 + _byte(a, 2)
+        fields = (_byte(a, 5), _byte(b, 0), _byte(b, 3), _byte(b, 6), _byte(w2[rows], 1))
+        whole, ts_ok = _civil(year, *fields)
+        ns.append((whole * 1_000_000_000 + frac_ns[rows], ts_ok))
     (fetch["end"], f_ts), (train["start"], t_ts) = ns
-    fetch = {k: v[f_ts] for k, v in fetch.items()}
-    train = {k: v[t_ts] for k, v in train.items()}
-    return f_rows[f_ts], fetch, t_rows[t_ts], train
+    if not f_ts.all():
+        fetch = {k: v[f_ts] for k, v in fetch.items()}
+        f_rows = f_rows[f_ts]
+    if not t_ts.all():
+        train = {k: v[t_ts] for k, v in train.items()}
+        t_rows = t_rows[t_ts]
+    return f_rows, fetch, t_rows, train
 
 
-def _cut_fetch(raw: np.ndarray, at: np.ndarray, end: np.ndarray):
+def _taken(value: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return value[rows].view(np.int64)
+
+
+def _cut_fetch(words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray):
     """``DEBUG:\\tGPU: g worker_id: w, END FETCH at_time a data idxi`` from ``at`` to ``end``."""
-    w = _gather(raw, at, 12 + 7)
-    ok = _lit(w, 0, b"DEBUG:\tGPU: ")
-    gpu, gpu_len = _run(w, 12, 6)
+    ok = _lit(words, at, b"DEBUG:\tGPU: ")
+    gpu, gpu_len = _digits(words, at + 12)
     p = at + 12 + gpu_len
-    w = _gather(raw, p, 12 + 7)
-    ok &= (gpu_len >= 1) & _lit(w, 0, b" worker_id: ")
-    worker, worker_len = _run(w, 12, 6)
+    ok &= (gpu_len >= 1) & (gpu_len <= 6) & _lit(words, p, b" worker_id: ")
+    worker, worker_len = _digits(words, p + 12)
     p = p + 12 + worker_len
-    w = _gather(raw, p, 20 + _TOKEN + 1)
-    ok &= (worker_len >= 1) & _lit(w, 0, b", END FETCH at_time ")
-    tok, tok_len, tok_ok = _token(w, 20)
-    p = p + 20 + tok_len
-    w = _gather(raw, p, 9 + 10)
-    ok &= tok_ok & _lit(w, 0, b" data idx")
-    idx, idx_len = _run(w, 9, 9)
-    ok &= (idx_len >= 1) & (p + 9 + idx_len == end)
+    ok &= (worker_len >= 1) & (worker_len <= 6) & _lit(words, p, b", END FETCH at_time ")
+    tok_at = p + 20
+    value, tok_len, tok_ok, exact = _number(words, raw, tok_at)
+    p = tok_at + tok_len
+    ok &= tok_ok & _lit(words, p, b" data idx")
+    idx, idx_len = _digits(words, p + 9, 2)
+    ok &= (idx_len >= 1) & (idx_len <= 9) & (p + 9 + idx_len == end)
     rows = np.flatnonzero(ok)
-    fetch_s = _floats(tok[rows], tok_len[rows])
+    fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
     good = fetch_s <= MAX_FETCH_S  # the general path names the reason for larger ones
-    rows = rows[good]
+    if not good.all():
+        rows, fetch_s = rows[good], fetch_s[good]
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
     return ok, {
-        "gpu": _int_value(gpu[rows], gpu_len[rows]),
-        "worker": _int_value(worker[rows], worker_len[rows]),
-        "idx": _int_value(idx[rows], idx_len[rows]),
-        "fetch_s": fetch_s[good],
+        "gpu": _taken(gpu, rows),
+        "worker": _taken(worker, rows),
+        "idx": _taken(idx, rows),
+        "fetch_s": fetch_s,
     }
 
 
-def _cut_train(raw: np.ndarray, at: np.ndarray, end: np.ndarray):
+def _value_then_avg(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: bytes):
+    """``<label><number> (<avg>)`` from ``p``: the number's parts and the offset of ``)``."""
+    ok = _lit(words, p, label)
+    tok_at = p + len(label)
+    value, tok_len, tok_ok, exact = _number(words, raw, tok_at)
+    p = tok_at + tok_len
+    ok &= tok_ok & _lit(words, p, b" (")
+    avg = _span(words, p + 2, _not_number, 4)
+    ok &= avg < 32
+    return ok, (tok_at, tok_len, value, exact), p + 2 + avg
+
+
+def _cut_train(words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray):
     """``GPU: g Epoch: [e][  i/n]\\tTime t (t)\\tData d (d)[\\tThroughput p (p)]`` from ``at``."""
-    w = _gather(raw, at, 5 + 7)
-    ok = _lit(w, 0, b"GPU: ")
-    gpu, gpu_len = _run(w, 5, 6)
+    ok = _lit(words, at, b"GPU: ")
+    gpu, gpu_len = _digits(words, at + 5)
     p = at + 5 + gpu_len
-    w = _gather(raw, p, 9 + 7)
-    ok &= (gpu_len >= 1) & _lit(w, 0, b" Epoch: [")
-    epoch, epoch_len = _run(w, 9, 6)
+    ok &= (gpu_len >= 1) & (gpu_len <= 6) & _lit(words, p, b" Epoch: [")
+    epoch, epoch_len = _digits(words, p + 9)
     p = p + 9 + epoch_len
-    w = _gather(raw, p, 2 + 13)
-    ok &= (epoch_len >= 1) & _lit(w, 0, b"][")
-    p = p + 2 + (w[:, 2:] == 32).argmin(axis=1)  # the padding of the iteration index
-    w = _gather(raw, p, 10)
-    iteration, iteration_len = _run(w, 0, 9)
-    p = p + iteration_len
-    w = _gather(raw, p, 1 + 10)
-    ok &= (iteration_len >= 1) & _lit(w, 0, b"/")
-    total, total_len = _run(w, 1, 9)
+    ok &= (epoch_len >= 1) & (epoch_len <= 6) & _lit(words, p, b"][")
+    pad = _span(words, p + 2, _not_space, 2)  # the padding of the iteration index
+    iteration, iteration_len = _digits(words, p + 2 + pad, 2)
+    p = p + 2 + pad + iteration_len
+    ok &= (pad < 16) & (iteration_len >= 1) & (iteration_len <= 9) & (raw[p] == 47)
+    total, total_len = _digits(words, p + 1, 2)
     p = p + 1 + total_len
-    values = []
-    for label in (b"]\tTime ", b")\tData "):
-        w = _gather(raw, p, 7 + _TOKEN + 1)
-        ok &= _lit(w, 0, label)
-        tok, tok_len, tok_ok = _token(w, 7)
-        values.append((tok, tok_len))
-        p = p + 7 + tok_len
-        w = _gather(raw, p, 2 + _TOKEN + 1)
-        ok &= tok_ok & _lit(w, 0, b" (")
-        p = p + 2 + _avg(w, 2)
-    w = _gather(raw, p, 13 + _TOKEN + 1)
-    ok &= _lit(w, 0, b")")
+    ok &= (total_len >= 1) & (total_len <= 9)
+    time_ok, time_tok, p = _value_then_avg(words, raw, p, b"]\tTime ")
+    data_ok, data_tok, p = _value_then_avg(words, raw, p, b")\tData ")
+    ok &= time_ok & data_ok & (raw[p] == 41)
     no_tp = p + 1 == end
-    tp, tp_len, tp_ok = _token(w, 13)
-    q = p + 13 + tp_len
-    w = _gather(raw, q, 2 + _TOKEN + 1)
-    q = q + 2 + _avg(w, 2)
-    has_tp = _lit(_gather(raw, p, 13), 0, b")\tThroughput ") & tp_ok & _lit(w, 0, b" (")
-    has_tp &= (raw[q] == 41) & (q + 1 == end)
+    tp_ok, tp_tok, q = _value_then_avg(words, raw, p, b")\tThroughput ")
+    has_tp = tp_ok & (raw[q] == 41) & (q + 1 == end)
     ok &= no_tp | has_tp
     rows = np.flatnonzero(ok)
-    iteration_v = _int_value(iteration[rows], iteration_len[rows])
-    total_v = _int_value(total[rows], total_len[rows])
+    iteration_v, total_v = _taken(iteration, rows), _taken(total, rows)
     good = iteration_v < total_v  # the general path names the reason otherwise
-    rows = rows[good]
+    if not good.all():
+        rows, iteration_v, total_v = rows[good], iteration_v[good], total_v[good]
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
-    with_tp = np.flatnonzero(has_tp[rows])
+    with_tp = rows[has_tp[rows]]
     throughput = np.full(len(rows), np.nan)
-    throughput[with_tp] = _floats(tp[rows[with_tp]], tp_len[rows[with_tp]])
-    (time_tok, time_len), (data_tok, data_len) = values
+    throughput[has_tp[rows]] = _float_values(raw, *tp_tok, with_tp)
     return ok, {
-        "gpu": _int_value(gpu[rows], gpu_len[rows]),
-        "epoch": _int_value(epoch[rows], epoch_len[rows]),
-        "iteration": iteration_v[good],
-        "total": total_v[good],
-        "iteration_s": _floats(time_tok[rows], time_len[rows]),
-        "stall_s": _floats(data_tok[rows], data_len[rows]),
+        "gpu": _taken(gpu, rows),
+        "epoch": _taken(epoch, rows),
+        "iteration": iteration_v,
+        "total": total_v,
+        "iteration_s": _float_values(raw, *time_tok, rows),
+        "stall_s": _float_values(raw, *data_tok, rows),
         "throughput": throughput,
     }

@@ -69,7 +69,7 @@ def read_log(
     carry = b""
     last_byte = b"\n"
 
-    def consume(block: bytes) -> None:
+    def consume(block: bytes | memoryview) -> None:
         nonlocal next_line
         lines = grammar.lines_of(block)
         records = grammar.parse_lines(lines, next_line, rejects)
@@ -80,22 +80,28 @@ def read_log(
         next_line += len(lines)
 
     try:
-        with open(path, "rb") as handle:
+        with open(path, "rb", buffering=0) as handle:
             while True:
-                chunk = handle.read(block_bytes)
-                if not chunk:
+                # Each block gets its own buffer, the carried partial line copied to its
+                # front, and the file read straight behind it: no copy of the block itself.
+                buf = bytearray(len(carry) + block_bytes)
+                buf[: len(carry)] = carry
+                view = memoryview(buf)
+                got = handle.readinto(view[len(carry) :])
+                if not got:
                     break
-                digest.update(chunk)
-                size += len(chunk)
-                last_byte = chunk[-1:]
-                cut = chunk.rfind(b"\n")
+                filled = len(carry) + got
+                digest.update(view[len(carry) : filled])
+                size += got
+                last_byte = bytes(view[filled - 1 : filled])
+                cut = buf.rfind(b"\n", len(carry), filled)
                 if cut < 0:
-                    carry += chunk
+                    carry = bytes(view[:filled])
                     continue
-                block, carry = carry + chunk[: cut + 1], chunk[cut + 1 :]
-                consume(block)
+                carry = bytes(view[cut + 1 : filled])
+                consume(view[: cut + 1])
                 if progress is not None:
-                    progress(len(chunk))
+                    progress(got)
     except IsADirectoryError:
         raise InputError("is a directory, expected a log file", path) from None
     except OSError as exc:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from dsim import grammar
 from dsim.discover import RunSource, rank_from_file_name
-from dsim.epochs import assign_fetch_epochs
+from dsim.epochs import assign_fetch_epochs, lexsort_order
 from dsim.errors import InputError
 from dsim.logfile import FileRecords, read_log
 from dsim.runname import parse_run_name
@@ -107,7 +107,38 @@ def _group_starts(sort: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
 
 
 def _duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
-    """Rows repeating an earlier row's ``keys`` (earlier in file order)."""
+    """Rows repeating an earlier row's ``keys`` (earlier in file order).
+
+    Repeats are rare, so a 64-bit hash of the keys and one sort of those
+    plain integers rule almost every row out; only rows whose hash repeats
+    get the exact comparison.
+    """
+    dup = np.zeros(len(columns["order"]), dtype=bool)
+    hashed = _hash([columns[k] for k in keys])
+    ordered = np.sort(hashed)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated) == 0:
+        return dup
+    rows = np.flatnonzero(np.isin(hashed, repeated))
+    dup[rows] = _exact_duplicates({k: columns[k][rows] for k in [*keys, "order"]}, keys)
+    return dup
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _hash(values: list[np.ndarray]) -> np.ndarray:
+    """A 64-bit hash per row; equal rows hash alike (``-0.0`` is made ``0.0`` first)."""
+    h = np.zeros(len(values[0]), dtype=np.uint64)
+    for v in values:
+        bits = (v + 0.0).view(np.uint64) if v.dtype.kind == "f" else v.astype(np.uint64)
+        h ^= bits
+        h *= _MIX
+        h ^= h >> np.uint64(29)
+    return h
+
+
+def _exact_duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
     values = [columns[k] for k in keys]
     sort = np.lexsort((columns["order"], *reversed(values)))
     dup = np.empty(len(sort), dtype=bool)
@@ -119,17 +150,24 @@ def _backwards(columns: dict[str, np.ndarray], groups: list[str], by: str, time:
     """Rows whose clock reads earlier than a row before them (by ``by``) in the same group.
 
     A running maximum per group is one ``maximum.accumulate`` once every group
-    lives in its own band of values: the time's rank plus group number times
-    the row count (ranks keep ties, so equal times are not "backwards").
+    lives in its own band of values: the time since the earliest one plus group
+    number times the time span (or, were that to overflow, the time's rank plus
+    group number times the row count; ties are not "backwards" either way).
     """
     n = len(columns[time])
     if n == 0:
         return np.zeros(0, dtype=bool)
     values = [columns[g] for g in groups]
-    sort = np.lexsort((columns[by], *reversed(values)))
+    sort = lexsort_order([*values, columns[by]])
     group = np.cumsum(_group_starts(sort, values)) - 1
-    _, rank = np.unique(columns[time][sort], return_inverse=True)
-    key = group.astype(np.int64) * n + rank.reshape(-1)
+    t = columns[time][sort]
+    lo = int(t.min())
+    span = int(t.max()) - lo + 1
+    if (int(group[-1]) + 1) * span < 1 << 62:
+        key = group.astype(np.int64) * span + (t - lo)
+    else:
+        _, rank = np.unique(t, return_inverse=True)
+        key = group.astype(np.int64) * n + rank.reshape(-1)
     back = np.empty(n, dtype=bool)
     back[sort] = key < np.maximum.accumulate(key)
     return back
@@ -167,7 +205,7 @@ def parse_run(
     fetch = _drop(fetch, bad)
 
     # A worker writes its lines in time order; an iteration starts after the one before it.
-    bad = _backwards(fetch, ["file", "gpu", "worker"], "order", "end")
+    bad = _backwards(fetch, ["file", "gpu", "worker"], "line", "end")
     _reject_rows(fetch, bad, CLOCK_BACKWARDS, files, reject_parts)
     fetch = _drop(fetch, bad)
     bad = _backwards(train, ["gpu", "epoch"], "iteration", "start")
@@ -219,7 +257,7 @@ def _rejects_table(parts: list[pa.Table]) -> pa.Table:
 
 def _fetch_table(fetch: dict[str, np.ndarray], epoch: np.ndarray) -> pa.Table:
     start = fetch["end"] - np.round(fetch["fetch_s"] * 1e9).astype(np.int64)
-    sort = np.lexsort((fetch["gpu"], fetch["idx"], epoch))
+    sort = lexsort_order([epoch, fetch["idx"], fetch["gpu"]])
     return pa.table(
         {
             "epoch": pa.array(epoch[sort], pa.int32()),
@@ -235,7 +273,7 @@ def _fetch_table(fetch: dict[str, np.ndarray], epoch: np.ndarray) -> pa.Table:
 
 
 def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
-    sort = np.lexsort((train["gpu"], train["iteration"], train["epoch"]))
+    sort = lexsort_order([train["epoch"], train["iteration"], train["gpu"]])
     return pa.table(
         {
             "epoch": pa.array(train["epoch"][sort], pa.int32()),
@@ -253,7 +291,7 @@ def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
 def _gpus_per_iteration(table: pa.Table) -> pd.Series:
     """Distinct ranks per (epoch, iteration), sorted by both: a ``groupby(...).nunique()``."""
     epoch, iteration, gpu = (table[c].to_numpy() for c in ("epoch", "iteration", "gpu"))
-    sort = np.lexsort((gpu, iteration, epoch))
+    sort = lexsort_order([epoch, iteration, gpu])
     keys = [epoch, iteration]
     distinct = _group_starts(sort, [*keys, gpu])
     first = _group_starts(sort, keys)
@@ -263,9 +301,16 @@ def _gpus_per_iteration(table: pa.Table) -> pd.Series:
     return pd.Series(count.astype(np.int64), index=index, name="gpu")
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of small non-negative integers (ranks, epochs) by counting, without a sort."""
+    if len(values) and values.min() >= 0 and values.max() < 1 << 20:
+        return np.flatnonzero(np.bincount(values))
+    return np.unique(values)
+
+
 def _gpu_ids(fetch: pa.Table, train: pa.Table) -> list[int]:
     both = np.concatenate([fetch["gpu"].to_numpy(), train["gpu"].to_numpy()])
-    return [int(g) for g in np.unique(both)]
+    return [int(g) for g in _distinct(both)]
 
 
 def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[str, Any]:
@@ -321,7 +366,7 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
 def _info(source, train, fetch_table, train_table, sources, report) -> dict[str, Any]:
     gpu_ids = _gpu_ids(fetch_table, train_table)
     both = [fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy()]
-    epochs = [int(e) for e in np.unique(np.concatenate(both))]
+    epochs = [int(e) for e in _distinct(np.concatenate(both))]
     per_epoch: dict[str, int] = {}
     for e in epochs:
         declared = train["total"][train["epoch"] == e]

@@ -177,3 +177,27 @@ def test_binary_garbage_is_rewritten_before_either_path() -> None:
     records = _assert_same(text)
     assert len(records.fetch["line"]) == 20
     assert pa.array(records.fetch["line"]).to_pylist()[10] == 12
+
+
+decimal = st.tuples(
+    st.text("0123456789", min_size=1, max_size=15), st.text("0123456789", max_size=23)
+).map(lambda t: f"{t[0]}.{t[1]}" if t[1] else t[0])
+near_2_53 = st.integers(2**53 - 2000, 2**53 + 2000).flatmap(
+    lambda m: st.integers(0, 15).map(lambda k: f"{str(m)[: 16 - k]}.{str(m)[16 - k :]}".rstrip("."))
+)
+
+plain_repr = st.floats(0, 1e9).map(repr).filter(lambda r: "e" not in r)  # exponents: general path
+
+
+@SETTINGS
+@given(tokens=st.lists(st.one_of(decimal, near_2_53, plain_repr), min_size=1))
+def test_fast_decimals_are_correctly_rounded(tokens: list[str]) -> None:
+    """The quick m / 10^k parse (and Arrow's, for the rest) is float(text), to the bit."""
+    line = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time {} data idx{}"
+    text = _block([line.format(t, i) for i, t in enumerate(tokens)], "\n")
+    numbers = np.arange(1, len(tokens) + 1, dtype=np.int64)
+    fetch, _, rest = grammar._fast_records(grammar.lines_of(text), numbers)
+    expected = np.array([float(t) for t in tokens])
+    small = expected <= grammar.MAX_FETCH_S
+    assert rest.tolist() == np.flatnonzero(~small).tolist()  # all taken but the out-of-range
+    assert fetch["fetch_s"].view(np.int64).tolist() == expected[small].view(np.int64).tolist()
