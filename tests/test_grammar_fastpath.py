@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dsim import grammar
+from dsim.fastpath import fast_records
 
 
 def _parse(text: bytes, fast: bool, first_line: int = 1):
@@ -152,7 +153,7 @@ def test_fast_path_handles_what_it_can_and_leaves_the_rest() -> None:
     lines = [good] * 600 + ["[rank0]:" + good, good.replace("8.1", "-8.1"), "hello"]
     text = _block(lines, "\n")
     numbers = np.arange(1, len(lines) + 1, dtype=np.int64)
-    fetch, train, rest = grammar._fast_records(grammar.lines_of(text), numbers)
+    fetch, train, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_FETCH_S)
     assert len(fetch["line"]) == 600 and len(train["line"]) == 0
     assert rest.tolist() == [600, 601, 602]
     records = _assert_same(text)
@@ -196,7 +197,7 @@ def test_fast_decimals_are_correctly_rounded(tokens: list[str]) -> None:
     line = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time {} data idx{}"
     text = _block([line.format(t, i) for i, t in enumerate(tokens)], "\n")
     numbers = np.arange(1, len(tokens) + 1, dtype=np.int64)
-    fetch, _, rest = grammar._fast_records(grammar.lines_of(text), numbers)
+    fetch, _, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_FETCH_S)
     expected = np.array([float(t) for t in tokens])
     small = expected <= grammar.MAX_FETCH_S
     assert rest.tolist() == np.flatnonzero(~small).tolist()  # all taken but the out-of-range
