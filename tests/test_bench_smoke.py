@@ -1,0 +1,59 @@
+"""Smoke test of the benchmark suite: `bench/run_all.py --quick` runs and reports.
+
+Why: the benchmarks import dsim's internals and drive the real CLI, so an API
+change that breaks them would otherwise only show up when someone tries to
+re-measure BENCHMARKS.md. Timings are printed, never asserted: this checks
+that every section ran end to end and produced its table and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_run_all_quick(tmp_path: Path) -> None:
+    out = tmp_path / "all.json"
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run_all.py"),
+            "--quick",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for heading in (
+        "== parse:",
+        "== bench_replay.py:",
+        "[1] real-sized epoch",
+        "== bench_e2e.py:",
+        "end to end, runs of",
+        "== combined: issue 6 targets ==",
+    ):
+        assert heading in done.stdout, heading
+    res = json.loads(out.read_text())
+    assert set(res) >= {"environment", "parse", "replay", "e2e", "targets"}
+    # every stage of the end-to-end sweep ran for every run count, on one executor (no Ray)
+    assert list(res["e2e"]["results"]) == ["local"]
+    for agg in res["e2e"]["results"]["local"].values():
+        assert all(agg[stage]["best_s"] > 0 for stage in ("parse", "run", "summarize"))
+    figures = [row["figure"] for row in res["targets"]]
+    assert any(f.startswith("parse lines/s/core") for f in figures)
+    assert any(f.startswith("speedup over the original") for f in figures)
+    assert any(f.startswith("e2e growth exponent") for f in figures)
