@@ -5,9 +5,9 @@ Python: a block of bytes becomes one Arrow string array (zero-copy, split at
 newlines with NumPy). Lines spelled exactly as below are cut by position in
 ``dsim.fastpath``; every other line goes through the full-line regular
 expressions here (RE2, inside Arrow), whose captured fields are cast to typed
-NumPy arrays. Both paths give identical records. Lines that look like records but break the grammar become
-*rejects* with a reason and their line number; all other lines are counted
-and ignored.
+NumPy arrays. Both paths give identical records. Lines that look like
+records but break the grammar become *rejects* with a reason and their line
+number; all other lines are counted and ignored.
 
 A fetch line::
 
