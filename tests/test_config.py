@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_executors import write_synthetic
+from tracegen import ORIGINAL_CONFIG as ORIGINAL
+from tracegen import write_synthetic
 
 from dsim.config import LEGACY_KEYS, Overrides, load_config
 from dsim.errors import UsageError
@@ -14,18 +15,6 @@ from dsim.options import parse_epochs_option
 from dsim.policies import BASELINE
 
 RUN = "fsNprepNloadNtrain_openimage_randaugment_resnet50_epoch2_b2048_worker12_thread0"
-ORIGINAL = {
-    "FILE": RUN,
-    "IOFILE": "./log/io_time.csv",
-    "FETCH_ALIGN": [False, "avg", "min"],
-    "START_ALIGN": [False, "avg", "min"],
-    "WORKER_NUM": 3,
-    "TRAINING_TIME": 0.8929,
-    "PADDING_TIME": 0.0003,
-    "PREFETCH_FACTOR": 2,
-    "FETCH_DELAY": 0.2,
-    "PREFETCH_DELAY": 0.2,
-}
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 from conftest import run_dsim
-from test_parse_grammar import fetch_line, one_epoch, train_line
+from loglines import fetch_line, one_epoch, train_line
 
 
 def write(path, lines, tail="\n"):

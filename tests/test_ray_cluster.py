@@ -24,7 +24,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_dsim
-from test_executors import write_synthetic
+from tracegen import write_synthetic
 
 pytestmark = pytest.mark.ray
 

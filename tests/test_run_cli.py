@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_dsim
-from test_executors import synthetic_run, write_synthetic
+from tracegen import ORIGINAL_CONFIG, synthetic_run, write_synthetic
 
 from dsim.results import METRIC_COLUMNS, read_replay_key
 
@@ -38,18 +38,7 @@ LABELS = sorted(f"{f}__{s}" for f in ("actual", "avg", "min") for s in ("actual"
 def project(tmp_path: Path) -> Path:
     """A user's directory: ./traces/synth_run and the original analysis's config."""
     write_synthetic(tmp_path / "traces", RUN, iterations=30)
-    conf = {
-        "FILE": RUN,
-        "IOFILE": "io.csv",
-        "FETCH_ALIGN": [False, "avg", "min"],
-        "START_ALIGN": [False, "avg", "min"],
-        "WORKER_NUM": 3,
-        "TRAINING_TIME": 0.8929,
-        "PADDING_TIME": 0.0003,
-        "PREFETCH_FACTOR": 2,
-        "FETCH_DELAY": 0.2,
-        "PREFETCH_DELAY": 0.2,
-    }
+    conf = {**ORIGINAL_CONFIG, "FILE": RUN}
     (tmp_path / "sim_conf.json").write_text(json.dumps(conf), encoding="utf-8")
     return tmp_path
 
