@@ -213,3 +213,22 @@ def test_ray_executor_writes_identical_parquet(project: Path) -> None:
         .drop(["results"])
         .equals(pq.read_table(project / "ray" / "summary.parquet").drop(["results"]))
     )
+
+
+def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
+    """An iteration that one GPU has no fetch record for is not replayed, and the user is told."""
+    from dsim.tables import write_run
+
+    run = synthetic_run("holey", gpus=2, epochs=2, iterations=20)
+    fetch = run.fetch.to_pandas()
+    missing = (fetch.epoch == 1) & (fetch.iteration == 15) & (fetch.gpu == 1)
+    run.fetch = run.fetch.filter(np.asarray(~missing))
+    write_run(run, tmp_path / "traces" / "holey")
+    proc = run_dsim("run", "holey", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "holey: 1 incomplete iteration(s) not replayed (missing fetch record: 1)" in proc.stderr
+    info = json.loads((tmp_path / "results" / "holey" / "result.json").read_text())
+    assert info["dropped"] == {"missing fetch record": 1} and info["iterations"] == 39
+    table = pq.read_table(tmp_path / "results" / "holey" / "actual__actual.parquet")
+    rows = set(zip(table["epoch"].to_pylist(), table["iteration"].to_pylist(), strict=True))
+    assert (1, 15) not in rows and len(rows) == 39

@@ -125,6 +125,12 @@ def command(
     from dsim.render.terminal import print_summary
 
     print_summary(outcome.summary)
+    for run, reasons in outcome.dropped.items():
+        detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
+        err.print(
+            f"{run}: {sum(reasons.values())} incomplete iteration(s) not replayed ({detail})",
+            highlight=False,
+        )
     how = f" on {outcome.executor}" if outcome.executor else ""
     err.print(
         f"{outcome.computed} replay(s) computed{how}, {outcome.cached} reused, "

@@ -61,6 +61,7 @@ class RunOutcome:
     cached: int
     seconds: float
     written: list[Path] = field(default_factory=list)
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # run -> reason -> count
 
 
 ProgressFactory = Callable[[int], Callable[[int], None] | None]
@@ -182,4 +183,5 @@ def run_replays(
         cached=cached,
         seconds=time.perf_counter() - began,
         written=written,
+        dropped={plan.name: dict(plan.arrays.dropped) for plan in plans if plan.arrays.dropped},
     )
