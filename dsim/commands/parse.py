@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import typer
@@ -49,17 +50,37 @@ def command(
                 if strict:
                     break
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers) as pool, _runs_bar(show_progress) as bar:
             futures = [pool.submit(_parse_and_write, run, out, strict, False) for run in runs]
-            for future in futures:
+            task = bar.add_task("parsing runs", total=len(futures)) if bar else None
+            for future in as_completed(futures):
                 try:
-                    _report(future.result(), quiet)
+                    _report(future.result(), quiet, _echo_above(bar))
                 except InputError as exc:
                     failures.append(exc)
+                if bar:
+                    bar.advance(task)
     if failures:
         for failure in failures[:-1]:
             typer.echo(f"dsim: error: {failure}", err=True)
         raise failures[-1]
+
+
+def _echo_above(bar):
+    """Print through the live bar's console, so that lines go above the bar, not through it."""
+    if bar is None:
+        return typer.echo
+    return lambda text: bar.console.print(text, markup=False, highlight=False)
+
+
+def _runs_bar(show: bool):
+    """A bar over runs finished, when several parse in parallel (a null context otherwise)."""
+    if not show:
+        return contextlib.nullcontext(None)
+    from rich import progress as rp
+
+    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn())
+    return rp.Progress(*columns, rp.TimeRemainingColumn(), transient=True)
 
 
 def _parse_and_write(run, out: Path, strict: bool, show_progress: bool) -> dict:
@@ -85,29 +106,29 @@ def _parse_and_write(run, out: Path, strict: bool, show_progress: bool) -> dict:
     return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
 
 
-def _report(result: dict, quiet: bool) -> None:
+def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
     info, rep = result["info"], result["info"]["report"]
     per_epoch = sorted(set(info["iterations_per_epoch"].values()))
     iters = "/".join(str(v) for v in per_epoch) or "0"
-    typer.echo(
+    echo(
         f"{result['name']}: {info['gpus']} GPUs, epochs {_span(info['epochs'])}, "
         f"{iters} iterations per epoch; {rep['fetch_records']} fetch and "
         f"{rep['train_records']} training records from {rep['lines']} lines "
         f"-> {result['directory']}"
     )
     if rep["rejected"]:
-        typer.echo(
+        echo(
             f"  skipped {rep['rejected']} bad lines (listed in {result['directory']}/rejects.csv):"
         )
         for reason, count in rep["skipped"].items():
-            typer.echo(f"    {count:>8}  {reason}")
+            echo(f"    {count:>8}  {reason}")
     incomplete = rep["incomplete_iterations"]["count"]
     if incomplete:
-        typer.echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
+        echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
     for warning in rep.get("warnings", []):
-        typer.echo(f"  warning: {warning}")
+        echo(f"  warning: {warning}")
 
 
 def _span(epochs: list[int]) -> str:
