@@ -1,4 +1,4 @@
-"""`dsim synth`: write deterministic synthetic raw logs from a queueing model (dsim/synth.py)."""
+"""`dsim synth`: write deterministic synthetic raw logs from a queueing model (``dsim.synth``)."""
 
 from __future__ import annotations
 

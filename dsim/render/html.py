@@ -73,21 +73,26 @@ def _run_cell(name: object) -> str:
     return html.escape(str(name)).replace("_", "_<wbr>")
 
 
+def _missing(value: object) -> bool:
+    """None or NaN: pandas gives either for an absent value, and both print as a dash."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _num(value: object, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _missing(value):
         return "–"
     return f"{float(value):.{digits}f}"
 
 
 def _mean_std(row: Mapping[str, object], metric: str) -> str:
     mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
-    if std is None or (isinstance(std, float) and math.isnan(std)):
+    if _missing(std):
         return _num(mean)
     return f"{_num(mean)} ± {_num(std)}"
 
 
 def _signed(value: object, digits: int, *, lower_is_better: bool) -> tuple[str, str]:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _missing(value):
         return "–", ""
     v = float(value)
     if abs(v) < 0.5 * 10**-digits:
@@ -179,7 +184,7 @@ def runs_table_html(summary: pd.DataFrame) -> str:
             value = row[column]
             if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
                 value = ", ".join(str(v) for v in list(value))
-            elif value is None or (isinstance(value, float) and math.isnan(value)):
+            elif _missing(value):
                 value = "–"
             elif isinstance(value, float) and value.is_integer():
                 value = int(value)
@@ -223,30 +228,15 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
     for i, run in enumerate(dict.fromkeys(data.summary["run"])):
         out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run)))
     out.append(("fig-bars", figures.bars_figure(data.summary)))
+    # the timeline and the CDF show the same run, iterations and threshold
+    run, replays = data.timeline_run, data.timeline_replays
     selection = f", {data.selection}" if data.selection else ""
-    out.append(
-        (
-            "fig-timeline",
-            figures.timeline_figure(
-                data.timeline_run,
-                data.timeline_replays,
-                threshold_s=data.threshold_s,
-                selection=selection,
-                selected=_best_policy(data.summary, data.timeline_run),
-            ),
-        )
+    threshold, best = data.threshold_s, _best_policy(data.summary, run)
+    timeline = figures.timeline_figure(
+        run, replays, threshold_s=threshold, selection=selection, selected=best
     )
-    out.append(
-        (
-            "fig-cdf",
-            figures.cdf_figure(
-                data.timeline_run,
-                data.timeline_replays,
-                threshold_s=data.threshold_s,
-                selection=selection,
-            ),
-        )
-    )
+    cdf = figures.cdf_figure(run, replays, threshold_s=threshold, selection=selection)
+    out += [("fig-timeline", timeline), ("fig-cdf", cdf)]
     return out
 
 

@@ -1,0 +1,38 @@
+"""The figures of the what-if report, as plotly ``graph_objects`` built from DataFrames.
+
+Each builder is a pure function of a summary DataFrame (one row per run x
+policy, see ``dsim.summary``) or of per-iteration replay DataFrames: no I/O,
+so the page assembly (``dsim.render.html``) and the tests can use them alike.
+One module per figure; what they share lives in ``style`` (look), ``labels``
+(names and order of policies and runs) and ``downsample`` (thinning long
+traces so the page stays responsive).
+"""
+
+from __future__ import annotations
+
+from dsim.render.figures.bars import bars_figure
+from dsim.render.figures.cdf import TAIL_QUANTILE, cdf_figure
+from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax, ecdf_points
+from dsim.render.figures.heatmap import heatmap_figure
+from dsim.render.figures.labels import ordered_policies, policy_name, policy_of, wrap_name
+from dsim.render.figures.style import FONT, GPU_COLORS, POLICY_COLORS
+from dsim.render.figures.timeline import HOVER_AT, timeline_figure
+
+__all__ = [
+    "FONT",
+    "GPU_COLORS",
+    "HOVER_AT",
+    "MAX_POINTS",
+    "POLICY_COLORS",
+    "TAIL_QUANTILE",
+    "bars_figure",
+    "cdf_figure",
+    "downsample_minmax",
+    "ecdf_points",
+    "heatmap_figure",
+    "ordered_policies",
+    "policy_name",
+    "policy_of",
+    "timeline_figure",
+    "wrap_name",
+]

@@ -1,0 +1,202 @@
+"""Per-iteration timeline of one run: GPU stalls and delay, measured against a policy.
+
+The policy shown is picked in a drop-down that only flips trace visibility,
+so the page needs no custom script; long runs are thinned per trace with
+``downsample_minmax`` so spikes survive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dsim.policies import BASELINE, Policy
+from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax
+from dsim.render.figures.labels import ordered_policies, policy_name
+from dsim.render.figures.style import GPU_COLORS, THRESHOLD_LINE, style
+
+HOVER_AT = "epoch %{customdata[0]}, iteration %{customdata[1]}<br>"
+
+
+def _gpu_columns(table: pd.DataFrame) -> list[str]:
+    cols = [c for c in table.columns if c.startswith("stall_s_gpu")]
+    return sorted(cols, key=lambda c: int(c.removeprefix("stall_s_gpu") or 0))
+
+
+def _gpu_line(j: int, col: str) -> dict[str, object]:
+    """Name, colour and hover of GPU ``col``'s stall trace, the same in both panels."""
+    return {
+        "name": f"GPU {col.removeprefix('stall_s_gpu')}",
+        "legendgroup": col,
+        "line": {"color": GPU_COLORS[j % len(GPU_COLORS)], "width": 1},
+        "hovertemplate": HOVER_AT + "stall %{y:.4f} s<extra>%{fullData.name}</extra>",
+    }
+
+
+@dataclass
+class _Traces:
+    """Adds thinned line traces and remembers which policy each belongs to (None: always shown)."""
+
+    fig: go.Figure
+    x: np.ndarray
+    hover: np.ndarray  # [n, 2] epoch and iteration, as a compact integer array
+    max_points: int
+    owners: list[Policy | None] = field(default_factory=list)
+
+    def add(self, values: pd.Series, row: int, owner: Policy | None, **trace: object) -> None:
+        # float32 halves the page size and is exact enough to draw
+        y = values.to_numpy(float)
+        keep = downsample_minmax(y, self.max_points)
+        self.fig.add_trace(
+            go.Scattergl(
+                x=self.x[keep],
+                y=y[keep].astype(np.float32),
+                customdata=self.hover[keep],
+                mode="lines",
+                **trace,
+            ),
+            row=row,
+            col=1,
+        )
+        self.owners.append(owner)
+
+    def visible_with(self, policy: Policy) -> list[bool]:
+        return [owner is None or owner == policy for owner in self.owners]
+
+
+def timeline_figure(
+    run: str,
+    replays: Mapping[Policy, pd.DataFrame],
+    *,
+    threshold_s: float,
+    selection: str = "",
+    selected: Policy | None = None,
+    max_points: int = MAX_POINTS,
+) -> go.Figure:
+    """Per-iteration GPU stalls and delay: measured (actual/actual) against one policy.
+
+    Three stacked panels sharing the iteration axis: measured stall of every
+    GPU, the replayed stall of every GPU under the policy picked in the
+    dropdown, and the delay of both with the effective-delay threshold. The
+    dropdown only flips trace visibility, so the page needs no custom script.
+    """
+    policies = ordered_policies(list(replays))
+    base = replays.get(BASELINE)
+    others = [p for p in policies if p != BASELINE] or policies
+    # the drop-down keeps the canonical order and opens on ``selected``
+    active = others.index(selected) if selected in others else 0
+    first = replays[policies[0]]
+    n = len(first)
+    x = np.arange(n, dtype=np.int32)
+    # epoch and iteration for the hover, as a compact integer array rather than strings
+    hover = np.column_stack([first["epoch"].to_numpy(), first["iteration"].to_numpy()]).astype(
+        np.int32
+    )
+    thinned = n > max_points
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.07,
+        row_heights=(0.33, 0.33, 0.34),
+        subplot_titles=(
+            "measured stall per GPU (actual / actual)",
+            "replayed stall per GPU under the selected policy",
+            "delay between GPUs (max − min stall)",
+        ),
+    )
+    gpu_cols = _gpu_columns(first)
+    traces = _Traces(fig, x, hover, max_points)
+    if base is not None:
+        for j, col in enumerate(gpu_cols):
+            traces.add(base[col], 1, None, **_gpu_line(j, col))
+    for k, policy in enumerate(others):
+        for j, col in enumerate(gpu_cols):
+            traces.add(
+                replays[policy][col],
+                2,
+                policy,
+                **_gpu_line(j, col),
+                showlegend=base is None and k == 0,
+                visible=k == active,
+            )
+    if base is not None:
+        traces.add(
+            base["delay_s"],
+            3,
+            None,
+            name="delay, measured",
+            line={"color": "#4c4c4c", "width": 1},
+            hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>measured</extra>",
+        )
+    for k, policy in enumerate(others):
+        traces.add(
+            replays[policy]["delay_s"],
+            3,
+            policy,
+            name=f"delay, {policy_name(policy)}",
+            line={"color": "#d62728", "width": 1},
+            hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>" + policy_name(policy) + "</extra>",
+            visible=k == active,
+        )
+    fig.add_hline(
+        y=threshold_s,
+        line=THRESHOLD_LINE,
+        annotation_text=f"effective-delay threshold {threshold_s:g} s",
+        annotation_position="top right",
+        annotation_bgcolor="rgba(255,255,255,0.8)",
+        row=3,
+        col=1,
+    )
+    buttons = [
+        {
+            "label": policy_name(policy),
+            "method": "restyle",
+            "args": [{"visible": traces.visible_with(policy)}],
+        }
+        for policy in others
+    ]
+    fig.update_layout(
+        updatemenus=[
+            {
+                "buttons": buttons,
+                "direction": "down",
+                "showactive": True,
+                "active": active,
+                "x": 0.17,
+                "xanchor": "left",
+                "y": 1.045,
+                "yanchor": "bottom",
+                "bgcolor": "#f0f2f6",
+            }
+        ],
+        annotations=[
+            *fig.layout.annotations,
+            {
+                "text": "<b>replayed policy:</b>",
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0.0,
+                "y": 1.052,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+            },
+        ],
+    )
+    for row in (1, 2):
+        fig.update_yaxes(title_text="stall (s)", rangemode="tozero", row=row, col=1)
+    fig.update_yaxes(matches="y", row=2, col=1)  # same scale: the panels compare at a glance
+    fig.update_yaxes(title_text="delay (s)", rangemode="tozero", row=3, col=1)
+    fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=3, col=1)
+    note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
+    title = (
+        f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
+        f"{note if thinned else ''}</sup>"
+    )
+    return style(fig, title, 880, margin={"t": 140})

@@ -1,0 +1,96 @@
+"""Writing a synthetic run: the destination check and the streaming, atomic write.
+
+A run directory appears whole or not at all (``dsim.atomic``), and only a
+directory an earlier ``dsim synth`` wrote is ever replaced, so a mistyped
+``--out`` cannot destroy a user's files. Lines are written chunk by chunk as
+the model produces them, so memory stays bounded whatever the number of lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from dsim.atomic import atomic_dir
+from dsim.errors import OutputError, UsageError
+from dsim.synth.events import ordered_events, released_iterations
+from dsim.synth.lines import render_lines
+from dsim.synth.params import SynthParams
+
+SINGLE_FILE = "output.log"
+_RANK_FILE = re.compile(r"^rank\d+\.log$")
+
+
+def _check_target(target: Path) -> None:
+    """Replace only what an earlier ``dsim synth`` wrote; never a user's other files."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if not target.is_dir() or target.is_symlink():
+        raise UsageError(f"{target} exists and is not a directory; choose another --name or --out")
+    foreign = [p.name for p in target.iterdir() if not _is_log_name(p.name) or not p.is_file()]
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:3])
+        raise UsageError(
+            f"{target} exists and holds files dsim synth did not write ({shown}); "
+            "choose another --name or --out"
+        )
+
+
+def _is_log_name(name: str) -> bool:
+    return name == SINGLE_FILE or _RANK_FILE.match(name) is not None
+
+
+def check_output(params: SynthParams, out_dir: str | Path) -> Path:
+    """Validate params and the destination; return the run directory that will be written."""
+    params.validate()
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} exists and is not a directory")
+    target = out_dir / params.run_name
+    _check_target(target)
+    return target
+
+
+def synthesize(
+    params: SynthParams,
+    out_dir: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk_iterations: int | None = None,
+) -> Path:
+    """Write the run ``<out_dir>/<run_name>/`` atomically and return its path.
+
+    ``progress(done, total)`` is called with iterations done (over all epochs).
+    Memory is bounded by one chunk plus the lines still waiting for their turn
+    (at most one prefetch window per rank), whatever the run's length.
+    """
+    target = check_output(params, out_dir)
+    total = params.iterations * params.epochs
+    done = 0
+    try:
+        with atomic_dir(target) as tmp:
+            names = (
+                [f"rank{r}.log" for r in range(params.gpus)] if params.per_rank else [SINGLE_FILE]
+            )
+            files = [open(tmp / name, "wb") for name in names]  # noqa: SIM115 - closed below
+            try:
+                for fetch, train in ordered_events(params, chunk_iterations):
+                    matrix, mask, keys = render_lines(fetch, train, params.iterations)
+                    if params.per_rank:
+                        for r, handle in enumerate(files):
+                            rows = keys["rank"] == r
+                            handle.write(matrix[rows][mask[rows]].tobytes())
+                    else:
+                        files[0].write(matrix[mask].tobytes())
+                    if progress is not None:
+                        done = min(total, done + released_iterations(train, params))
+                        progress(done, total)
+            finally:
+                for handle in files:
+                    handle.close()
+    except OSError as exc:  # e.g. disk full while writing inside the temporary directory
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    if progress is not None:
+        progress(total, total)
+    return target
