@@ -12,6 +12,16 @@ contiguous. Quantities every policy needs (fetch done ``D``, row min/max of
 ``S``, ``F``, ``ST`` and ``T``, the mean fetch time) are computed once per run
 by ``prepare`` and shared by all nine policies.
 
+Blocking. A column loop makes G passes over per-iteration accumulators (row
+max/min, temporaries) of length N. Once those no longer fit in the L2 cache
+(N of a few 10^5) every pass streams them from memory and the cost per
+GPU-iteration jumps. So both ``prepare_columns`` and ``replay_prepared`` walk
+the iterations in blocks of ``BLOCK_ROWS`` (``_row_blocks``): the
+accumulators of one block stay in cache while the G columns of that block go
+by, and the inputs are read once. Iterations are independent and every
+operation is the same one, per element, in the same order, so results do not
+depend on the block size (bitwise).
+
 Exactness. Floating-point operations are chosen so that the kernel is bitwise
 equal to the row-by-row reference in ``tests/reference_replay.py`` for every
 quantity that drives a decision:
@@ -35,11 +45,12 @@ stall changes (``actual/actual`` in particular) ``max ST' - max ST`` is exactly
 
 Memory: ``prepare`` keeps 5 float64 values per GPU-iteration (S, F, D, ST, T:
 40 bytes) plus 10 per iteration; one replay adds 8 bytes per GPU-iteration
-(``gpu_stall_s``) and 5 values per iteration, with O(iterations) temporaries.
+(``gpu_stall_s``) and 5 values per iteration, with temporaries of one block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,20 +109,26 @@ class Prepared:
         return self.start.shape  # type: ignore[return-value]
 
 
-def _columns_reduce(a: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
-    """Reduce an [N, G] array over GPUs one column at a time (fast on Fortran order)."""
-    acc = np.array(a[:, 0], dtype=np.float64, copy=True)
-    for g in range(1, a.shape[1]):
-        ufunc(acc, a[:, g], out=acc)
-    return acc
+#: Iterations per block (see "Blocking" above). A replay keeps about 5 [block]
+#: float64 accumulators and temporaries hot while the G columns go by: 16,384
+#: rows are 128 KiB each, ~0.7 MiB in all, well inside a 2 MiB L2, and large
+#: enough that NumPy's fixed cost per call (~1 µs) stays small. Chosen by
+#: measurement (bench/bench_replay.py); any value gives identical results.
+BLOCK_ROWS = 16_384
 
 
-def _sequential_mean(a: np.ndarray) -> np.ndarray:
-    """Row mean by left-to-right summation, bitwise equal to Python's ``sum(row) / G``."""
-    acc = np.array(a[:, 0], dtype=np.float64, copy=True)
+def _row_blocks(n: int) -> Iterator[slice]:
+    """Row ranges of at most ``BLOCK_ROWS`` iterations covering ``0..n``; none if ``n == 0``."""
+    for lo in range(0, n, BLOCK_ROWS):
+        yield slice(lo, min(lo + BLOCK_ROWS, n))
+
+
+def _columns_reduce(a: np.ndarray, ufunc: np.ufunc, out: np.ndarray) -> np.ndarray:
+    """Reduce an [n, G] block over GPUs one column at a time, left to right, into ``out``."""
+    np.copyto(out, a[:, 0])
     for g in range(1, a.shape[1]):
-        np.add(acc, a[:, g], out=acc)
-    return acc / a.shape[1]
+        ufunc(out, a[:, g], out=out)
+    return out
 
 
 def _as_matrix(name: str, a: np.ndarray, shape: tuple[int, int] | None) -> np.ndarray:
@@ -121,6 +138,19 @@ def _as_matrix(name: str, a: np.ndarray, shape: tuple[int, int] | None) -> np.nd
     if shape is not None and a.shape != shape:
         raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
     return np.asfortranarray(a)
+
+
+#: The [N] fields of ``Prepared``, one value per iteration.
+_ROW_FIELDS = (
+    "max_iteration",
+    "max_stall",
+    "min_start",
+    "max_start",
+    "mid_start",
+    "min_fetch",
+    "max_fetch",
+    "avg_fetch",
+)
 
 
 def prepare_columns(
@@ -136,22 +166,21 @@ def prepare_columns(
     if g == 0:
         empty = np.zeros(n, dtype=np.float64)
         return Prepared(s, f, s + f, st, *([empty] * 8))
-    min_start = _columns_reduce(s, np.minimum)
-    max_start = _columns_reduce(s, np.maximum)
-    return Prepared(
-        start=s,
-        fetch=f,
-        done=np.asfortranarray(s + f),
-        stall=st,
-        max_iteration=_columns_reduce(t, np.maximum),
-        max_stall=_columns_reduce(st, np.maximum),
-        min_start=min_start,
-        max_start=max_start,
-        mid_start=max_start - (max_start - min_start) / 2,
-        min_fetch=_columns_reduce(f, np.minimum),
-        max_fetch=_columns_reduce(f, np.maximum),
-        avg_fetch=_sequential_mean(f),
-    )
+    rows = {name: np.empty(n, dtype=np.float64) for name in _ROW_FIELDS}
+    for b in _row_blocks(n):
+        r = {name: column[b] for name, column in rows.items()}
+        _columns_reduce(t[b], np.maximum, r["max_iteration"])
+        _columns_reduce(st[b], np.maximum, r["max_stall"])
+        _columns_reduce(s[b], np.minimum, r["min_start"])
+        _columns_reduce(s[b], np.maximum, r["max_start"])
+        _columns_reduce(f[b], np.minimum, r["min_fetch"])
+        _columns_reduce(f[b], np.maximum, r["max_fetch"])
+        # Sequential left-to-right sum, bitwise equal to Python's ``sum(row) / G``.
+        np.divide(_columns_reduce(f[b], np.add, r["avg_fetch"]), g, out=r["avg_fetch"])
+        np.subtract(r["max_start"], r["min_start"], out=r["mid_start"])
+        np.divide(r["mid_start"], 2, out=r["mid_start"])
+        np.subtract(r["max_start"], r["mid_start"], out=r["mid_start"])
+    return Prepared(start=s, fetch=f, done=np.asfortranarray(s + f), stall=st, **rows)
 
 
 def prepare(arrays: IterationArrays) -> Prepared:
@@ -181,30 +210,61 @@ def replay_prepared(
     aligned_start = {MIN: prep.min_start, AVG: prep.mid_start}.get(start_align)
     floor = params.stall_floor_s
     grow_min = params.stall_grow_min_s
+    unchanged = fetch_align == ACTUAL and start_align == ACTUAL
 
-    for g in range(g_count):
-        st = prep.stall[:, g]
-        if fetch_align == ACTUAL and start_align == ACTUAL:
-            # D' == D, so every gap is exactly 0 and ST' == ST: skip the arithmetic.
-            gpu_stall[:, g] = st
-            continue
-        s_new = prep.start[:, g] if aligned_start is None else aligned_start
-        f_new = prep.fetch[:, g] if aligned_fetch is None else aligned_fetch
-        gap = prep.done[:, g] - (s_new + f_new)
-        new = st - gap  # ST - gap when gap > 0; ST + |gap| when gap < 0 (IEEE-identical)
-        np.copyto(new, floor, where=(gap > 0) & (new < 0))
-        np.copyto(new, st, where=(gap < 0) & ~(st > grow_min))
-        gpu_stall[:, g] = new
-
-    max_new = _columns_reduce(gpu_stall, np.maximum)
-    min_new = _columns_reduce(gpu_stall, np.minimum)
-    zeros = np.zeros(n, dtype=np.float64)
-    fetch_diff = prep.max_fetch - prep.min_fetch if fetch_align == ACTUAL else zeros
-    start_diff = prep.max_start - prep.min_start if start_align == ACTUAL else zeros.copy()
+    max_new = np.empty(n, dtype=np.float64)  # = stall_s
+    delay = np.empty(n, dtype=np.float64)  # min ST' until the end of each block
+    iteration = np.empty(n, dtype=np.float64)
+    fetch_diff = np.zeros(n, dtype=np.float64)  # aligned fetches all end up equal: 0
+    start_diff = np.zeros(n, dtype=np.float64)
+    block = min(n, BLOCK_ROWS)
+    new_done = np.empty(block, dtype=np.float64)
+    gap = np.empty(block, dtype=np.float64)
+    cut = np.empty(block, dtype=bool)  # gap > 0 and ST' < 0: floor it
+    keep = np.empty(block, dtype=bool)  # gap < 0 and not ST > grow_min: keep ST
+    for b in _row_blocks(n):
+        m = b.stop - b.start
+        nd, gp, ct, kp = new_done[:m], gap[:m], cut[:m], keep[:m]
+        mx, mn = max_new[b], delay[b]
+        if aligned_fetch is not None and aligned_start is not None:
+            np.add(aligned_start[b], aligned_fetch[b], out=nd)  # the same for every GPU
+        for g in range(g_count):
+            st = prep.stall[b, g]
+            new = gpu_stall[b, g]
+            if unchanged:
+                # D' == D, so every gap is exactly 0 and ST' == ST: skip the arithmetic.
+                np.copyto(new, st)
+            else:
+                if aligned_fetch is None or aligned_start is None:
+                    s_new = prep.start[b, g] if aligned_start is None else aligned_start[b]
+                    f_new = prep.fetch[b, g] if aligned_fetch is None else aligned_fetch[b]
+                    np.add(s_new, f_new, out=nd)
+                np.subtract(prep.done[b, g], nd, out=gp)
+                # ST - gap when gap > 0; ST + |gap| when gap < 0 (IEEE-identical).
+                np.subtract(st, gp, out=new)
+                np.less(new, 0, out=ct)
+                np.logical_and(ct, np.greater(gp, 0, out=kp), out=ct)
+                np.copyto(new, floor, where=ct)
+                np.logical_not(np.greater(st, grow_min, out=kp), out=kp)
+                np.logical_and(kp, np.less(gp, 0, out=ct), out=kp)
+                np.copyto(new, st, where=kp)
+            if g == 0:
+                np.copyto(mx, new)
+                np.copyto(mn, new)
+            else:
+                np.maximum(mx, new, out=mx)
+                np.minimum(mn, new, out=mn)
+        np.subtract(mx, mn, out=mn)
+        np.subtract(mx, prep.max_stall[b], out=iteration[b])
+        np.add(prep.max_iteration[b], iteration[b], out=iteration[b])
+        if fetch_align == ACTUAL:
+            np.subtract(prep.max_fetch[b], prep.min_fetch[b], out=fetch_diff[b])
+        if start_align == ACTUAL:
+            np.subtract(prep.max_start[b], prep.min_start[b], out=start_diff[b])
     return Replay(
-        iteration_s=prep.max_iteration + (max_new - prep.max_stall),
+        iteration_s=iteration,
         stall_s=max_new,
-        delay_s=max_new - min_new,
+        delay_s=delay,
         fetch_diff_s=fetch_diff,
         start_diff_s=start_diff,
         gpu_stall_s=gpu_stall,

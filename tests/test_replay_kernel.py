@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dsim.replay
 from dsim.iterations import IterationArrays
 from dsim.policies import POLICIES
 from dsim.replay import ReplayParams, prepare, prepare_columns, replay, replay_prepared
@@ -141,6 +143,40 @@ def test_iterations_are_replayed_independently(trace, cut):
         for name, values in part.metrics().items():
             assert np.array_equal(values, whole.metrics()[name][rows])
         assert np.array_equal(part.gpu_stall_s, whole.gpu_stall_s[rows])
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(max_gpus=8, max_iterations=12), params=_params, block=st.integers(1, 5))
+def test_kernel_in_small_row_blocks_matches_reference(trace, params, block):
+    """prepare and replay walk iterations in blocks; tiny blocks exercise every boundary."""
+    with mock.patch.object(dsim.replay, "BLOCK_ROWS", block):
+        assert_matches_reference(make_arrays(*trace), params)
+
+
+def test_results_do_not_depend_on_block_size():
+    """Bitwise the same for any block size, NaN rows and a ragged last block included."""
+    rng = np.random.default_rng(11)
+    start, fetch, stall = (rng.uniform(0, 5, size=(1_001, 5)) for _ in range(3))
+    stall[::13, 2] = np.nan
+    stall[::17, 0] = 0.0
+    arrays = make_arrays(start, fetch, stall + 1, stall)
+
+    def everything(block: int) -> list[np.ndarray]:
+        with mock.patch.object(dsim.replay, "BLOCK_ROWS", block):
+            prep = prepare(arrays)
+            out = [getattr(prep, name) for name in prep.__dataclass_fields__]
+            for policy in ALL_PAIRS:
+                got = replay_prepared(prep, policy)
+                out += [*got.metrics().values(), got.gpu_stall_s]
+        return out
+
+    want = everything(dsim.replay.BLOCK_ROWS)
+    for block in (1, 7, 64, 1_000, 1_001):
+        got = everything(block)
+        assert all(
+            np.array_equal(a.view(np.uint64), b.view(np.uint64))
+            for a, b in zip(got, want, strict=True)
+        )
 
 
 # Two GPUs, values exact in binary, worked out by hand from DESIGN.md §3:
