@@ -8,6 +8,7 @@ typed columns of its records are kept.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the 
 # Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
 # them keeps the records of a long run close to the size of its tables.
 _NARROW = ("gpu", "worker", "idx", "epoch", "iteration", "total")
+_SPARE = 1.05  # columns are sized for the whole file from the records per byte so far, plus this
 
 
 @dataclass
@@ -39,18 +41,57 @@ class FileRecords:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    if len(parts) == 1:
-        return parts[0]
-    keys = list(parts[0])
-    out = {}
-    for k in keys:  # column by column, freeing the pieces as they are joined
-        out[k] = np.concatenate([p.pop(k) for p in parts])
-    return out
+class _Columns:
+    """Record columns that grow block by block in place, with room to spare at the end.
+
+    Appending every block's records to arrays sized for the whole file (from
+    the first block's records per byte) replaces lists of small per-block
+    arrays joined at the end: no second copy at the join, and no small
+    long-lived arrays left between the blocks' freed temporaries, which would
+    keep the allocator from reusing or returning that memory. Spare room that
+    is never written is never touched, so it costs address space, not memory.
+    """
+
+    def __init__(self) -> None:
+        self.columns: dict[str, np.ndarray] = {}
+        self.rows = 0
+
+    def append(self, records: dict[str, np.ndarray], expected: int) -> None:
+        count = len(records["line"])
+        if not self.columns:
+            self.columns = {
+                k: np.empty(max(count, expected), _dtype(k, v)) for k, v in records.items()
+            }
+        capacity = len(self.columns["line"])
+        if self.rows + count > capacity:
+            self._resize(max(self.rows + count, capacity * 2))
+        end = self.rows + count
+        lines = self.columns["line"]
+        if count and records["line"][-1] > _LINE_MAX and lines.dtype != np.int64:
+            self.columns["line"] = lines.astype(np.int64)  # a file of over 4 G lines
+        for key, values in records.items():
+            self.columns[key][self.rows : end] = values
+        self.rows = end
+
+    def _resize(self, capacity: int) -> None:
+        for key, old in self.columns.items():
+            new = np.empty(capacity, old.dtype)
+            new[: self.rows] = old[: self.rows]
+            self.columns[key] = new
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {k: v[: self.rows] for k, v in self.columns.items()}
 
 
-def _narrow(records: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: v.astype(np.int32) if k in _NARROW else v for k, v in records.items()}
+_LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
+
+
+def _dtype(key: str, values: np.ndarray) -> np.dtype:
+    if key in _NARROW:
+        return np.dtype(np.int32)
+    if key == "line":
+        return np.dtype(np.uint32)
+    return values.dtype
 
 
 def read_log(
@@ -61,26 +102,30 @@ def read_log(
     """Parse one file; ``progress`` is called with the number of bytes consumed per block."""
     digest = hashlib.sha256()
     rejects = grammar.Rejects()
-    fetch_parts: list[dict[str, np.ndarray]] = []
-    train_parts: list[dict[str, np.ndarray]] = []
+    fetch, train = _Columns(), _Columns()
     counts: dict[str, int] = {}
     size = 0
+    consumed = 0
+    expected_size = 0
     next_line = 1
     carry = b""
     last_byte = b"\n"
 
     def consume(block: bytes | memoryview) -> None:
-        nonlocal next_line
+        nonlocal next_line, consumed
         lines = grammar.lines_of(block)
         records = grammar.parse_lines(lines, next_line, rejects)
-        fetch_parts.append(_narrow(records.fetch))
-        train_parts.append(_narrow(records.train))
+        consumed += len(block)
+        scale = max(expected_size, consumed) / max(consumed, 1) * _SPARE
+        for part, columns in ((records.fetch, fetch), (records.train, train)):
+            columns.append(part, int((columns.rows + len(part["line"])) * scale) + 1)
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
         next_line += len(lines)
 
     try:
         with open(path, "rb", buffering=0) as handle:
+            expected_size = os.fstat(handle.fileno()).st_size  # 0 for pipes: columns then double
             while True:
                 # Each block gets its own buffer, the carried partial line copied to its
                 # front, and the file read straight behind it: no copy of the block itself.
@@ -110,14 +155,15 @@ def read_log(
     ends_with_newline = last_byte == b"\n"
     if carry:
         _consume_tail(carry, next_line, rejects, consume, counts)
-    if not fetch_parts:
+    if not fetch.columns:
         empty = grammar.parse_lines(grammar.lines_of(b""), 1, grammar.Rejects())
-        fetch_parts, train_parts = [_narrow(empty.fetch)], [_narrow(empty.train)]
+        fetch.append(empty.fetch, 0)
+        train.append(empty.train, 0)
     counts.setdefault("lines", 0)
     return FileRecords(
         path=path,
-        fetch=_concat(fetch_parts),
-        train=_concat(train_parts),
+        fetch=fetch.result(),
+        train=train.result(),
         counts=counts,
         rejects=rejects,
         size=size,

@@ -30,8 +30,6 @@ DUPLICATE_FETCH = "duplicate fetch record"
 DUPLICATE_TRAIN = "duplicate training record"
 CLOCK_BACKWARDS = "clock went backwards"
 
-_LINE_BITS = 40  # order key = file index << 40 | line number
-
 
 @dataclass
 class ParsedRun:
@@ -50,8 +48,14 @@ def _default_rank(files: tuple, path) -> int | None:
 
 
 def _collect(source: RunSource, progress: Callable[[int], None] | None):
-    """Read every file; fill in missing ranks; stack records with a global order key."""
+    """Read every file; fill in missing ranks; stack the records of all files.
+
+    Rows stay in file order (files in ``source.files`` order, lines ascending):
+    that order breaks ties later, so no per-row order key is kept. Each row
+    carries the index of its file, in the narrowest integer type that holds it.
+    """
     fetch_parts, train_parts, reject_parts = [], [], []
+    file_dtype = np.min_scalar_type(max(len(source.files) - 1, 0))
     counts: dict[str, int] = {}
     sources = []
     for index, path in enumerate(source.files):
@@ -71,8 +75,7 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None):
                     part = {k: v[~missing] for k, v in part.items()}
                 else:
                     part["gpu"] = np.where(missing, default, part["gpu"])
-            part["order"] = (np.int64(index) << _LINE_BITS) | part["line"]
-            part["file"] = np.full(len(part["line"]), index, dtype=np.int32)
+            part["file"] = np.full(len(part["line"]), index, dtype=file_dtype)
             out.append(part)
         rejected = records.rejects.table()
         reject_parts.append(
@@ -113,14 +116,14 @@ def _duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
     plain integers rule almost every row out; only rows whose hash repeats
     get the exact comparison.
     """
-    dup = np.zeros(len(columns["order"]), dtype=bool)
+    dup = np.zeros(len(columns["line"]), dtype=bool)
     hashed = _hash([columns[k] for k in keys])
     ordered = np.sort(hashed)
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if len(repeated) == 0:
         return dup
     rows = np.flatnonzero(np.isin(hashed, repeated))
-    dup[rows] = _exact_duplicates({k: columns[k][rows] for k in [*keys, "order"]}, keys)
+    dup[rows] = _exact_duplicates({k: columns[k][rows] for k in keys}, rows, keys)
     return dup
 
 
@@ -138,9 +141,12 @@ def _hash(values: list[np.ndarray]) -> np.ndarray:
     return h
 
 
-def _exact_duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
+def _exact_duplicates(
+    columns: dict[str, np.ndarray], rows: np.ndarray, keys: list[str]
+) -> np.ndarray:
+    """Rows repeating an earlier row's ``keys``; ``rows`` (ascending) is their file order."""
     values = [columns[k] for k in keys]
-    sort = np.lexsort((columns["order"], *reversed(values)))
+    sort = np.lexsort((rows, *reversed(values)))
     dup = np.empty(len(sort), dtype=bool)
     dup[sort] = ~_group_starts(sort, values)
     return dup
@@ -218,14 +224,18 @@ def parse_run(
         text = f": {first['text']!r}" if first["text"] else ""
         raise InputError(f"{first['reason']}{text}", first["file"], first["line"])
 
-    epoch, _matched = assign_fetch_epochs(
-        fetch["gpu"], fetch["idx"], fetch["end"], fetch["order"],
-        train["gpu"], train["iteration"], train["start"], train["order"], train["epoch"],
+    # Rows are in file order, so no order keys are passed (``None``) to break ties.
+    fetch["epoch"], _matched = assign_fetch_epochs(
+        fetch["gpu"], fetch["idx"], fetch["end"], None,
+        train["gpu"], train["iteration"], train["start"], None, train["epoch"],
     )  # fmt: skip
-    fetch_table = _fetch_table(fetch, epoch)
-    del fetch, epoch  # the records go as their tables come: peak memory stays near the tables
+    # The records go as their tables come (each column freed once copied into its
+    # table): peak memory stays near the tables.
+    fetch_table = _fetch_table(fetch)
+    del fetch, _matched
+    kept = {k: train[k] for k in ("epoch", "total")}
     train_table = _train_table(train)
-    train = {k: train[k] for k in ("epoch", "total")}
+    train = kept
     if fetch_table.num_rows == 0 and train_table.num_rows == 0:
         raise InputError(
             f"no fetch or training records found ({_describe(counts, rejects)})",
@@ -255,34 +265,48 @@ def _rejects_table(parts: list[pa.Table]) -> pa.Table:
     return table.take(sort)
 
 
-def _fetch_table(fetch: dict[str, np.ndarray], epoch: np.ndarray) -> pa.Table:
-    start = fetch["end"] - np.round(fetch["fetch_s"] * 1e9).astype(np.int64)
-    sort = lexsort_order([epoch, fetch["idx"], fetch["gpu"]])
+def _fetch_table(fetch: dict[str, np.ndarray]) -> pa.Table:
+    """The fetch table from the records (and their ``epoch``), emptying ``fetch`` as it goes.
+
+    Each record column is dropped once its sorted copy is made, and the copies
+    become Arrow columns without another copy, so the records turn into the
+    table instead of living beside it.
+    """
+    sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
+    columns = {k: fetch.pop(k)[sort] for k in ("epoch", "idx", "gpu", "worker", "end", "fetch_s")}
+    fetch.clear()
+    start = columns["fetch_s"] * 1e9
+    np.round(start, out=start)
+    start = np.subtract(columns["end"], start.astype(np.int64))
     return pa.table(
         {
-            "epoch": pa.array(epoch[sort], pa.int32()),
-            "iteration": pa.array(fetch["idx"][sort], pa.int32()),
-            "gpu": pa.array(fetch["gpu"][sort], pa.int32()),
-            "worker": pa.array(fetch["worker"][sort], pa.int32()),
-            "start": pa.array(start[sort].astype("datetime64[ns]")),
-            "end": pa.array(fetch["end"][sort].astype("datetime64[ns]")),
-            "fetch_s": pa.array(fetch["fetch_s"][sort], pa.float64()),
+            "epoch": pa.array(columns.pop("epoch"), pa.int32()),
+            "iteration": pa.array(columns.pop("idx"), pa.int32()),
+            "gpu": pa.array(columns.pop("gpu"), pa.int32()),
+            "worker": pa.array(columns.pop("worker"), pa.int32()),
+            "start": pa.array(start.view("datetime64[ns]")),
+            "end": pa.array(columns.pop("end").view("datetime64[ns]")),
+            "fetch_s": pa.array(columns.pop("fetch_s"), pa.float64()),
         },
         schema=FETCH_SCHEMA,
     )
 
 
 def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
+    """The training table from the records, emptying ``train`` as it goes (see ``_fetch_table``)."""
     sort = lexsort_order([train["epoch"], train["iteration"], train["gpu"]])
+    keys = ("epoch", "iteration", "gpu", "start", "iteration_s", "stall_s", "throughput")
+    columns = {k: train.pop(k)[sort] for k in keys}
+    train.clear()
     return pa.table(
         {
-            "epoch": pa.array(train["epoch"][sort], pa.int32()),
-            "iteration": pa.array(train["iteration"][sort], pa.int32()),
-            "gpu": pa.array(train["gpu"][sort], pa.int32()),
-            "start": pa.array(train["start"][sort].astype("datetime64[ns]")),
-            "iteration_s": pa.array(train["iteration_s"][sort], pa.float64()),
-            "stall_s": pa.array(train["stall_s"][sort], pa.float64()),
-            "throughput": pa.array(train["throughput"][sort], pa.float64(), from_pandas=True),
+            "epoch": pa.array(columns.pop("epoch"), pa.int32()),
+            "iteration": pa.array(columns.pop("iteration"), pa.int32()),
+            "gpu": pa.array(columns.pop("gpu"), pa.int32()),
+            "start": pa.array(columns.pop("start").view("datetime64[ns]")),
+            "iteration_s": pa.array(columns.pop("iteration_s"), pa.float64()),
+            "stall_s": pa.array(columns.pop("stall_s"), pa.float64()),
+            "throughput": pa.array(columns.pop("throughput"), pa.float64(), from_pandas=True),
         },
         schema=TRAIN_SCHEMA,
     )
