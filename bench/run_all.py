@@ -50,17 +50,10 @@ LINEAR_MAX = 1.15  # a fitted exponent at or below this counts as linear growth
 
 def environment() -> dict[str, Any]:
     """Machine and versions, read without importing the heavy packages."""
-    cpu, mem_gib = platform.processor() or "", None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
+    sys.path.insert(0, str(HERE))
+    from bench_e2e import machine  # one reader of /proc for every benchmark
+
+    facts = machine()
     versions = {}
     for package in ("dsim", "numpy", "pyarrow", "pandas", "ray"):
         try:
@@ -68,9 +61,9 @@ def environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "memory_gib": mem_gib,
+        "nproc": facts["nproc"],
+        "cpu": facts["cpu"],
+        "memory_gib": facts["memory_gib"],
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": versions,
