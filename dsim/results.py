@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsim.atomic import write_json, write_parquet
-from dsim.errors import InputError
+from dsim.errors import InputError, UsageError
 from dsim.policies import Policy, parse_policy_label, policy_label
 
 RESULTS_FORMAT_VERSION = 1
@@ -152,7 +152,7 @@ def _load_result_run(directory: Path) -> ResultRun:
     for replay in sorted(directory.glob("*__*.parquet")):
         try:
             run.replays[parse_policy_label(replay.stem)] = replay
-        except Exception:  # a stray file that is not a policy label
+        except UsageError:  # a stray file whose name is not a policy label
             continue
     return run
 

@@ -202,6 +202,29 @@ def _run_selection(
     )
 
 
+def selected_iterations(
+    epoch: np.ndarray,
+    iteration: np.ndarray,
+    epochs: Sequence[int] | str | None,
+    warmup: int,
+    run: str,
+) -> tuple[list[int], np.ndarray]:
+    """The epochs a summary uses and its row mask; a ``UsageError`` when nothing is left.
+
+    ``dsim run`` calls this before replaying anything, so that a selection
+    that would leave no iteration fails before any file is written.
+    """
+    selected = resolve_epochs(np.unique(epoch).tolist(), epochs, run=run)
+    mask = selection_mask(epoch, iteration, selected, warmup)
+    if not mask.any():
+        raise UsageError(
+            f"run {run}: no iterations selected (epochs "
+            f"{','.join(map(str, selected)) or 'none'}, iterations > {warmup}); "
+            "choose other --epochs or a smaller --warmup"
+        )
+    return selected, mask
+
+
 def summarize_results(
     runs: list[ResultRun],
     *,
@@ -232,14 +255,7 @@ def summarize_results(
             table = run.read(policy)
             epoch = table.column("epoch").to_numpy()
             iteration = table.column("iteration").to_numpy()
-            selected = resolve_epochs(np.unique(epoch).tolist(), run_epochs, run=run.name)
-            mask = selection_mask(epoch, iteration, selected, run_warmup)
-            if not mask.any():
-                raise UsageError(
-                    f"run {run.name}: no iterations selected (epochs "
-                    f"{','.join(map(str, selected)) or 'none'}, iterations > {run_warmup}); "
-                    "choose other --epochs or a smaller --warmup"
-                )
+            selected, mask = selected_iterations(epoch, iteration, run_epochs, run_warmup, run.name)
             metrics = {m: table.column(m).to_numpy() for m in METRIC_COLUMNS}
             stats = summarize_metrics(metrics, mask, run_threshold)
             row = summary_row(

@@ -232,3 +232,15 @@ def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "results" / "holey" / "actual__actual.parquet")
     rows = set(zip(table["epoch"].to_pylist(), table["iteration"].to_pylist(), strict=True))
     assert (1, 15) not in rows and len(rows) == 39
+
+
+def test_empty_selection_fails_before_touching_results(project: Path) -> None:
+    """A warm-up that leaves no iteration is refused before any file changes."""
+    assert run_dsim("run", "--conf", "sim_conf.json", "--quiet", cwd=project).returncode == 0
+    result_json = project / "results" / RUN / "result.json"
+    before = result_json.read_bytes()
+    proc = run_dsim("run", "--conf", "sim_conf.json", "--warmup", "1000", "--force", cwd=project)
+    assert proc.returncode == 2
+    assert "no iterations selected" in proc.stderr and "Traceback" not in proc.stderr
+    assert result_json.read_bytes() == before
+    assert run_dsim("summarize", "results", "--quiet", cwd=project).returncode == 0

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from dsim.config import SimConfig
@@ -35,7 +34,12 @@ from dsim.results import (
     write_replay,
     write_result_info,
 )
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, resolve_epochs, summarize_results
+from dsim.summary import (
+    DEFAULT_THRESHOLD_S,
+    DEFAULT_WARMUP,
+    selected_iterations,
+    summarize_results,
+)
 from dsim.tables import read_run
 
 
@@ -85,7 +89,8 @@ def plan_run(
             f"record for some GPU; dropped: {arrays.dropped or 'none'})",
             run_dir,
         )
-    epochs = resolve_epochs(np.unique(arrays.epoch).tolist(), config.epochs, run=name)
+    warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
+    epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = trace_fingerprint(run_dir)
     keys = {policy: replay_key(fingerprint, params, policy) for policy in config.policies}
     todo = [
