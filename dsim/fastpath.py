@@ -77,9 +77,25 @@ def _not_space(x: np.ndarray) -> np.ndarray:
     return _not_byte(x, 32)
 
 
+def _bit_count(x: np.ndarray) -> np.ndarray:
+    """Bits set in each uint64, as uint8: ``np.bitwise_count`` for NumPy 1.x, which lacks it.
+
+    The classic SWAR population count; every step is exact in uint64 (the
+    final multiply wraps by design and keeps the sum in the top byte).
+    """
+    x = x - ((x >> _U(1)) & _U(0x5555555555555555))
+    x = (x & _U(0x3333333333333333)) + ((x >> _U(2)) & _U(0x3333333333333333))
+    x = (x + (x >> _U(4))) & _NIBBLES
+    return ((x * _U(0x0101010101010101)) >> _U(56)).astype(np.uint8)
+
+
+# NumPy >= 2.0 has the ufunc (one instruction a word); 1.x takes the exact fallback.
+_popcount = getattr(np, "bitwise_count", _bit_count)
+
+
 def _first(mask: np.ndarray) -> np.ndarray:
     """Index of the first byte whose high bit is set; 8 when none is (count trailing zeros / 8)."""
-    return np.bitwise_count((mask - _U(1)) & ~mask) >> np.uint8(3)  # uint8: fewer bytes to move
+    return _popcount((mask - _U(1)) & ~mask) >> np.uint8(3)  # uint8: fewer bytes to move
 
 
 def _swar(x: np.ndarray, n: np.ndarray) -> np.ndarray:
