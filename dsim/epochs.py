@@ -17,7 +17,9 @@ training timeline near E, so a lost, duplicated or rejected record moves at
 most the fetches of its own neighbourhood (ordinal matching -- the k-th fetch
 of (rank, i) to the k-th training line of (rank, i) -- let one lost record
 shift every later epoch). ``TOL`` absorbs loggers that round fetch-end
-timestamps up.
+timestamps up: it is the resolution of the printed time (1 ms for
+``...:54.841``, 1 µs for ``...:54.841234``), at most 1 ms, so that a loop
+whose iterations take less than a millisecond keeps its order.
 
 A rank with no training line at all falls back on ordinals: its k-th fetch
 of batch index i in time order is in the run's first epoch plus k (a rank's
@@ -30,6 +32,8 @@ import numpy as np
 
 _FITS = 1 << 62  # packed sort keys stay below this
 TOL_NS = 1_000_000  # 1 ms: fetch-end timestamps may be rounded up to the millisecond
+# The tolerance of a fetch end printed with d fraction digits: its resolution, at most TOL_NS.
+_TOL_BY_DIGITS = np.array([min(10 ** (9 - d), TOL_NS) for d in range(10)], dtype=np.int32)
 
 
 def lexsort_order(keys: list[np.ndarray]) -> np.ndarray:
@@ -127,8 +131,12 @@ def assign_fetch_epochs(
     train_iteration: np.ndarray,
     train_total: np.ndarray,
     train_start: np.ndarray,
+    *,
+    fetch_tol: np.ndarray | int = TOL_NS,
 ) -> np.ndarray:
     """Epoch of every fetch (see the module docstring); times in nanoseconds.
+
+    ``fetch_tol``: TOL per fetch (``tolerance`` of its printed digits) or for all.
 
     Vectorised: one sort of the training lines by (rank, start) and one
     binary search per fetch for (rank, E - TOL), both on one packed int64 key
@@ -143,7 +151,7 @@ def assign_fetch_epochs(
         return epoch
     if len(train_gpu):
         found = _by_time(
-            fetch_gpu, fetch_idx, fetch_end, train_gpu, train_epoch, train_iteration,
+            fetch_gpu, fetch_idx, fetch_end, fetch_tol, train_gpu, train_epoch, train_iteration,
             train_total, train_start, epoch,
         )  # fmt: skip
     else:
@@ -156,9 +164,14 @@ def assign_fetch_epochs(
     return epoch
 
 
+def tolerance(digits: np.ndarray) -> np.ndarray:
+    """TOL of fetch ends printed with ``digits`` fraction digits (int32 nanoseconds)."""
+    return _TOL_BY_DIGITS[digits]
+
+
 def _by_time(
-    fetch_gpu, fetch_idx, fetch_end, train_gpu, train_epoch, train_iteration, train_total,
-    train_start, out: np.ndarray,
+    fetch_gpu, fetch_idx, fetch_end, fetch_tol, train_gpu, train_epoch, train_iteration,
+    train_total, train_start, out: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """Fill ``out`` for fetches of ranks that have training lines; returns which ones those are."""
     lo = min(int(train_start.min()), int(fetch_end.min()) - TOL_NS)
@@ -169,7 +182,8 @@ def _by_time(
     train = (train_gpu, train_epoch, train_iteration, train_total)
     if g_span * span < _FITS:
         sort, sorted_key = _sorted_lines(_packed(train_gpu, train_start, g_lo, lo, span), train)
-        want = _packed(fetch_gpu, fetch_end, g_lo, lo + TOL_NS, span)
+        want = _packed(fetch_gpu, fetch_end, g_lo, lo, span)
+        want -= fetch_tol
         return _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out)
     found = np.zeros(len(fetch_gpu), dtype=bool)
     for gpu in np.unique(train_gpu):  # a rank at a time: its times alone fit int64
@@ -180,7 +194,7 @@ def _by_time(
         mine = tuple(column[t] for column in train)
         sort, sorted_key = _sorted_lines(train_start[t], mine)
         sub = np.zeros(len(f), dtype=out.dtype)
-        want = fetch_end[f] - TOL_NS
+        want = fetch_end[f] - (fetch_tol[f] if np.ndim(fetch_tol) else fetch_tol)
         found[f] = _match(sorted_key, sort, want, mine, fetch_gpu[f], fetch_idx[f], sub)
         out[f] = sub
     return found

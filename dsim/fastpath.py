@@ -36,7 +36,7 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 _POW10_U = _POW10.astype(np.uint64)
 _POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
 _EXACT = 1 << 53  # integers below this are exact doubles
-_FETCH_KEYS = ("gpu", "worker", "idx", "end", "fetch_s")  # the general path's columns, in order
+_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s")  # as the general path
 _TRAIN_KEYS = (
     *("gpu", "epoch", "iteration", "total", "start"),
     *("iteration_s", "stall_s", "throughput"),
@@ -287,6 +287,7 @@ def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_duration: fl
         whole, ts_ok = civil(year, *fields)
         ns.append((whole * 1_000_000_000 + frac_ns[rows], ts_ok))
     (fetch["end"], f_ts), (train["start"], t_ts) = ns
+    fetch["end_digits"] = frac_len[f_rows].astype(np.int8)
     if not f_ts.all():
         fetch = {k: v[f_ts] for k, v in fetch.items()}
         f_rows = f_rows[f_ts]

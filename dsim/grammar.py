@@ -157,8 +157,8 @@ def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
     return pc.cast(filled, pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
-    """Nanoseconds since 1970 (naive wall clock) and a validity mask.
+def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nanoseconds since 1970 (naive wall clock), a validity mask, and the fraction's digits.
 
     Whole seconds come from the digits at their fixed places (``dsim.wallclock``);
     a date that does not exist (February 30, hour 24) is invalid, not rolled over.
@@ -173,7 +173,7 @@ def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
     frac = parts.field("frac")
     digits = pc.utf8_length(frac).to_numpy(zero_copy_only=False).astype(np.int64)
     frac_ns = _ints(frac, 0) * (10 ** (9 - digits))
-    return whole * 1_000_000_000 + frac_ns, ok
+    return whole * 1_000_000_000 + frac_ns, ok, digits
 
 
 def _reasons(checks: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +277,7 @@ def _fetch_records(
     lines: pa.Array, numbers: np.ndarray, rejects: Rejects, max_duration: float
 ) -> dict[str, np.ndarray]:
     parts = pc.extract_regex(lines, FETCH_PATTERN)
-    end_ns, ts_ok = _timestamps(parts)
+    end_ns, ts_ok, digits = _timestamps(parts)
     fetch_s, num_ok = _numbers(parts.field("at"))
     finite = num_ok & np.isfinite(fetch_s)
     negative = finite & (fetch_s < 0)
@@ -294,6 +294,7 @@ def _fetch_records(
         "worker": _ints(parts.field("worker"))[keep],
         "idx": _ints(parts.field("idx"))[keep],
         "end": end_ns[keep],
+        "end_digits": digits[keep].astype(np.int8),  # its resolution: see dsim.epochs
         "fetch_s": fetch_s[keep],
     }
 
@@ -302,7 +303,7 @@ def _train_records(
     lines: pa.Array, numbers: np.ndarray, rejects: Rejects, max_duration: float
 ) -> dict[str, np.ndarray]:
     parts = pc.extract_regex(lines, TRAIN_PATTERN)
-    start_ns, ts_ok = _timestamps(parts)
+    start_ns, ts_ok, _ = _timestamps(parts)
     iteration_s, time_ok = _numbers(parts.field("time"))
     stall_s, data_ok = _numbers(parts.field("data"))
     tp_text = parts.field("throughput")

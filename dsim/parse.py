@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from dsim import checks, rejects
 from dsim.discover import RunSource, rank_from_file_name
-from dsim.epochs import assign_fetch_epochs, lexsort_order
+from dsim.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.errors import InputError
 from dsim.grammar import MAX_DURATION_S
 from dsim.logfile import FileRecords, read_log
@@ -195,7 +195,7 @@ def parse_run(
     fetch["epoch"] = assign_fetch_epochs(
         fetch["gpu"], fetch["idx"], _unstepped(fetch, "end", steps),
         train["gpu"], train["epoch"], train["iteration"], train["total"],
-        _unstepped(train, "start", steps),
+        _unstepped(train, "start", steps), fetch_tol=tolerance(fetch.pop("end_digits")),
     )  # fmt: skip
     fetch_sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
     bad = _repeats_in_order(fetch_sort, [fetch["epoch"], fetch["idx"], fetch["gpu"]])

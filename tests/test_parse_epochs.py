@@ -17,9 +17,16 @@ import pytest
 from fuzzlog import PROPERTY_EDITS, Mutant, Original, check, mutate, parse_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loglines import fetch_line, run_of, train_line
 
-from dsim.epochs import TOL_NS, assign_fetch_epochs
-from dsim.parse import CONFLICT_FETCH, CONFLICT_TRAIN, DUPLICATE_FETCH, DUPLICATE_TRAIN
+from dsim.epochs import TOL_NS, assign_fetch_epochs, tolerance
+from dsim.parse import (
+    CONFLICT_FETCH,
+    CONFLICT_TRAIN,
+    DUPLICATE_FETCH,
+    DUPLICATE_TRAIN,
+    parse_run,
+)
 from dsim.synth import SynthParams, synthesize
 
 
@@ -169,6 +176,21 @@ def test_rule_tolerates_fetch_ends_rounded_up_by_a_millisecond():
     half = TOL_NS / S / 2
     fetch = [(0, 0, 10 + half), (0, 1, 11 + half), (0, 2, 12 + 2.5 * half)]
     assert _epochs(fetch, train) == [0, 0, 1]  # the last one ended well after its line
+
+
+def test_tolerance_is_the_resolution_of_the_printed_fetch_end(tmp_path):
+    """Iterations shorter than a millisecond (an in-process loader): microsecond stamps decide."""
+    lines = [
+        fetch_line("10.000030", 0, 0, "0.00001", 0),
+        train_line("10.000050", 0, 0, 0, n=1),
+        fetch_line("10.000400", 0, 0, "0.00001", 0),  # the next epoch's batch, 350 µs later
+        train_line("10.000420", 0, 1, 0, n=1),
+    ]
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    assert parsed.report["rejected"] == 0
+    assert parsed.tables.fetch["epoch"].to_pylist() == [0, 1]
+    resolution = [TOL_NS] * 3 + [10**k for k in (5, 4, 3, 2, 1, 0)]  # 1..9 digits, at most 1 ms
+    assert tolerance(np.arange(1, 10)).tolist() == resolution
 
 
 def test_rule_epochs_of_different_lengths_and_one_corrupt_n():
