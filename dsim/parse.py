@@ -142,25 +142,22 @@ class _Rejecter:
         return _drop(columns, bad)
 
 
-def parse_run(
-    source: RunSource,
-    *,
-    strict: bool = False,
-    progress: Callable[[int], None] | None = None,
-    max_duration: float = MAX_DURATION_S,
-    stray_rank_share: float = STRAY_RANK_SHARE,
-    keep_lines: bool = False,
-) -> ParsedRun:
-    """Parse one run. With ``strict``, the first rejected line or clock step raises ``InputError``.
+@dataclass
+class _Checked:
+    """What the rules across records found besides rejects, and the fetches' table order."""
 
-    ``max_duration``: the longest plausible fetch, iteration or stall, in
-    seconds. ``stray_rank_share``: see ``dsim.checks.stray_ranks`` (0 keeps
-    every rank). ``keep_lines``: also return where each table row came from.
+    steps: list[dict[str, Any]]
+    strays: dict[int, int]
+    warnings: list[str]
+    fetch_sort: np.ndarray  # by (epoch, batch, rank): the fetch table's order
+
+
+def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float):
+    """The rules across records, in the order of the module docstring; returns what is kept.
+
+    Fetches come back with their ``epoch``.
     """
-    fetch, train, reject_parts, counts, sources = _collect(source, progress, max_duration)
-    files = source.files
     train_lines_read = np.bincount(train["file"], minlength=len(files))
-    reject = _Rejecter(files, reject_parts)
     warnings: list[str] = []
 
     # Exact repeats first, so that they trip neither the clock nor the conflict rules.
@@ -197,11 +194,38 @@ def parse_run(
         train["gpu"], train["epoch"], train["iteration"], train["total"],
         _unstepped(train, "start", steps), fetch_tol=tolerance(fetch.pop("end_digits")),
     )  # fmt: skip
-    fetch_sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
-    bad = _repeats_in_order(fetch_sort, [fetch["epoch"], fetch["idx"], fetch["gpu"]])
+    keys = [fetch["epoch"], fetch["idx"], fetch["gpu"]]
+    sort = lexsort_order(keys)
+    bad = _repeats_in_order(sort, keys)
     if bad.any():
         fetch = reject(fetch, bad, CONFLICT_FETCH)
-        fetch_sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
+        sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
+    return fetch, train, _Checked(steps, strays, warnings, sort)
+
+
+def parse_run(
+    source: RunSource,
+    *,
+    strict: bool = False,
+    progress: Callable[[int], None] | None = None,
+    max_duration: float = MAX_DURATION_S,
+    stray_rank_share: float = STRAY_RANK_SHARE,
+    keep_lines: bool = False,
+) -> ParsedRun:
+    """Parse one run. With ``strict``, the first rejected line or clock step raises ``InputError``.
+
+    ``max_duration``: the longest plausible fetch, iteration or stall, in
+    seconds. ``stray_rank_share``: see ``dsim.checks.stray_ranks`` (0 keeps
+    every rank). ``keep_lines``: also return where each table row came from.
+    """
+    fetch, train, reject_parts, counts, sources = _collect(source, progress, max_duration)
+    files = source.files
+    fetch, train, checked = _apply_rules(
+        fetch, train, _Rejecter(files, reject_parts), files, stray_rank_share
+    )
+    steps, strays, warnings = checked.steps, checked.strays, checked.warnings
+    fetch_sort = checked.fetch_sort
+    del checked
 
     rejected = rejects.fill_texts(rejects.combine(reject_parts, files))
     if strict:
