@@ -160,6 +160,18 @@ def test_unreadable_file_for_real_when_a_user_namespace_can_be_made(tmp_path):
         pytest.skip("the namespace could still read the file")
     assert done.returncode == 3, done.stderr
     assert f"{log}: cannot read: Permission denied" in done.stderr
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0)
+    done = subprocess.run(
+        [unshare, "-U", os.sys.executable, "-m", "dsim", "parse", str(closed), "--out", "t"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    closed.chmod(0o755)
+    assert done.returncode == 3, done.stderr
+    assert f"{closed}: cannot read: Permission denied" in done.stderr
 
 
 @pytest.mark.parametrize(
