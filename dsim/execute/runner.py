@@ -21,7 +21,13 @@ from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
 from dsim.execute.cache import replay_key, trace_fingerprint
-from dsim.iterations import IterationArrays, build_iteration_arrays
+from dsim.iterations import (
+    MISSING_BOTH,
+    MISSING_FETCH,
+    MISSING_TRAIN,
+    IterationArrays,
+    build_iteration_arrays,
+)
 from dsim.policies import Policy
 from dsim.render.files import write_summary_files
 from dsim.replay import ReplayParams, prepare
@@ -84,11 +90,7 @@ def plan_run(
     tables = read_run(run_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     if arrays.n_iterations == 0:
-        raise InputError(
-            "no complete iteration to replay (every iteration lacks a fetch or training "
-            f"record for some GPU; dropped: {arrays.dropped or 'none'})",
-            run_dir,
-        )
+        raise InputError(_nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir)
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = trace_fingerprint(run_dir)
@@ -99,6 +101,26 @@ def plan_run(
         if force or read_replay_key(replay_path(config.out, name, policy)) != key
     ]
     return RunPlan(name, tables.info, arrays, keys, todo, epochs)
+
+
+def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
+    """Why no iteration of a run is complete, in words a user can act on."""
+    if train.num_rows == 0:
+        return (
+            "no training lines in this run: did you wrap your training loop with "
+            "dsim.instrument.TrainingTimer.iterate?"
+        )
+    no_fetch = dropped.get(MISSING_FETCH, 0) + dropped.get(MISSING_BOTH, 0)
+    no_train = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
+    text = (
+        f"no complete iteration to replay: {no_fetch} iterations lack a fetch record for "
+        f"some GPU, {no_train} lack a training record"
+    )
+    fetch_gpus = set(fetch["gpu"].to_pylist())
+    train_gpus = set(train["gpu"].to_pylist())
+    absent = [f"GPU {g} has no fetch records" for g in sorted(train_gpus - fetch_gpus)]
+    absent += [f"GPU {g} has no training records" for g in sorted(fetch_gpus - train_gpus)]
+    return "; ".join([text, *absent])
 
 
 def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict[str, Any]:
