@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_dsim
 
-from dsim import fastpath, grammar
+from dsim import bounds, fastpath, grammar
 
 EDGES = [0, 1, 2, 3, 0x80, 0xFF, 2**63, 2**64 - 1, 2**63 - 1, 0x8080808080808080]
 EDGES += [1 << k for k in range(64)] + [(1 << k) - 1 for k in range(65)]
@@ -58,7 +58,7 @@ def test_fast_path_with_fallback_agrees_with_general_path(monkeypatch: pytest.Mo
         return grammar.parse_lines(grammar.lines_of(text), 1, rejects, fast=fast)
 
     lines = grammar.lines_of(text)
-    _, _, rest = fastpath.fast_records(lines, np.arange(1, len(lines) + 1), grammar.MAX_FETCH_S)
+    _, _, rest = fastpath.fast_records(lines, np.arange(1, len(lines) + 1), bounds.MAX_DURATION_S)
     assert len(rest) < len(lines) / 10  # the fast path, not the general one, took the lines
     fast, slow = parse(True), parse(False)
     for kind in ("fetch", "train"):
