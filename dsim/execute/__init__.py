@@ -8,7 +8,7 @@ at once and an interrupted run loses only unfinished policies.
 
 from __future__ import annotations
 
-from dsim.execute.address import configured_address
+from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.execute.units import (
     DEFAULT_CHUNK_ROWS,
     Job,
@@ -69,6 +69,7 @@ def execute(
     on_progress: OnProgress | None = None,
 ) -> str:
     """Replay all jobs; returns the executor that ran them (``local`` or ``ray``)."""
+    _, source = configured_address(address, FROM_SETTINGS)
     address = ray_address(address)
     chosen = choose_executor(executor, jobs, address)
     if not any(job.policies for job in jobs):
@@ -88,5 +89,6 @@ def execute(
             on_progress=on_progress,
             address=address,
             num_cpus=num_cpus,
+            source=source,
         )
     return chosen
