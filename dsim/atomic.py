@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from dsim import parquetio
 from dsim.errors import OutputError
 
 
@@ -53,7 +53,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
 
 def write_parquet(table: pa.Table, target: str | Path) -> None:
     with atomic_path(target) as tmp:
-        pq.write_table(table, tmp)
+        parquetio.write_table(table, tmp)
 
 
 def write_text(text: str, target: str | Path) -> None:
