@@ -21,7 +21,8 @@ RESULTS/<run>/result.json and RESULTS/summary.{parquet,csv}, and prints the
 summary. actual/actual (the measured run) is always replayed, since the
 what-if columns compare against it. Finished replays are reused when the
 trace and replay parameters are unchanged (--force recomputes), so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped. A second `dsim run` on the same
+RESULTS directory waits for the first to finish.
 
 \b
 Examples:
@@ -119,6 +120,9 @@ def command(
             config,
             force=force,
             progress=None if quiet else _progress_factory(err, stack),
+            on_wait=None
+            if quiet
+            else lambda text: err.print(text, highlight=False, soft_wrap=True),
         )
     if quiet:
         return
