@@ -182,8 +182,9 @@ def test_interrupted_command_leaves_nothing_partial_and_resumes(
 
     proc = _dsim(target.args, directory)
     if signum != signal.SIGKILL:
-        deadline = time.monotonic() + 60
-        while not _handlers_installed(proc.pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while not _handlers_installed(proc.pid):
+            assert time.monotonic() < deadline, f"{where}: dsim never handled SIGTERM"
             time.sleep(0.005)
     time.sleep(moment)
     proc.send_signal(signum)
