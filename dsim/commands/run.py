@@ -58,6 +58,10 @@ def _progress_factory(console: Any, stack: Any) -> Callable[[int], Callable[[int
     return factory
 
 
+def _say(console: Any, text: str) -> None:
+    console.print(text, highlight=False, soft_wrap=True, markup=False)
+
+
 def command(
     runs: list[str] = typer.Argument(
         None, help="Run names (or globs) under the traces directory; replaces the config's FILE."
@@ -120,9 +124,7 @@ def command(
             config,
             force=force,
             progress=None if quiet else _progress_factory(err, stack),
-            on_wait=None
-            if quiet
-            else lambda text: err.print(text, highlight=False, soft_wrap=True),
+            on_wait=None if quiet else lambda text: _say(err, f"dsim: {text}"),
         )
     if quiet:
         return
