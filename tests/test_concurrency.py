@@ -77,13 +77,23 @@ def test_two_runs_on_one_directory_take_turns(tmp_path: Path) -> None:
         assert procs[conf].returncode == 0, err
         assert out == expected[conf], conf
         assert f"waiting for another dsim run (pid {os.getpid()}) on results/ ..." in err
-    # The directory is consistent: everything listed matches, and summarize agrees with
-    # whichever run came last.
+    # The directory is consistent: each run's result.json and every replay it lists are
+    # byte for byte those of one of the two runs alone, and summarize accepts them.
+    for run in (RUN, "other_run"):
+        result = (results / run / "result.json").read_bytes()
+        source = [c for c in (a, b) if (tmp_path / f"alone_{c}" / run / "result.json").is_file()]
+        source = [
+            c
+            for c in source
+            if (tmp_path / f"alone_{c}" / run / "result.json").read_bytes() == result
+        ]
+        assert source, run
+        for label in json.loads(result)["policies"]:
+            name = f"{label}.parquet"
+            alone = tmp_path / f"alone_{source[0]}" / run / name
+            assert (results / run / name).read_bytes() == alone.read_bytes(), (run, name)
     proc = run_dsim("summarize", "results", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    last = b if "other_run" in proc.stdout else a
-    info = json.loads((results / RUN / "result.json").read_text())
-    assert info["params"]["stall_floor_s"] == (0.001 if last == b else 2e-06)
     assert not [p for p in results.rglob("*") if p.name.endswith(".tmp")]
 
 
