@@ -49,6 +49,22 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def _wait_for_waiters(lock_file: Path, count: int, timeout: float = 120) -> None:
+    """Until ``count`` processes are blocked on ``lock_file`` (Linux lists them in /proc/locks)."""
+    inode = f":{lock_file.stat().st_ino} "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            locks = Path("/proc/locks").read_text().splitlines()
+        except OSError:  # not Linux: give them time instead
+            time.sleep(3)
+            return
+        if sum(" -> " in line and inode in line for line in locks) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} processes ever waited for {lock_file}")
+
+
 def test_two_runs_on_one_directory_take_turns(tmp_path: Path) -> None:
     """Different parameters and runs, one output directory: each prints its own numbers."""
     for seed, name in enumerate((RUN, "other_run")):
@@ -69,7 +85,7 @@ def test_two_runs_on_one_directory_take_turns(tmp_path: Path) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     procs = {conf: _dsim_popen("run", "--conf", conf, cwd=tmp_path) for conf in (a, b)}
-    time.sleep(3)
+    _wait_for_waiters(results / ".dsim.lock", 2)
     os.ftruncate(fd, 0)
     os.close(fd)
     outputs = {conf: proc.communicate(timeout=300) for conf, proc in procs.items()}
@@ -104,7 +120,7 @@ def test_reader_waits_for_a_writer(tmp_path: Path) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.pwrite(fd, b"4242\n", 0)
     reader = _dsim_popen("summarize", "results", cwd=tmp_path)
-    time.sleep(2)
+    _wait_for_waiters(tmp_path / "results" / ".dsim.lock", 1)
     assert reader.poll() is None  # still waiting
     os.close(fd)
     _, err = reader.communicate(timeout=120)
