@@ -58,6 +58,7 @@ def command(
         help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
     ),
 ) -> None:
+    from dsim.atomic import remove_leftovers
     from dsim.discover import discover_runs
 
     if not math.isfinite(max_duration) or max_duration <= 0:
@@ -66,6 +67,7 @@ def command(
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
     limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
     runs = discover_runs(paths, name=name)
+    remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
     workers = min(len(runs), jobs or os.cpu_count() or 1)
@@ -78,9 +80,33 @@ def command(
                 if strict:
                     break
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool, _runs_bar(show_progress) as bar:
+        _parse_in_parallel(runs, out, strict, limits, workers, quiet, show_progress, failures)
+    if failures:
+        for failure in failures[:-1]:
+            typer.echo(f"dsim: error: {failure}", err=True)
+        raise failures[-1]
+
+
+def _parse_in_parallel(
+    runs, out: Path, strict: bool, limits: dict, workers: int, quiet, show, failures
+) -> None:
+    """One run per worker process; workers die with this process, however it ends.
+
+    On Ctrl-C, SIGTERM or an unexpected error the workers are stopped with
+    SIGTERM (each removes its half-written run directory), and runs not yet
+    started are cancelled; under SIGKILL the kernel kills them
+    (``dsim.processes.worker_init``) and the next parse removes their leftovers.
+    """
+    from dsim import processes
+
+    pool = ProcessPoolExecutor(
+        max_workers=workers, initializer=processes.worker_init, initargs=(os.getpid(),)
+    )
+    try:
+        with _runs_bar(show) as bar:
             futures = [
-                pool.submit(_parse_and_write, run, out, strict, False, limits) for run in runs
+                pool.submit(processes.in_worker, _parse_and_write, run, out, strict, False, limits)
+                for run in runs
             ]
             task = bar.add_task("parsing runs", total=len(futures)) if bar else None
             for future in as_completed(futures):
@@ -90,10 +116,28 @@ def command(
                     failures.append(exc)
                 if bar:
                     bar.advance(task)
-    if failures:
-        for failure in failures[:-1]:
-            typer.echo(f"dsim: error: {failure}", err=True)
-        raise failures[-1]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        processes.stop_workers()
+        raise
+    finally:
+        _close(pool)
+
+
+def _close(pool: ProcessPoolExecutor) -> None:
+    """Shut the pool down completely, even when a signal interrupts the shutdown.
+
+    The pool's manager thread must be joined before the interpreter exits,
+    or its exit hook races with the thread's own cleanup.
+    """
+    from dsim import processes
+
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:
+        processes.stop_workers()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
 
 
 def _echo_above(bar):
