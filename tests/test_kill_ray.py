@@ -38,10 +38,16 @@ def _name(proc: psutil.Process) -> str:
 
 
 def _record(pid: int, seen: dict[int, psutil.Process], names: dict[int, str]) -> None:
-    """Note every descendant of ``pid`` and its name now (its name can change, or it can go)."""
+    """Note every descendant of ``pid`` and every name it has shown.
+
+    A process's name changes (after exec; an exited, unreaped one shows only
+    ``python``), so all of them are kept, joined by `` | ``.
+    """
     for proc in _descendants(pid):
         seen.setdefault(proc.pid, proc)
-        names[proc.pid] = _name(proc) or names.get(proc.pid, "")
+        name, known = _name(proc), names.get(proc.pid, "")
+        if name and name not in known.split(" | "):
+            names[proc.pid] = f"{known} | {name}" if known else name
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -8,6 +8,7 @@ answer and nothing outside it can be reached.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import secrets
 import socket
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -223,7 +225,13 @@ def test_auth_failure_in_rays_own_output_is_recognised(monkeypatch: pytest.Monke
 
 @pytest.fixture(scope="module")
 def token_cluster() -> Iterator[tuple[str, str]]:
-    """A one-node cluster with RAY_AUTH_MODE=token in a private namespace: (namespace, token)."""
+    """A one-node cluster with RAY_AUTH_MODE=token in a private namespace: (namespace, token).
+
+    Ray added token authentication long after dsim's floor (2.10); an older Ray
+    ignores RAY_AUTH_MODE and starts an open cluster, so there is nothing to test.
+    """
+    if importlib.util.find_spec("ray._private.authentication") is None:
+        pytest.skip(f"Ray {version('ray')} has no token authentication")
     token = secrets.token_hex(32)
     with (
         network_namespace() as ns,
