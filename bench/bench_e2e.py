@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print_report(res)
     if args.out is not None:
-        from dsim.atomic import write_json
+        from dsim.io.atomic import write_json
 
         write_json(res, args.out)
         print(f"wrote {args.out}")

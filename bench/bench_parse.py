@@ -36,8 +36,8 @@ def _child(run_dir: str, profile: bool) -> None:
 
     import pyarrow as pa
 
-    from dsim.discover import discover_runs
-    from dsim.parse import parse_run
+    from dsim.sources.rawlog.discover import discover_runs
+    from dsim.sources.rawlog.parse import parse_run
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)

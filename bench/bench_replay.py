@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import original_method
 
-from dsim.atomic import write_json
-from dsim.iterations import IterationArrays, build_iteration_arrays
-from dsim.policies import POLICIES
-from dsim.replay import Prepared, ReplayParams, prepare, replay_prepared
+from dsim.io.atomic import write_json
+from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, read_run
+from dsim.replay.arrays import IterationArrays, build_iteration_arrays
+from dsim.replay.models.per_iteration import Prepared, ReplayParams, prepare, replay_prepared
+from dsim.replay.policies import POLICIES
 from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
-from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA, read_run
 
 ALL_PAIRS = list(itertools.product(POLICIES, POLICIES))
 PARAMS = ReplayParams()

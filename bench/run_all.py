@@ -4,7 +4,7 @@ Why one command: the figures only compare when they are taken side by side on
 the same machine under the same load, and BENCHMARKS.md should be
 re-measurable by re-running one line. Sections:
 
-- ``parse``: ``dsim.parse.parse_run`` on one core, through bench_parse.py's own
+- ``parse``: ``dsim.sources.rawlog.parse.parse_run`` on one core, through bench_parse.py's own
   measurement (a fresh interpreter per case), 10^4..10^6 lines x 8 GPUs and
   10^5 x 1 / 64 GPUs, with the growth exponent in lines;
 - ``replay``: bench_replay.py in a subprocess (real-sized 851 x 4 epoch vs the
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             f"load average {section}: {info['before']} -> {info['after']} ({info['seconds']:.0f} s)"
         )
     print_table(res["targets"])
-    from dsim.atomic import write_json
+    from dsim.io.atomic import write_json
 
     write_json(res, args.out)
     print(f"\nwrote {args.out}")

@@ -26,8 +26,8 @@ from typing import Any
 
 from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
-from dsim.policies import BASELINE, POLICIES, Policy, normalize_policy, policy_pairs
-from dsim.tables import RUN_FILE, read_info
+from dsim.model.tables import RUN_FILE, read_info
+from dsim.replay.policies import BASELINE, POLICIES, Policy, normalize_policy, policy_pairs
 
 DEFAULT_TRACES = Path("traces")
 DEFAULT_OUT = Path("results")

@@ -12,10 +12,10 @@ import re
 from typing import TYPE_CHECKING
 
 from dsim.errors import UsageError
-from dsim.policies import Policy, normalize_policy
+from dsim.replay.policies import Policy, normalize_policy
 
 if TYPE_CHECKING:
-    from dsim.results import ResultRun
+    from dsim.model.results import ResultRun
 
 
 def parse_epochs_option(text: str | None) -> list[int] | str | None:

@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from dsim.errors import UsageError
-from dsim.policies import ACTUAL, BASELINE, Policy
-from dsim.results import METRIC_COLUMNS, ResultRun
-from dsim.runname import RUN_NAME_FIELDS, parse_run_name
+from dsim.model.results import METRIC_COLUMNS, ResultRun
+from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
+from dsim.replay.policies import ACTUAL, BASELINE, Policy
 
 DEFAULT_WARMUP = 10
 DEFAULT_THRESHOLD_S = 0.030
@@ -238,7 +238,7 @@ def summarize_results(
     Options override the selection each run's ``result.json`` recorded. The
     ``actual/actual`` replay is read for the what-if columns even when
     ``policies`` leaves it out of the rows. Only the replays ``result.json``
-    lists are read, and only if their provenance matches (``dsim.results``).
+    lists are read, and only if their provenance matches (``dsim.model.results``).
     """
     wanted = None if policies is None else list(dict.fromkeys(policies))
     rows: list[dict[str, Any]] = []

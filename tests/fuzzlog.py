@@ -20,7 +20,7 @@ changed line that still reads as a record, what that record can reach:
 its own iteration (for a fetch, in any epoch -- its epoch comes from its
 time, which may have changed; for a training line, in its epoch and the
 epochs next to it, whose same-numbered fetch it can relabel), and the
-iterations of the records within ``dsim.clock.K`` of its place in its clock
+iterations of the records within ``dsim.sources.rawlog.clock.K`` of its place in its clock
 group (the records the outlier rule may blame instead of it when the order
 alone cannot tell which one is wrong).
 """
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim import grammar
-from dsim.clock import K
-from dsim.discover import RunSource, rank_from_file_name
 from dsim.errors import InputError
-from dsim.parse import ParsedRun, parse_run
+from dsim.sources.rawlog import grammar
+from dsim.sources.rawlog.clock import K
+from dsim.sources.rawlog.discover import RunSource, rank_from_file_name
+from dsim.sources.rawlog.parse import ParsedRun, parse_run
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from dsim.discover import RunSource
+from dsim.sources.rawlog.discover import RunSource
 
 T0 = "2021-09-01 19:48:"
 _BASE = dt.datetime(2021, 9, 1, 19, 0, 0)

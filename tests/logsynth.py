@@ -16,7 +16,7 @@ batch index, training starts strictly increase per rank, a training line
 starts after its batch's fetch ended, ``Data`` is at most ``Time``, and a
 rank's next epoch fetches start ``EPOCH_GAP_NS`` after its previous epoch's
 last training line, so the epoch of every fetch has one right answer
-(``dsim.epochs``).
+(``dsim.sources.rawlog.epochs``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import write_synthetic
 
-from dsim.atomic import remove_leftovers
+from dsim.io.atomic import remove_leftovers
 
 RUN = "synth_run"
 
@@ -130,7 +130,7 @@ def test_reader_waits_for_a_writer(tmp_path: Path) -> None:
 
 def test_read_only_results_are_read_without_a_lock(tmp_path: Path, monkeypatch) -> None:
     """Where no lock file can be opened (a read-only directory), readers go on without one."""
-    from dsim import lock
+    from dsim.io import lock
 
     (tmp_path / "results").mkdir()
     real_open = os.open

@@ -12,7 +12,7 @@ from tracegen import write_synthetic
 from dsim.config import LEGACY_KEYS, Overrides, load_config
 from dsim.errors import UsageError
 from dsim.options import parse_epochs_option
-from dsim.policies import BASELINE
+from dsim.replay.policies import BASELINE
 
 RUN = "fsNprepNloadNtrain_openimage_randaugment_resnet50_epoch2_b2048_worker12_thread0"
 

@@ -37,7 +37,7 @@ def test_example_ddp_job_parses_and_replays(tmp_path: Path) -> None:
 
     parse = _run([str(DSIM), "parse", str(log_dir), "--out", str(tmp_path / "traces")], tmp_path)
     assert parse.returncode == 0, parse.stderr
-    from dsim.tables import read_run
+    from dsim.model.tables import read_run
 
     run = read_run(tmp_path / "traces" / NAME)
     assert run.info["gpus"] == 2

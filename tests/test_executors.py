@@ -9,9 +9,9 @@ from tracegen import synthetic_run
 from dsim.errors import UsageError
 from dsim.execute import AUTO_LOCAL_MAX_WORK, Job, PolicyResult, choose_executor, execute
 from dsim.execute.units import chunk_bounds
-from dsim.iterations import build_iteration_arrays
-from dsim.policies import POLICIES
-from dsim.replay import ReplayParams, prepare, replay
+from dsim.replay.arrays import build_iteration_arrays
+from dsim.replay.models.per_iteration import ReplayParams, prepare, replay
+from dsim.replay.policies import POLICIES
 
 ALL_POLICIES = tuple((f, s) for f in POLICIES for s in POLICIES)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_dsim
 
-from dsim import bounds, fastpath, grammar
+from dsim.sources.rawlog import bounds, fastpath, grammar
 
 EDGES = [0, 1, 2, 3, 0x80, 0xFF, 2**63, 2**64 - 1, 2**63 - 1, 0x8080808080808080]
 EDGES += [1 << k for k in range(64)] + [(1 << k) - 1 for k in range(65)]

@@ -13,8 +13,8 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dsim import grammar
-from dsim.fastpath import fast_records
+from dsim.sources.rawlog import grammar
+from dsim.sources.rawlog.fastpath import fast_records
 
 
 def _parse(text: bytes, fast: bool, first_line: int = 1, max_duration=grammar.MAX_DURATION_S):
@@ -44,7 +44,7 @@ digits = st.integers(0, 10**9 - 1)
 fraction = st.integers(1, 9).flatmap(lambda n: st.text("0123456789", min_size=n, max_size=n))
 number = st.one_of(
     st.floats(0, 1e6, allow_nan=False).map(repr),
-    # Out of range, non-finite, or at the bounds of dsim.bounds (a day; Data <= Time + 1 ms).
+    # Out of range, non-finite, or at the bounds of rawlog.bounds (a day; Data <= Time + 1 ms).
     st.sampled_from(["1e999", "1e400", "1e300", "86400", "86400.0005", "86400.001", "90000"]),
     st.tuples(
         st.text("0123456789", min_size=1, max_size=25), st.text("0123456789", max_size=25)

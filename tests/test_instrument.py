@@ -270,8 +270,8 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
             assert (r["thr"] is None) == (cfg["batch"] is None)
 
     if n:  # the real parser, strict: any rejected line fails
-        from dsim.discover import discover_runs
-        from dsim.parse import parse_run
+        from dsim.sources.rawlog.discover import discover_runs
+        from dsim.sources.rawlog.parse import parse_run
 
         (source,) = discover_runs([log_dir], name="run")
         tables = parse_run(source, strict=True).tables
@@ -405,7 +405,7 @@ def test_real_parser_reads_two_ranks_with_zero_rejects(torch, tmp_path: Path) ->
         env={**os.environ, "NO_COLOR": "1"},
     )
     assert proc.returncode == 0, proc.stderr
-    from dsim.tables import read_run
+    from dsim.model.tables import read_run
 
     run = read_run(out / "run")
     fetch = run.fetch.to_pandas()

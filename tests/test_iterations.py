@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from dsim.errors import InputError
-from dsim.iterations import MISSING_BOTH, MISSING_FETCH, MISSING_TRAIN, build_iteration_arrays
-from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA
+from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA
+from dsim.replay.arrays import MISSING_BOTH, MISSING_FETCH, MISSING_TRAIN, build_iteration_arrays
 
 T0 = 1_630_525_734_000_000_000  # 2021-09-01 19:48:54 as ns since 1970
 

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dsim.iterations import build_iteration_arrays
-from dsim.policies import POLICIES
-from dsim.replay import replay
-from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA
+from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA
+from dsim.replay.arrays import build_iteration_arrays
+from dsim.replay.models.per_iteration import replay
+from dsim.replay.policies import POLICIES
 
 ALL_PAIRS = list(itertools.product(POLICIES, POLICIES))
 TOLERANCE_S = 1e-6

@@ -8,10 +8,10 @@ import pytest
 from conftest import run_dsim
 from loglines import timed_lines
 
-from dsim.clock import K, scan
-from dsim.discover import RunSource
 from dsim.errors import InputError
-from dsim.parse import CLOCK_OUTLIER, parse_run
+from dsim.sources.rawlog.clock import K, scan
+from dsim.sources.rawlog.discover import RunSource
+from dsim.sources.rawlog.parse import CLOCK_OUTLIER, parse_run
 
 HOUR = 3600.0
 

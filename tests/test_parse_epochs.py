@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loglines import fetch_line, run_of, train_line
 
-from dsim.epochs import TOL_NS, assign_fetch_epochs, tolerance
-from dsim.parse import (
+from dsim.sources.rawlog.epochs import TOL_NS, assign_fetch_epochs, tolerance
+from dsim.sources.rawlog.parse import (
     CONFLICT_FETCH,
     CONFLICT_TRAIN,
     DUPLICATE_FETCH,

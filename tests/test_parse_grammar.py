@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from loglines import T0, fetch_line, one_epoch, run_of, train_line
 
-from dsim.discover import RunSource, discover_runs, tree_run_name
 from dsim.errors import InputError
-from dsim.parse import (
+from dsim.sources.rawlog.discover import RunSource, discover_runs, tree_run_name
+from dsim.sources.rawlog.parse import (
     CLOCK_OUTLIER,
     CONFLICT_TRAIN,
     DUPLICATE_FETCH,
@@ -113,7 +113,7 @@ def test_training_lines_printed_after_the_epoch(tmp_path):
 
 
 def test_epoch_of_fetch_by_time(tmp_path):
-    """A fetch takes the epoch of its rank's training line before it (dsim.epochs)."""
+    """A fetch takes the epoch of its rank's training line before it (rawlog.epochs)."""
     lines = []
     for epoch, base in ((4, 10), (5, 30)):
         for i in range(2):
@@ -241,10 +241,10 @@ def test_block_boundaries_do_not_change_the_result(tmp_path, monkeypatch):
     lines = one_epoch(gpus=(0, 1, 2), iters=40)
     source = run_of(tmp_path, {"output.log": lines})
     whole = parse_run(source)
-    import dsim.logfile
+    import dsim.sources.rawlog.logfile
 
-    monkeypatch.setattr(dsim.logfile, "BLOCK_BYTES", 97)
-    monkeypatch.setattr(dsim.logfile.read_log, "__defaults__", (None, 97))
+    monkeypatch.setattr(dsim.sources.rawlog.logfile, "BLOCK_BYTES", 97)
+    monkeypatch.setattr(dsim.sources.rawlog.logfile.read_log, "__defaults__", (None, 97))
     pieces = parse_run(source)
     assert pieces.tables.fetch.equals(whole.tables.fetch)
     assert pieces.tables.train.equals(whole.tables.train)

@@ -18,9 +18,9 @@ from conftest import REPO, run_dsim
 from loglines import fetch_line, one_epoch, run_of, timed_lines
 
 from dsim import cli
-from dsim.discover import RunSource, discover_runs
 from dsim.errors import InputError
-from dsim.parse import STRAY_RANK, parse_run
+from dsim.sources.rawlog.discover import RunSource, discover_runs
+from dsim.sources.rawlog.parse import STRAY_RANK, parse_run
 
 SAMPLE = REPO / "traces" / "raw" / "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dsim.discover import discover_runs
-from dsim.parse import parse_run
+from dsim.sources.rawlog.discover import discover_runs
+from dsim.sources.rawlog.parse import parse_run
 
 try:
     from logsynth import LogSpec, WrittenLog, timestamp, write_log

@@ -1,4 +1,4 @@
-"""Values that cannot be true are rejected with a reason, never stored (dsim.bounds)."""
+"""Values that cannot be true are rejected with a reason, never stored (rawlog.bounds)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from conftest import run_dsim
 from loglines import T0, fetch_line, one_epoch, run_of, train_line
 
-from dsim import grammar
-from dsim.bounds import MAX_DURATION_S
 from dsim.commands import parse as parse_cmd
-from dsim.parse import STRAY_RANK_SHARE, parse_run
+from dsim.sources.rawlog import grammar
+from dsim.sources.rawlog.bounds import MAX_DURATION_S
+from dsim.sources.rawlog.parse import STRAY_RANK_SHARE, parse_run
 
 OVER_FETCH = "fetch duration above the maximum duration (86400 s, --max-duration)"
 OVER_TIME = "iteration time above the maximum duration (86400 s, --max-duration)"

@@ -17,7 +17,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import write_synthetic
 
-from dsim.results import replay_table, write_replay, write_result_info
+from dsim.model.results import replay_table, write_replay, write_result_info
 
 RUN = "synth_run"
 OTHER = "other_run"

@@ -11,10 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dsim.replay
-from dsim.iterations import IterationArrays
-from dsim.policies import POLICIES
-from dsim.replay import ReplayParams, prepare, prepare_columns, replay, replay_prepared
+import dsim.replay.models.per_iteration
+from dsim.replay.arrays import IterationArrays
+from dsim.replay.models.per_iteration import (
+    ReplayParams,
+    prepare,
+    prepare_columns,
+    replay,
+    replay_prepared,
+)
+from dsim.replay.policies import POLICIES
 
 try:
     from reference_replay import reference_replay
@@ -149,7 +155,7 @@ def test_iterations_are_replayed_independently(trace, cut):
 @given(trace=traces(max_gpus=8, max_iterations=12), params=_params, block=st.integers(1, 5))
 def test_kernel_in_small_row_blocks_matches_reference(trace, params, block):
     """prepare and replay walk iterations in blocks; tiny blocks exercise every boundary."""
-    with mock.patch.object(dsim.replay, "BLOCK_ROWS", block):
+    with mock.patch.object(dsim.replay.models.per_iteration, "BLOCK_ROWS", block):
         assert_matches_reference(make_arrays(*trace), params)
 
 
@@ -162,7 +168,7 @@ def test_results_do_not_depend_on_block_size():
     arrays = make_arrays(start, fetch, stall + 1, stall)
 
     def everything(block: int) -> list[np.ndarray]:
-        with mock.patch.object(dsim.replay, "BLOCK_ROWS", block):
+        with mock.patch.object(dsim.replay.models.per_iteration, "BLOCK_ROWS", block):
             prep = prepare(arrays)
             out = [getattr(prep, name) for name in prep.__dataclass_fields__]
             for policy in ALL_PAIRS:
@@ -170,7 +176,7 @@ def test_results_do_not_depend_on_block_size():
                 out += [*got.metrics().values(), got.gpu_stall_s]
         return out
 
-    want = everything(dsim.replay.BLOCK_ROWS)
+    want = everything(dsim.replay.models.per_iteration.BLOCK_ROWS)
     for block in (1, 7, 64, 1_000, 1_001):
         got = everything(block)
         assert all(

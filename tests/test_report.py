@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsim.policies import POLICIES, Policy
-from dsim.results import replay_table, write_replay, write_result_info
+from dsim.model.results import replay_table, write_replay, write_result_info
+from dsim.replay.policies import POLICIES, Policy
 
 ALL_POLICIES: list[Policy] = [(f, s) for f in POLICIES for s in POLICIES]
 # How much of the measured imbalance each aligned side removes, in the synthetic world.

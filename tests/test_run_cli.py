@@ -11,7 +11,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import ORIGINAL_CONFIG, synthetic_run, write_synthetic
 
-from dsim.results import METRIC_COLUMNS, read_replay_key
+from dsim.model.results import METRIC_COLUMNS, read_replay_key
 
 RUN = "synth_run"
 DESIGN_COLUMNS = [
@@ -217,7 +217,7 @@ def test_ray_executor_writes_identical_parquet(project: Path) -> None:
 
 def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
     """An iteration that one GPU has no fetch record for is not replayed, and the user is told."""
-    from dsim.tables import write_run
+    from dsim.model.tables import write_run
 
     run = synthetic_run("holey", gpus=2, epochs=2, iterations=20)
     fetch = run.fetch.to_pandas()

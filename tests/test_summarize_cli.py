@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dsim.results import replay_table, write_replay, write_result_info
+from dsim.model.results import replay_table, write_replay, write_result_info
 
 DSIM = str(Path(sys.executable).with_name("dsim"))
 EPOCH = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)

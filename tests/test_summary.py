@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from dsim.errors import UsageError
-from dsim.results import find_result_runs, replay_table, write_replay, write_result_info
+from dsim.model.results import find_result_runs, replay_table, write_replay, write_result_info
 from dsim.summary import (
     SUMMARY_COLUMNS,
     add_what_if,

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsim.errors import UsageError
-from dsim.runname import parse_run_name
+from dsim.model.runname import parse_run_name
+from dsim.model.tables import read_run
 from dsim.synth import SynthParams, simulate, synthesize
-from dsim.tables import read_run
 
 TS = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})"
 NUM = r"(\d+\.\d{6})"

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from dsim.tables import RunTables, write_run
+from dsim.model.tables import RunTables, write_run
 
 # The original analysis's config, legacy keys and all: it must run unchanged.
 ORIGINAL_CONFIG = {

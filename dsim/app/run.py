@@ -5,9 +5,9 @@ then every run is loaded and checked, and only then does anything get written.
 Each policy's replay is written atomically the moment it is complete, so an
 interrupted run keeps every finished policy and the next run redoes only the
 rest. ``result.json`` and the summary are written last: ``result.json``
-lists exactly the replays of this run (``dsim.results`` explains how readers
+lists exactly the replays of this run (``dsim.model.results`` explains how readers
 use it). From deciding what is cached to writing the summary, the runner
-holds the output directory's exclusive lock (``dsim.lock``), so that two
+holds the output directory's exclusive lock (``dsim.io.lock``), so that two
 ``dsim run`` processes on one directory take turns instead of mixing.
 """
 
@@ -21,23 +21,13 @@ from typing import Any
 
 import pandas as pd
 
-from dsim import lock
-from dsim.atomic import remove_leftovers
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
 from dsim.execute.cache import MODEL, params_document, replay_key, trace_fingerprint
-from dsim.iterations import (
-    MISSING_BOTH,
-    MISSING_FETCH,
-    MISSING_TRAIN,
-    IterationArrays,
-    build_iteration_arrays,
-)
-from dsim.policies import Policy
-from dsim.render.files import write_summary_files
-from dsim.replay import ReplayParams, prepare
-from dsim.results import (
+from dsim.io import lock
+from dsim.io.atomic import remove_leftovers
+from dsim.model.results import (
     SUMMARY_STEM,
     find_result_runs,
     read_replay_key,
@@ -46,13 +36,23 @@ from dsim.results import (
     write_replay,
     write_result_info,
 )
+from dsim.model.tables import read_run
+from dsim.render.files import write_summary_files
+from dsim.replay.arrays import (
+    MISSING_BOTH,
+    MISSING_FETCH,
+    MISSING_TRAIN,
+    IterationArrays,
+    build_iteration_arrays,
+)
+from dsim.replay.models.per_iteration import ReplayParams, prepare
+from dsim.replay.policies import Policy
 from dsim.summary import (
     DEFAULT_THRESHOLD_S,
     DEFAULT_WARMUP,
     selected_iterations,
     summarize_results,
 )
-from dsim.tables import read_run
 
 
 @dataclass

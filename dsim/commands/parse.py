@@ -13,7 +13,7 @@ import typer
 
 from dsim.errors import DsimError, InputError, UsageError
 
-# The library's defaults (dsim.bounds, dsim.parse), not imported so that `--help` stays fast.
+# The library's defaults (dsim.sources.rawlog.bounds, .parse), not imported: `--help` stays fast.
 MAX_DURATION_S = 86_400.0
 STRAY_RANK_SHARE = 0.01
 
@@ -58,8 +58,8 @@ def command(
         help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
     ),
 ) -> None:
-    from dsim.atomic import remove_leftovers
-    from dsim.discover import discover_runs
+    from dsim.io.atomic import remove_leftovers
+    from dsim.sources.rawlog.discover import discover_runs
 
     if not math.isfinite(max_duration) or max_duration <= 0:
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
@@ -158,8 +158,8 @@ def _runs_bar(show: bool):
 
 
 def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: dict) -> dict:
-    from dsim.parse import parse_run
-    from dsim.tables import write_run
+    from dsim.model.tables import write_run
+    from dsim.sources.rawlog.parse import parse_run
 
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn

@@ -18,8 +18,8 @@ from dsim.options import parse_epochs_option, parse_policy_option, select_runs
 if TYPE_CHECKING:
     import pandas as pd
 
-    from dsim.policies import Policy
-    from dsim.results import ResultRun
+    from dsim.model.results import ResultRun
+    from dsim.replay.policies import Policy
 
 IMAGE_FORMATS = ("png", "svg")
 
@@ -84,7 +84,7 @@ def _write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path | No
             err=True,
         )
         return None
-    from dsim.atomic import atomic_path, remove_leftovers
+    from dsim.io.atomic import atomic_path, remove_leftovers
 
     folder = out.with_name(f"{out.stem}_images")
     remove_leftovers(folder)
@@ -161,10 +161,10 @@ def command(
     policies = [parse_policy_option(p) for p in policy or []] or None
     _check_output(out)
 
-    from dsim import lock
-    from dsim.atomic import remove_leftovers, write_text
+    from dsim.io import lock
+    from dsim.io.atomic import remove_leftovers, write_text
+    from dsim.model.results import results_directories
     from dsim.render.html import render_report, report_figures
-    from dsim.results import results_directories
 
     def say(text: str) -> None:
         typer.echo(f"dsim: {text}", err=True)
@@ -200,9 +200,9 @@ def _read_results(
     timeline_run: str | None,
 ) -> tuple[Any, list[str]]:
     """Everything the report shows, read from the results directories; and notes for the user."""
-    from dsim.policies import BASELINE
+    from dsim.model.results import scan_results
     from dsim.render.html import ReportInput
-    from dsim.results import scan_results
+    from dsim.replay.policies import BASELINE
     from dsim.summary import summarize_results
 
     scan = scan_results(list(results))

@@ -1,7 +1,7 @@
 """`dsim run`: replay parsed runs under alignment policies and summarise them.
 
 Thin: options become an ``Overrides`` for ``dsim.config``; the work is
-``dsim.execute.runner.run_replays``; output goes through ``dsim.render``.
+``dsim.app.run.run_replays``; output goes through ``dsim.render``.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def command(
 
     from rich.console import Console
 
+    from dsim.app.run import run_replays
     from dsim.config import Overrides, load_config
-    from dsim.execute.runner import run_replays
     from dsim.options import parse_epochs_option
 
     overrides = Overrides(

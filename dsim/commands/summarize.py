@@ -1,6 +1,6 @@
 """`dsim summarize`: summary tables of existing replay results, without replaying.
 
-Thin: finds result runs (``dsim.results``), filters them, summarises
+Thin: finds result runs (``dsim.model.results``), filters them, summarises
 (``dsim.summary``) and renders (``dsim.render``).
 """
 
@@ -64,11 +64,11 @@ def command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
-    from dsim import lock
-    from dsim.atomic import remove_leftovers
+    from dsim.io import lock
+    from dsim.io.atomic import remove_leftovers
+    from dsim.model.results import results_directories, scan_results
     from dsim.options import parse_epochs_option, parse_policy_option, select_runs
     from dsim.render.files import parse_formats, write_summary_files
-    from dsim.results import results_directories, scan_results
     from dsim.summary import summarize_results
 
     format_names = parse_formats(formats)  # validate before any work

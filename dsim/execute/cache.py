@@ -1,6 +1,6 @@
 """Cache keys: when is a finished replay still valid?
 
-A replay file stores the key it was computed with (``dsim.results``). The key
+A replay file stores the key it was computed with (``dsim.model.results``). The key
 hashes what determines its content: the trace's bytes (``fetch.parquet`` and
 ``train.parquet``), the replay parameters, the policy, and the results format
 version. Summary options (epochs, warm-up, threshold) are not part of it: a
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from dsim.errors import InputError
-from dsim.policies import Policy, policy_label
-from dsim.replay import ReplayParams
-from dsim.results import RESULTS_FORMAT_VERSION
-from dsim.tables import FETCH_FILE, TRAIN_FILE
+from dsim.model.results import RESULTS_FORMAT_VERSION
+from dsim.model.tables import FETCH_FILE, TRAIN_FILE
+from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.policies import Policy, policy_label
 
 #: Names the replay model; a model that propagates time across iterations gets another.
 MODEL = "per-iteration"

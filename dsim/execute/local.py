@@ -10,7 +10,7 @@ from dsim.execute.units import (
     join_chunks,
     replay_rows,
 )
-from dsim.replay import ReplayParams
+from dsim.replay.models.per_iteration import ReplayParams
 
 
 def run_local(

@@ -27,8 +27,8 @@ from dsim.execute.units import (
     join_chunks,
     replay_rows,
 )
-from dsim.policies import Policy
-from dsim.replay import ReplayParams
+from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.policies import Policy
 
 __all__ = ["connect", "disconnect", "run_ray"]
 

@@ -1,6 +1,6 @@
 """Work units of a replay: (run, policy) pairs, split into chunks of iterations.
 
-The kernel replays every iteration on its own (``dsim.replay``), so a run's
+The kernel replays every iteration on its own (``dsim.replay.models.per_iteration``), so a run's
 iterations can be cut into row ranges, replayed anywhere, and concatenated
 back: the result is bit-identical to replaying all rows at once. Every
 executor goes through ``replay_rows`` and ``join_chunks`` so that they can
@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dsim.policies import Policy
-from dsim.replay import Prepared, ReplayParams, replay_prepared
+from dsim.replay.models.per_iteration import Prepared, ReplayParams, replay_prepared
+from dsim.replay.policies import Policy
 
 #: Iterations per work unit. The real 2-epoch trace has ~1,700; chunks matter
 #: for runs of hundreds of thousands of iterations, where they spread one

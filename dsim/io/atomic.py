@@ -26,8 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from dsim import parquetio
 from dsim.errors import OutputError
+from dsim.io import parquetio
 
 # ``tempfile`` adds 8 characters of [a-z0-9_] between our prefix and suffix.
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.tmp$")

@@ -22,7 +22,7 @@ _CRC_MISMATCH = "CRC checksum verification failed"
 
 
 def write_table(table: pa.Table, path: str | Path) -> None:
-    """Write ``table`` to ``path`` (not atomically: see ``dsim.atomic.write_parquet``)."""
+    """Write ``table`` to ``path`` (not atomically: see ``dsim.io.atomic.write_parquet``)."""
     pq.write_table(table, path, write_page_checksum=True)
 
 

@@ -42,10 +42,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dsim import parquetio
-from dsim.atomic import write_json, write_parquet
 from dsim.errors import InputError, UsageError
-from dsim.policies import Policy, parse_policy_label, policy_label
+from dsim.io import parquetio
+from dsim.io.atomic import write_json, write_parquet
+from dsim.replay.policies import Policy, parse_policy_label, policy_label
 
 RESULTS_FORMAT_VERSION = 1
 RESULT_FILE = "result.json"

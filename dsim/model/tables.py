@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from dsim import parquetio
-from dsim.atomic import atomic_dir, write_json
 from dsim.errors import InputError
+from dsim.io import parquetio
+from dsim.io.atomic import atomic_dir, write_json
 
 FORMAT_VERSION = 1
 

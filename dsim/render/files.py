@@ -1,6 +1,6 @@
 """The summary as files: one writer per format behind one small interface.
 
-Every writer takes ``(summary, path)`` and writes atomically (``dsim.atomic``),
+Every writer takes ``(summary, path)`` and writes atomically (``dsim.io.atomic``),
 so an interrupted write never leaves a half file that looks complete. Adding
 a format means adding one function to ``FORMATS``.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from dsim.atomic import write_parquet, write_text
 from dsim.errors import UsageError
+from dsim.io.atomic import write_parquet, write_text
 
 Writer = Callable[[pd.DataFrame, Path], None]
 

@@ -18,8 +18,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from dsim import __version__
-from dsim.policies import BASELINE, Policy
 from dsim.render import figures
+from dsim.replay.policies import BASELINE, Policy
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"scale": 2}}
 

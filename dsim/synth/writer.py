@@ -1,6 +1,6 @@
 """Writing a synthetic run: the destination check and the streaming, atomic write.
 
-A run directory appears whole or not at all (``dsim.atomic``), and only a
+A run directory appears whole or not at all (``dsim.io.atomic``), and only a
 directory an earlier ``dsim synth`` wrote is ever replaced, so a mistyped
 ``--out`` cannot destroy a user's files. Lines are written chunk by chunk as
 the model produces them, so memory stays bounded whatever the number of lines.
@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from dsim.atomic import atomic_dir
 from dsim.errors import OutputError, UsageError
+from dsim.io.atomic import atomic_dir
 from dsim.synth.events import ordered_events, released_iterations
 from dsim.synth.lines import render_lines
 from dsim.synth.params import SynthParams

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dsim.policies import BASELINE, Policy
 from dsim.render.figures.downsample import MAX_POINTS, ecdf_points
 from dsim.render.figures.labels import ordered_policies, policy_name
 from dsim.render.figures.style import POLICY_COLORS, THRESHOLD_LINE, style
+from dsim.replay.policies import BASELINE, Policy
 
 TAIL_QUANTILE = 0.99
 """The CDF's x axis initially ends a little past this quantile of every policy's delay."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from dsim.policies import BASELINE, POLICIES, Policy
+from dsim.replay.policies import BASELINE, POLICIES, Policy
 
 
 def policy_name(policy: Policy) -> str:

@@ -15,10 +15,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dsim.policies import BASELINE, Policy
 from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax
 from dsim.render.figures.labels import ordered_policies, policy_name
 from dsim.render.figures.style import GPU_COLORS, THRESHOLD_LINE, style
+from dsim.replay.policies import BASELINE, Policy
 
 HOVER_AT = "epoch %{customdata[0]}, iteration %{customdata[1]}<br>"
 

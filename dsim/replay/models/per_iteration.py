@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsim.iterations import IterationArrays
-from dsim.policies import ACTUAL, AVG, MIN, POLICIES, Policy
-from dsim.results import METRIC_COLUMNS
+from dsim.model.results import METRIC_COLUMNS
+from dsim.replay.arrays import IterationArrays
+from dsim.replay.policies import ACTUAL, AVG, MIN, POLICIES, Policy
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Replay:
     gpu_stall_s: np.ndarray  # [N, G] replayed stall ST' per GPU
 
     def metrics(self) -> dict[str, np.ndarray]:
-        """The per-iteration metric columns of a replay table (``dsim.results``)."""
+        """The per-iteration metric columns of a replay table (``dsim.model.results``)."""
         return {name: getattr(self, name) for name in METRIC_COLUMNS}
 
 

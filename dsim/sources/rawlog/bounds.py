@@ -3,8 +3,8 @@
 A number can be well-formed and still impossible: ``Time 1e300``, an
 iteration that waited longer for its data than the iteration lasted. Such a
 value would poison every statistic computed from it, so the line is rejected
-(and counted) instead of stored. The canonical fast path (``dsim.fastpath``)
-and the general path (``dsim.grammar``) call the same functions here, so they
+(and counted) instead of stored. The canonical fast path (``dsim.sources.rawlog.fastpath``)
+and the general path (``dsim.sources.rawlog.grammar``) call the same functions here, so they
 keep the same lines: a line the fast path does not vouch for goes to the
 general path, which names the reason.
 

@@ -2,7 +2,7 @@
 
 Each rule is a pure function from record columns (dicts of equal-length
 NumPy arrays, rows in file order) to a mask of the rows it rejects, so that
-``dsim.parse`` can apply them in its order and count every reject by reason.
+``dsim.sources.rawlog.parse`` can apply them in its order and count every reject by reason.
 The common case -- a good log -- costs a hash, a sort or a comparison per
 rule, vectorised; only the rows or groups that break a rule are looked at
 more closely.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsim import clock
-from dsim.epochs import lexsort_order
+from dsim.sources.rawlog import clock
+from dsim.sources.rawlog.epochs import lexsort_order
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 

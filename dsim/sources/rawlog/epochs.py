@@ -86,7 +86,7 @@ def _occurrence_sort(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ordinals (see ``occurrence``) and the sort by ``keys``, ``time``, ``order`` behind them.
 
-    ``order=None`` says the rows are in file order already (what ``dsim.parse``
+    ``order=None`` says the rows are in file order already (what ``dsim.sources.rawlog.parse``
     passes: it keeps no per-row order key). Ordinals are int32 below 2^31 rows.
     """
     n = len(time)

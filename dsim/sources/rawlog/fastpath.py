@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsim import bounds
-from dsim.wallclock import civil
+from dsim.sources.rawlog import bounds
+from dsim.sources.rawlog.wallclock import civil
 
 _REACH = 512  # no word of a canonical line is read further than this from its start
 _U = np.uint64
@@ -210,7 +210,7 @@ def fast_records(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """Records of the canonical lines, and the indices of all other lines (for the general path).
 
-    Values outside the bounds of ``dsim.bounds`` (``max_duration`` seconds and
+    Values outside the bounds of ``dsim.sources.rawlog.bounds`` (``max_duration`` seconds and
     the rest) are left to the general path, which names the reason they are
     rejected.
 

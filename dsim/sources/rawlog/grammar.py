@@ -3,7 +3,7 @@
 Logs of long runs hold millions of lines, so nothing here loops over lines in
 Python: a block of bytes becomes one Arrow string array (zero-copy, split at
 newlines with NumPy). Lines spelled exactly as below are cut by position in
-``dsim.fastpath``; every other line goes through the full-line regular
+``dsim.sources.rawlog.fastpath``; every other line goes through the full-line regular
 expressions here (RE2, inside Arrow), whose captured fields are cast to typed
 NumPy arrays. Both paths give identical records. Lines that look like
 records but break the grammar become *rejects* with a reason and their line
@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsim import bounds
-from dsim.fastpath import fast_records
-from dsim.wallclock import civil_seconds, civil_seconds_arrow
+from dsim.sources.rawlog import bounds
+from dsim.sources.rawlog.fastpath import fast_records
+from dsim.sources.rawlog.wallclock import civil_seconds, civil_seconds_arrow
 
 _TS = r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(?P<frac>\d{1,9})"
 _NUM = r"[^\s()]+"  # captured loosely, validated by NUMBER below for a precise reason
@@ -160,7 +160,7 @@ def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
 def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nanoseconds since 1970 (naive wall clock), a validity mask, and the fraction's digits.
 
-    Whole seconds come from the digits at their fixed places (``dsim.wallclock``);
+    Whole seconds come from the digits at their fixed places (``dsim.sources.rawlog.wallclock``);
     a date that does not exist (February 30, hour 24) is invalid, not rolled over.
     The fraction of 1 to 9 digits is scaled to nanoseconds exactly.
     """
@@ -203,10 +203,10 @@ def parse_lines(
     """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``.
 
     Lines written exactly as DESIGN.md §1 shows them (the canonical spelling)
-    are cut by position in NumPy (``dsim.fastpath``); all others -- prefixes,
+    are cut by position in NumPy (``dsim.sources.rawlog.fastpath``); all others -- prefixes,
     extra white space, odd numbers, bad records -- take the general regular
     expressions. ``fast=False`` sends every line the general way (tests compare).
-    Durations above ``max_duration`` seconds are rejected (``dsim.bounds``).
+    Durations above ``max_duration`` seconds are rejected (``dsim.sources.rawlog.bounds``).
     """
     numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
     if not fast or len(lines) == 0:
@@ -294,7 +294,7 @@ def _fetch_records(
         "worker": _ints(parts.field("worker"))[keep],
         "idx": _ints(parts.field("idx"))[keep],
         "end": end_ns[keep],
-        "end_digits": digits[keep].astype(np.int8),  # its resolution: see dsim.epochs
+        "end_digits": digits[keep].astype(np.int8),  # resolution: see rawlog.epochs
         "fetch_s": fetch_s[keep],
     }
 

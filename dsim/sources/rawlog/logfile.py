@@ -1,7 +1,7 @@
 """Read one raw log file in blocks and collect its records.
 
 Memory follows the records, not the text: the file is read in blocks of a
-few megabytes, each block is dissected by ``dsim.grammar`` and only the
+few megabytes, each block is dissected by ``dsim.sources.rawlog.grammar`` and only the
 typed columns of its records are kept.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim import grammar
 from dsim.errors import InputError
+from dsim.sources.rawlog import grammar
 
 BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
 
@@ -139,7 +139,7 @@ def read_log(
 ) -> FileRecords:
     """Parse one file; ``progress`` is called with the number of bytes consumed per block.
 
-    Durations above ``max_duration`` seconds are rejected (``dsim.bounds``).
+    Durations above ``max_duration`` seconds are rejected (``dsim.sources.rawlog.bounds``).
     """
     digest = hashlib.sha256()
     rejects = grammar.Rejects()

@@ -1,16 +1,16 @@
 """From the raw logs of one run to its tables (DESIGN.md §1 and §2).
 
-The grammar (``dsim.grammar``) finds records line by line; this module
+The grammar (``dsim.sources.rawlog.grammar``) finds records line by line; this module
 applies the rules that need the whole run, in this order (each one sees only
 what the ones before kept):
 
 1. the rank of per-rank files without ``GPU:`` fields;
 2. exact repeats of a record (a line written twice): later copies rejected;
-3. clocks (``dsim.clock``): outliers rejected, steps reported;
+3. clocks (``dsim.sources.rawlog.clock``): outliers rejected, steps reported;
 4. conflicting training records (one rank, epoch and iteration, different
    values): every copy rejected;
 5. stray ranks (a flipped rank digit): rejected;
-6. the epoch of every fetch (``dsim.epochs``);
+6. the epoch of every fetch (``dsim.sources.rawlog.epochs``);
 7. conflicting fetch records (one rank, epoch and batch): every copy rejected.
 
 Clocks come before conflicts so that a line whose epoch or iteration number
@@ -30,14 +30,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dsim import checks, rejects
-from dsim.discover import RunSource, rank_from_file_name
-from dsim.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.errors import InputError
-from dsim.grammar import MAX_DURATION_S
-from dsim.logfile import FileRecords, read_log
-from dsim.runname import parse_run_name
-from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
+from dsim.model.runname import parse_run_name
+from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
+from dsim.sources.rawlog import checks, rejects
+from dsim.sources.rawlog.discover import RunSource, rank_from_file_name
+from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
+from dsim.sources.rawlog.grammar import MAX_DURATION_S
+from dsim.sources.rawlog.logfile import FileRecords, read_log
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
 DUPLICATE_FETCH = "duplicate fetch record"
@@ -215,7 +215,7 @@ def parse_run(
     """Parse one run. With ``strict``, the first rejected line or clock step raises ``InputError``.
 
     ``max_duration``: the longest plausible fetch, iteration or stall, in
-    seconds. ``stray_rank_share``: see ``dsim.checks.stray_ranks`` (0 keeps
+    seconds. ``stray_rank_share``: see ``dsim.sources.rawlog.checks.stray_ranks`` (0 keeps
     every rank). ``keep_lines``: also return where each table row came from.
     """
     fetch, train, reject_parts, counts, sources = _collect(source, progress, max_duration)
@@ -297,7 +297,7 @@ def _unstepped(columns, time: str, steps: list[dict[str, Any]]) -> np.ndarray:
 
     A file is written in time order, so every record at or after the first
     line written after a step carries the stepped clock; adding the step back
-    keeps each rank's timeline in order for ``dsim.epochs``. The tables keep
+    keeps each rank's timeline in order for ``dsim.sources.rawlog.epochs``. The tables keep
     the times as logged.
     """
     if not steps:
