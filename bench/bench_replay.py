@@ -42,10 +42,10 @@ from dsim.io.atomic import write_json
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models.per_iteration import Prepared, ReplayParams, prepare, replay_prepared
-from dsim.replay.policies import POLICIES
+from dsim.replay.policies import KNOWN
 from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
 
-ALL_PAIRS = list(itertools.product(POLICIES, POLICIES))
+ALL_PAIRS = list(itertools.product(KNOWN, KNOWN))
 PARAMS = ReplayParams()
 ORIGIN_NS = 1_630_525_726_000_000_000  # 2021-09-01 19:48:46
 METRICS = ["iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s"]
@@ -77,6 +77,8 @@ def synthetic_arrays(n: int, g: int, seed: int = 0) -> IterationArrays:
         fetch=np.asfortranarray(m["fetch"]),
         iteration_time=np.asfortranarray(m["iteration_time"]),
         stall=np.asfortranarray(m["stall"]),
+        arrival=np.zeros((n, g), order="F"),
+        worker=np.zeros((n, g), dtype=np.int32, order="F"),
         origin_ns=ORIGIN_NS,
     )
 

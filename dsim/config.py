@@ -27,12 +27,12 @@ from typing import Any
 from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
 from dsim.model.tables import RUN_FILE, read_info
-from dsim.replay.policies import BASELINE, POLICIES, Policy, normalize_policy, policy_pairs
+from dsim.replay.models import DEFAULT_MODEL, MODELS
+from dsim.replay.params import DEFAULT_STALL_FLOOR_S, DEFAULT_STALL_GROW_MIN_S
+from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
 
 DEFAULT_TRACES = Path("traces")
 DEFAULT_OUT = Path("results")
-DEFAULT_STALL_FLOOR_S = 0.000002
-DEFAULT_STALL_GROW_MIN_S = 0.01
 EXECUTORS = ("auto", "local", "ray")
 
 #: Keys the original analysis used; accepted so its configs run unchanged, and ignored.
@@ -62,6 +62,7 @@ KNOWN_KEYS = frozenset(
         "executor",
         "num_cpus",
         "ray_address",
+        "model",
     }
 )
 
@@ -79,6 +80,8 @@ class Overrides:
     executor: str | None = None
     num_cpus: int | None = None
     ray_address: str | None = None
+    model: str | None = None
+    policies: tuple[Policy, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class SimConfig:
     executor: str = "auto"
     num_cpus: int | None = None
     ray_address: str | None = None
+    model: str = DEFAULT_MODEL
     source: Path | None = None
     run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
@@ -178,7 +182,7 @@ def _names(raw: dict[str, Any], problems: _Problems) -> list[str]:
 def _policies(raw: dict[str, Any], problems: _Problems) -> list[Policy]:
     sides: list[list[object]] = []
     for key in ("FETCH_ALIGN", "START_ALIGN"):
-        value = raw.get(key, list(POLICIES))
+        value = raw.get(key, list(DEFAULT))
         if not isinstance(value, list) or not value:
             problems.add(f'{key} must be a non-empty list such as [false, "avg", "min"]')
             sides.append([])
@@ -255,6 +259,15 @@ def _check_epochs(
             )
 
 
+def _model(overrides: Overrides, raw: dict[str, Any], problems: _Problems) -> str:
+    """The replay model (``--model`` > config ``model`` > the default), by registered name."""
+    value = overrides.model if overrides.model is not None else raw.get("model", DEFAULT_MODEL)
+    if value not in MODELS:
+        problems.add(f"unknown replay model {value!r}; known models: {', '.join(MODELS)}")
+        return DEFAULT_MODEL
+    return str(value)
+
+
 def _ray_address(
     overrides: Overrides, raw: dict[str, Any], executor: object, problems: _Problems
 ) -> str | None:
@@ -311,7 +324,11 @@ def validate_config(
         problems.add(f"unknown key {key!r}{hint}")
 
     names = list(overrides.runs) if overrides.runs else _names(raw, problems)
-    policies = _policies(raw, problems)
+    if overrides.policies:
+        policies = list(dict.fromkeys([*overrides.policies, BASELINE]))
+    else:
+        policies = _policies(raw, problems)
+    model = _model(overrides, raw, problems)
 
     paths: dict[str, Path] = {}
     for key, override, default in (
@@ -390,6 +407,7 @@ def validate_config(
         executor=str(executor),
         num_cpus=num_cpus,
         ray_address=ray_address,
+        model=model,
         source=source,
         run_infos=run_infos,
     )

@@ -11,15 +11,15 @@ from dsim.execute import AUTO_LOCAL_MAX_WORK, Job, PolicyResult, choose_executor
 from dsim.execute.units import chunk_bounds
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models.per_iteration import ReplayParams, prepare, replay
-from dsim.replay.policies import POLICIES
+from dsim.replay.policies import KNOWN
 
-ALL_POLICIES = tuple((f, s) for f in POLICIES for s in POLICIES)
+ALL_KNOWN = tuple((f, s) for f in KNOWN for s in KNOWN)
 
 
 def _jobs(seed: int = 0, iterations: int = 40) -> tuple[list[Job], dict]:
     runs = [synthetic_run(f"r{k}", iterations=iterations, seed=seed + k) for k in range(2)]
     arrays = {r.name: build_iteration_arrays(r.fetch, r.train) for r in runs}
-    jobs = [Job(name, prepare(a), ALL_POLICIES) for name, a in arrays.items()]
+    jobs = [Job(name, prepare(a), ALL_KNOWN) for name, a in arrays.items()]
     return jobs, arrays
 
 
@@ -56,7 +56,7 @@ def test_chunk_bounds_cover_all_rows() -> None:
 def test_local_matches_kernel_on_whole_run() -> None:
     jobs, arrays = _jobs()
     results = _collect(jobs, executor="local")
-    assert len(results) == 2 * len(ALL_POLICIES)
+    assert len(results) == 2 * len(ALL_KNOWN)
     for (run, policy), result in results.items():
         direct = replay(arrays[run], policy, ReplayParams())
         for name, values in direct.metrics().items():
@@ -85,7 +85,7 @@ def test_auto_picks_local_for_small_jobs_and_ray_for_clusters() -> None:
     assert choose_executor("auto", jobs, None) == "local"
     assert choose_executor("auto", jobs, "127.0.0.1:6379") == "ray"
     assert choose_executor("local", jobs, "127.0.0.1:6379") == "local"
-    big = [Job("big", jobs[0].prepared, ALL_POLICIES * (AUTO_LOCAL_MAX_WORK // 100))]
+    big = [Job("big", jobs[0].prepared, ALL_KNOWN * (AUTO_LOCAL_MAX_WORK // 100))]
     assert choose_executor("auto", big, None) == "ray"
 
 

@@ -20,14 +20,14 @@ from dsim.replay.models.per_iteration import (
     replay,
     replay_prepared,
 )
-from dsim.replay.policies import POLICIES
+from dsim.replay.policies import KNOWN
 
 try:
     from reference_replay import reference_replay
 except ImportError:  # tests collected as a package
     from tests.reference_replay import reference_replay
 
-ALL_PAIRS = list(itertools.product(POLICIES, POLICIES))
+ALL_PAIRS = list(itertools.product(KNOWN, KNOWN))
 
 
 def make_arrays(start, fetch, iteration_time, stall) -> IterationArrays:
@@ -41,6 +41,8 @@ def make_arrays(start, fetch, iteration_time, stall) -> IterationArrays:
         fetch=np.asarray(fetch, dtype=np.float64),
         iteration_time=np.asarray(iteration_time, dtype=np.float64),
         stall=np.asarray(stall, dtype=np.float64),
+        arrival=np.zeros((n, g)),
+        worker=np.zeros((n, g), dtype=np.int32),
         origin_ns=0,
         dropped={},
     )
@@ -171,6 +173,7 @@ def test_results_do_not_depend_on_block_size():
         with mock.patch.object(dsim.replay.models.per_iteration, "BLOCK_ROWS", block):
             prep = prepare(arrays)
             out = [getattr(prep, name) for name in prep.__dataclass_fields__]
+            out = [v for a in out for v in (a.values() if isinstance(a, dict) else [a])]
             for policy in ALL_PAIRS:
                 got = replay_prepared(prep, policy)
                 out += [*got.metrics().values(), got.gpu_stall_s]
@@ -254,7 +257,7 @@ def test_avg_fetch_is_a_sequential_sum():
     rng = np.random.default_rng(7)
     fetch = rng.uniform(0, 10, size=(200, 33))
     prep = prepare_columns(np.zeros_like(fetch), fetch, fetch, np.zeros_like(fetch))
-    assert prep.avg_fetch.tolist() == [sum(row) / 33 for row in fetch.tolist()]
+    assert prep.fetch_aligned["avg"].tolist() == [sum(row) / 33 for row in fetch.tolist()]
 
 
 def test_c_and_fortran_order_give_identical_results():

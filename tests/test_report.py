@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from dsim.model.results import replay_table, write_replay, write_result_info
-from dsim.replay.policies import POLICIES, Policy
+from dsim.replay.policies import KNOWN, Policy
 
-ALL_POLICIES: list[Policy] = [(f, s) for f in POLICIES for s in POLICIES]
+ALL_KNOWN: list[Policy] = [(f, s) for f in KNOWN for s in KNOWN]
 # How much of the measured imbalance each aligned side removes, in the synthetic world.
 _ALIGN_GAIN = {"actual": 0.0, "avg": 0.55, "min": 0.8}
 
@@ -47,7 +47,7 @@ def write_synthetic_run(
     pure = 0.35 + rng.normal(0.0, 0.01, size=n)
     fetch_diff = rng.exponential(0.2, size=n)
     start_diff = rng.exponential(0.05, size=n)
-    for policy in policies or ALL_POLICIES:
+    for policy in policies or ALL_KNOWN:
         gain = 1.0 - (1.0 - _ALIGN_GAIN[policy[0]]) * (1.0 - _ALIGN_GAIN[policy[1]])
         floor = base.min(axis=1, keepdims=True)
         stall = np.maximum(floor + (base - floor) * (1.0 - gain), 2e-6)
@@ -65,7 +65,7 @@ def write_synthetic_run(
     info = {
         "trace": {"gpus": gpus},
         "summary": {"epochs": None, "warmup": 2, "threshold_s": 0.03},
-        "policies": {f"{f}__{s}": "synth" for f, s in policies or ALL_POLICIES},
+        "policies": {f"{f}__{s}": "synth" for f, s in policies or ALL_KNOWN},
     }
     write_result_info(info, out, run)
     return out / run
@@ -210,7 +210,7 @@ def test_same_run_in_two_directories_is_told_apart(tmp_path: Path) -> None:
 
 def test_long_run_is_downsampled(tmp_path: Path) -> None:
     write_synthetic_run(
-        tmp_path / "res", "long", gpus=2, epochs=2, iterations=6000, policies=ALL_POLICIES[:2]
+        tmp_path / "res", "long", gpus=2, epochs=2, iterations=6000, policies=ALL_KNOWN[:2]
     )
     out = tmp_path / "r.html"
     proc = dsim("report", tmp_path / "res", "--out", out)

@@ -24,7 +24,7 @@ import pandas as pd
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
-from dsim.execute.cache import MODEL, params_document, replay_key, trace_fingerprint
+from dsim.execute.cache import params_document, replay_key, trace_fingerprint
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import (
@@ -45,7 +45,8 @@ from dsim.replay.arrays import (
     IterationArrays,
     build_iteration_arrays,
 )
-from dsim.replay.models.per_iteration import ReplayParams, prepare
+from dsim.replay.models import ReplayModel, get_model
+from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
 from dsim.summary import (
     DEFAULT_THRESHOLD_S,
@@ -93,7 +94,9 @@ def replay_params(config: SimConfig) -> ReplayParams:
     )
 
 
-def plan_run(name: str, run_dir: Path, config: SimConfig, params: ReplayParams) -> RunPlan:
+def plan_run(
+    name: str, run_dir: Path, config: SimConfig, model: ReplayModel, params: ReplayParams
+) -> RunPlan:
     """Load and check one run and compute its cache keys; reads the trace, writes nothing."""
     tables = read_run(run_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
@@ -102,7 +105,7 @@ def plan_run(name: str, run_dir: Path, config: SimConfig, params: ReplayParams) 
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = trace_fingerprint(run_dir)
-    keys = {policy: replay_key(fingerprint, params, policy) for policy in config.policies}
+    keys = {policy: replay_key(fingerprint, model, params, policy) for policy in config.policies}
     return RunPlan(name, tables.info, arrays, keys, [], epochs, fingerprint)
 
 
@@ -135,10 +138,12 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     return "; ".join([text, *absent])
 
 
-def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict[str, Any]:
+def _result_info(
+    plan: RunPlan, config: SimConfig, model: ReplayModel, params: ReplayParams
+) -> dict[str, Any]:
     return {
         "run": plan.name,
-        "model": MODEL,
+        "model": model.name,
         "input": plan.fingerprint,
         "trace": plan.trace,
         "summary": {
@@ -148,12 +153,17 @@ def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict
                 DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s
             ),
         },
-        "params": params_document(params),
+        "params": params_document(model, params),
         "dropped": dict(plan.arrays.dropped),
         "iterations": plan.arrays.n_iterations,
         "gpus": [int(g) for g in plan.arrays.gpus],
         "policies": {f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
     }
+
+
+def _cuts(model: ReplayModel, arrays: IterationArrays) -> tuple[int, ...] | None:
+    cuts = model.cut_points(arrays)
+    return None if cuts is None else tuple(int(c) for c in cuts)
 
 
 def run_replays(
@@ -171,15 +181,16 @@ def run_replays(
     """
     began = time.perf_counter()
     params = replay_params(config)
+    model = get_model(config.model)
     plans = [
-        plan_run(name, run_dir, config, params)
+        plan_run(name, run_dir, config, model, params)
         for name, run_dir in zip(config.runs, config.run_dirs, strict=True)
     ]
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in plans:
             plan.todo = pending_policies(plan, config.out, force)
-        outcome = _replay_and_summarize(config, plans, params, chunk_rows, progress)
+        outcome = _replay_and_summarize(config, plans, model, params, chunk_rows, progress)
     outcome.seconds = time.perf_counter() - began
     return outcome
 
@@ -187,6 +198,7 @@ def run_replays(
 def _replay_and_summarize(
     config: SimConfig,
     plans: list[RunPlan],
+    model: ReplayModel,
     params: ReplayParams,
     chunk_rows: int,
     progress: ProgressFactory | None,
@@ -207,15 +219,24 @@ def _replay_and_summarize(
             policy=result.policy,
             key=plan.keys[result.policy],
             provenance={
-                "model": MODEL,
+                "model": model.name,
                 "input": plan.fingerprint,
-                "params": params_document(params),
+                "params": params_document(model, params),
             },
         )
         written.append(write_replay(table, config.out))
 
-    jobs = [Job(plan.name, prepare(plan.arrays), tuple(plan.todo)) for plan in plans]
-    jobs = [job for job in jobs if job.policies]
+    jobs = [
+        Job(
+            plan.name,
+            model.prepare(plan.arrays, params),
+            tuple(plan.todo),
+            model=model.name,
+            cuts=_cuts(model, plan.arrays),
+        )
+        for plan in plans
+        if plan.todo
+    ]
     executor = None
     if jobs:
         on_progress = progress(total_rows(jobs)) if progress is not None else None
@@ -230,7 +251,8 @@ def _replay_and_summarize(
             on_progress=on_progress,
         )
     for plan in plans:
-        written.append(write_result_info(_result_info(plan, config, params), config.out, plan.name))
+        info = _result_info(plan, config, model, params)
+        written.append(write_result_info(info, config.out, plan.name))
     summary = summarize_results(
         find_result_runs([config.out / plan.name for plan in plans]),
         epochs=config.epochs,

@@ -30,6 +30,7 @@ Examples:
   dsim run myrun            # all 9 policies of traces/myrun
   dsim run --conf sim_conf.json --epochs all --warmup 0 --threshold 0.05
   dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
+  dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
 """
 
 # A progress bar is worth drawing only when the replay takes noticeable time.
@@ -95,6 +96,22 @@ def command(
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="Join this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)."
     ),
+    run_globs: list[str] = typer.Option(
+        None,
+        "--run",
+        "-r",
+        help="Run name or glob under the traces directory (repeatable); like RUN arguments.",
+    ),
+    policy_specs: list[str] = typer.Option(
+        None,
+        "--policy",
+        "-p",
+        help="Replay this policy, FETCH/START such as avg/min (repeatable); replaces the "
+        "config's FETCH_ALIGN x START_ALIGN (actual/actual is always added).",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Replay model (default: config 'model', else per-iteration)."
+    ),
     force: bool = typer.Option(False, "--force", help="Recompute replays even when cached."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
@@ -104,10 +121,13 @@ def command(
 
     from dsim.app.run import run_replays
     from dsim.config import Overrides, load_config
-    from dsim.options import parse_epochs_option
+    from dsim.options import parse_epochs_option, parse_policy_option
 
+    policies = tuple(parse_policy_option(p) for p in policy_specs or ())
     overrides = Overrides(
-        runs=tuple(runs or ()),
+        runs=tuple(dict.fromkeys([*(runs or ()), *(run_globs or ())])),
+        policies=policies,
+        model=model,
         traces=traces,
         out=out,
         epochs=parse_epochs_option(epochs),

@@ -18,7 +18,7 @@ from dsim.execute.units import (
     total_rows,
     total_work,
 )
-from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.params import ReplayParams
 
 #: Below this many GPU-iteration-policies the replay runs in-process: Ray's
 #: start-up (~8 s on 2 cores) would dominate. Measured: 7.2M (100k iterations,

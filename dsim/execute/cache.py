@@ -2,9 +2,10 @@
 
 A replay file stores the key it was computed with (``dsim.model.results``). The key
 hashes what determines its content: the trace's bytes (``fetch.parquet`` and
-``train.parquet``), the replay parameters, the policy, and the results format
-version. Summary options (epochs, warm-up, threshold) are not part of it: a
-replay holds every iteration, and the summary is recomputed on every run.
+``train.parquet``), the replay model's name and the parameters that model
+reads, the policy, and the results format version. Summary options (epochs,
+warm-up, threshold) are not part of it: a replay holds every iteration, and
+the summary is recomputed on every run.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from typing import Any
 from dsim.errors import InputError
 from dsim.model.results import RESULTS_FORMAT_VERSION
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE
-from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.models import ReplayModel
+from dsim.replay.params import ReplayParams
+from dsim.replay.params import params_document as _params_document
 from dsim.replay.policies import Policy, policy_label
-
-#: Names the replay model; a model that propagates time across iterations gets another.
-MODEL = "per-iteration"
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
@@ -41,18 +41,20 @@ def trace_fingerprint(run_dir: Path) -> dict[str, Any]:
     return {name: _file_digest(run_dir / name) for name in (FETCH_FILE, TRAIN_FILE)}
 
 
-def params_document(params: ReplayParams) -> dict[str, float]:
-    """The replay parameters as recorded in keys, replays and ``result.json``."""
-    return {"stall_floor_s": params.stall_floor_s, "stall_grow_min_s": params.stall_grow_min_s}
+def params_document(model: ReplayModel, params: ReplayParams) -> dict[str, float]:
+    """The parameters ``model`` reads, as recorded in keys, replays and ``result.json``."""
+    return _params_document(params, model.params)
 
 
-def replay_key(fingerprint: dict[str, Any], params: ReplayParams, policy: Policy) -> str:
+def replay_key(
+    fingerprint: dict[str, Any], model: ReplayModel, params: ReplayParams, policy: Policy
+) -> str:
     """The cache key of one replay (hex sha256 of a canonical JSON document)."""
     document = {
         "format_version": RESULTS_FORMAT_VERSION,
-        "model": MODEL,
+        "model": model.name,
         "trace": fingerprint,
-        "params": params_document(params),
+        "params": params_document(model, params),
         "policy": policy_label(policy),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))

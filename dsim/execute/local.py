@@ -10,7 +10,7 @@ from dsim.execute.units import (
     join_chunks,
     replay_rows,
 )
-from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.params import ReplayParams
 
 
 def run_local(
@@ -25,8 +25,8 @@ def run_local(
     for job in jobs:
         for policy in job.policies:
             parts = []
-            for lo, hi in chunk_bounds(job.rows, chunk_rows):
-                parts.append(replay_rows(job.prepared, policy, params, lo, hi))
+            for lo, hi in chunk_bounds(job.rows, chunk_rows, job.cuts):
+                parts.append(replay_rows(job.model, job.prepared, policy, params, lo, hi))
                 if on_progress is not None:
                     on_progress(hi - lo)
             on_result(join_chunks(job.run, policy, parts))

@@ -27,7 +27,7 @@ from dsim.execute.units import (
     join_chunks,
     replay_rows,
 )
-from dsim.replay.models.per_iteration import ReplayParams
+from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
 
 __all__ = ["connect", "disconnect", "run_ray"]
@@ -58,11 +58,11 @@ def run_ray(
             if not job.policies:
                 continue
             ref = ray.put(job.prepared)
-            bounds = chunk_bounds(job.rows, chunk_rows)
+            bounds = chunk_bounds(job.rows, chunk_rows, job.cuts)
             for policy in job.policies:
                 parts[(job.run, policy)] = [None] * len(bounds)
                 for k, (lo, hi) in enumerate(bounds):
-                    pending[task.remote(ref, policy, params, lo, hi)] = (
+                    pending[task.remote(job.model, ref, policy, params, lo, hi)] = (
                         job.run,
                         policy,
                         k,

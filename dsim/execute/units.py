@@ -1,20 +1,23 @@
 """Work units of a replay: (run, policy) pairs, split into chunks of iterations.
 
-The kernel replays every iteration on its own (``dsim.replay.models.per_iteration``), so a run's
-iterations can be cut into row ranges, replayed anywhere, and concatenated
-back: the result is bit-identical to replaying all rows at once. Every
-executor goes through ``replay_rows`` and ``join_chunks`` so that they can
-only differ in *where* a chunk runs, never in *what* it computes.
+A replay model says where a run's rows may be cut (``ReplayModel.cut_points``;
+the per-iteration model: anywhere), so a run's iterations are cut into row
+ranges there, replayed anywhere, and concatenated back: the result is
+bit-identical to replaying all rows at once. Every executor goes through
+``replay_rows`` and ``join_chunks`` so that they can only differ in *where* a
+chunk runs, never in *what* it computes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from dsim.replay.models.per_iteration import Prepared, ReplayParams, replay_prepared
+from dsim.replay.models import get_model
+from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
 
 #: Iterations per work unit. The real 2-epoch trace has ~1,700; chunks matter
@@ -25,11 +28,14 @@ DEFAULT_CHUNK_ROWS = 200_000
 
 @dataclass(frozen=True)
 class Job:
-    """One run to replay: its prepared arrays and the policies still to compute."""
+    """One run to replay: its model, prepared arrays, the policies still to compute,
+    and the rows before which the model allows a cut (``None``: anywhere)."""
 
     run: str
-    prepared: Prepared
+    prepared: Any  # the model's prepared run (``dsim.replay.models.base.PreparedRun``)
     policies: tuple[Policy, ...]
+    model: str = "per-iteration"
+    cuts: tuple[int, ...] | None = None
 
     @property
     def rows(self) -> int:
@@ -55,25 +61,39 @@ OnResult = Callable[[PolicyResult], None]
 OnProgress = Callable[[int], None]
 
 
-def chunk_bounds(rows: int, chunk_rows: int) -> list[tuple[int, int]]:
-    """Row ranges ``[lo, hi)`` covering ``rows``; one (possibly empty) range at least."""
+def chunk_bounds(
+    rows: int, chunk_rows: int, cuts: tuple[int, ...] | None = None
+) -> list[tuple[int, int]]:
+    """Row ranges ``[lo, hi)`` covering ``rows``; one (possibly empty) range at least.
+
+    Without ``cuts`` every range but the last has ``chunk_rows`` rows. With
+    ``cuts`` (the rows before which the model allows a split), a range ends at
+    the first allowed cut at least ``chunk_rows`` rows after its start, or at
+    the end: ranges may be longer than ``chunk_rows``, never split elsewhere.
+    """
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be positive")
     if rows == 0:
         return [(0, 0)]
-    return [(lo, min(lo + chunk_rows, rows)) for lo in range(0, rows, chunk_rows)]
-
-
-def slice_prepared(prep: Prepared, lo: int, hi: int) -> Prepared:
-    """The rows ``[lo, hi)`` of a prepared run (every field is row-major in iterations)."""
-    return Prepared(**{f.name: getattr(prep, f.name)[lo:hi] for f in fields(prep)})
+    if cuts is None:
+        return [(lo, min(lo + chunk_rows, rows)) for lo in range(0, rows, chunk_rows)]
+    allowed = sorted(c for c in set(cuts) if 0 < c < rows)
+    bounds: list[tuple[int, int]] = []
+    lo = 0
+    for cut in allowed:
+        if cut - lo >= chunk_rows:
+            bounds.append((lo, cut))
+            lo = cut
+    bounds.append((lo, rows))
+    return bounds
 
 
 def replay_rows(
-    prep: Prepared, policy: Policy, params: ReplayParams, lo: int, hi: int
+    model: str, prep: Any, policy: Policy, params: ReplayParams, lo: int, hi: int
 ) -> ChunkOutput:
-    """Replay rows ``[lo, hi)`` of a run; the one function every executor runs."""
-    result = replay_prepared(slice_prepared(prep, lo, hi), policy, params)
+    """Replay rows ``[lo, hi)`` of a run with ``model``; the one function every executor runs."""
+    replay_model = get_model(model)
+    result = replay_model.replay(prep.take(lo, hi), policy, params)
     return result.metrics(), np.ascontiguousarray(result.gpu_stall_s)
 
 

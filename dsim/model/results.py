@@ -45,16 +45,12 @@ import pyarrow.parquet as pq
 from dsim.errors import InputError, UsageError
 from dsim.io import parquetio
 from dsim.io.atomic import write_json, write_parquet
+from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
 from dsim.replay.policies import Policy, parse_policy_label, policy_label
 
 RESULTS_FORMAT_VERSION = 1
 RESULT_FILE = "result.json"
 SUMMARY_STEM = "summary"
-METRIC_COLUMNS = ("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s")
-
-
-def gpu_stall_column(gpu: int) -> str:
-    return f"stall_s_gpu{gpu}"
 
 
 def replay_path(out: str | Path, run: str, policy: Policy) -> Path:

@@ -4,7 +4,7 @@
 GPU). The replay needs, for each iteration, the values of *every* GPU side by
 side, so this module pivots both tables into dense [N, G] matrices. An
 iteration enters the replay only when every GPU has both its fetch and its
-training record (DESIGN.md §1); the others are dropped and counted by reason,
+training record (docs/SPEC.md §1.7); the others are dropped and counted by reason,
 never silently.
 
 Fetch starts are wall-clock timestamps (~1.6e9 s since 1970). As float64
@@ -12,7 +12,8 @@ seconds they would keep only ~0.2 µs of resolution, so they are made relative
 to a per-run origin in integer nanoseconds first and only then converted to
 float seconds, which keeps nanosecond precision for runs up to ~100 days.
 
-Memory: the result holds 4 float64 values per GPU-iteration (32 bytes) plus
+Memory: the result holds 5 float64 and one int32 value per GPU-iteration (44
+bytes) plus
 two int32 per iteration; building it needs about as much again in temporaries
 (presence masks, indices), all vectorised.
 """
@@ -42,6 +43,8 @@ class IterationArrays:
     fetch: np.ndarray  # float64 [N, G] fetch duration F (s)
     iteration_time: np.ndarray  # float64 [N, G] T (s)
     stall: np.ndarray  # float64 [N, G] training stall ST (s)
+    arrival: np.ndarray  # float64 [N, G] batch arrival (train ``start``), s since origin_ns
+    worker: np.ndarray  # int32 [N, G] DataLoader worker of the fetch
     origin_ns: int  # timestamp (ns since 1970, naive) that ``start`` is relative to
     dropped: dict[str, int] = field(default_factory=dict)  # dropped iterations by reason
 
@@ -63,6 +66,8 @@ class IterationArrays:
             fetch=self.fetch[rows],
             iteration_time=self.iteration_time[rows],
             stall=self.stall[rows],
+            arrival=self.arrival[rows],
+            worker=self.worker[rows],
             origin_ns=self.origin_ns,
             dropped=dict(self.dropped),
         )
@@ -119,11 +124,13 @@ def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
     f_gpu = _column(fetch, "gpu", "fetch", np.int32)
     f_start = _column(fetch, "start", "fetch", np.int64)
     f_dur = _column(fetch, "fetch_s", "fetch", np.float64)
+    f_worker = _column(fetch, "worker", "fetch", np.int32)
     t_epoch = _column(train, "epoch", "training", np.int32)
     t_iter = _column(train, "iteration", "training", np.int32)
     t_gpu = _column(train, "gpu", "training", np.int32)
     t_time = _column(train, "iteration_s", "training", np.float64)
     t_stall = _column(train, "stall_s", "training", np.float64)
+    t_start = _column(train, "start", "training", np.int64)
 
     f_key = _pair_key(f_epoch, f_iter)
     t_key = _pair_key(t_epoch, t_iter)
@@ -151,6 +158,7 @@ def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
     origin_ns = int(f_start.min()) if len(f_start) else 0
     start_ns = _scatter(f_start - origin_ns, f_flat, n, g)[keep]
     start = start_ns.astype(np.float64) / 1e9
+    arrival_ns = _scatter(t_start - origin_ns, t_flat, n, g)[keep]
     kept_keys = keys[keep]
     return IterationArrays(
         epoch=(kept_keys >> 32).astype(np.int32),
@@ -160,6 +168,8 @@ def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
         fetch=np.asfortranarray(_scatter(f_dur, f_flat, n, g)[keep]),
         iteration_time=np.asfortranarray(_scatter(t_time, t_flat, n, g)[keep]),
         stall=np.asfortranarray(_scatter(t_stall, t_flat, n, g)[keep]),
+        arrival=np.asfortranarray(arrival_ns.astype(np.float64) / 1e9),
+        worker=np.asfortranarray(_scatter(f_worker, f_flat, n, g)[keep]),
         origin_ns=origin_ns,
         dropped=dropped,
     )

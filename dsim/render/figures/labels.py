@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from dsim.replay.policies import BASELINE, POLICIES, Policy
+from dsim.replay.policies import BASELINE, KNOWN, Policy, label
 
 
 def policy_name(policy: Policy) -> str:
     """How a policy reads on the page: ``fetch avg / start min``."""
-    return f"fetch {policy[0]} / start {policy[1]}"
+    return f"fetch {label(policy[0])} / start {label(policy[1])}"
 
 
 def policy_of(row: Mapping[str, object]) -> Policy:
@@ -23,7 +23,7 @@ def policy_of(row: Mapping[str, object]) -> Policy:
 
 def ordered_policies(policies: Sequence[Policy]) -> list[Policy]:
     """Baseline first, then in the canonical order of the policy names."""
-    rank = {name: i for i, name in enumerate(POLICIES)}
+    rank = {name: i for i, name in enumerate(KNOWN)}
 
     def key(p: Policy) -> tuple[int, int, int, str, str]:
         return (p != BASELINE, rank.get(p[0], 99), rank.get(p[1], 99), p[0], p[1])
@@ -34,7 +34,7 @@ def ordered_policies(policies: Sequence[Policy]) -> list[Policy]:
 def ordered_names(names: Iterable[str]) -> list[str]:
     """Distinct alignment names in canonical order; unknown ones after, sorted."""
     present = set(names)
-    known = [n for n in POLICIES if n in present]
+    known = [n for n in KNOWN if n in present]
     return known + sorted(present - set(known))
 
 

@@ -1,0 +1,26 @@
+"""Replay models by name (docs/SPEC.md §3): a new model is a module here plus one line below.
+
+``DEFAULT_MODEL`` is what ``dsim run`` uses without ``--model`` or a config
+``model`` key. Models are instances of ``ReplayModel`` subclasses and hold no
+state, so execution workers look them up by name (``get_model``).
+"""
+
+from __future__ import annotations
+
+from dsim.errors import UsageError
+from dsim.replay.models.base import Replay, ReplayModel
+from dsim.replay.models.per_iteration import PerIterationModel
+
+MODELS: dict[str, ReplayModel] = {model.name: model for model in (PerIterationModel(),)}
+DEFAULT_MODEL = PerIterationModel.name
+
+__all__ = ["DEFAULT_MODEL", "MODELS", "Replay", "ReplayModel", "get_model"]
+
+
+def get_model(name: str) -> ReplayModel:
+    """The registered model ``name``; a ``UsageError`` naming the known ones otherwise."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        known = ", ".join(MODELS)
+        raise UsageError(f"unknown replay model {name!r}; known models: {known}") from None

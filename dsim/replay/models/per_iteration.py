@@ -51,37 +51,26 @@ Memory: ``prepare`` keeps 5 float64 values per GPU-iteration (S, F, D, ST, T:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from dsim.model.results import METRIC_COLUMNS
 from dsim.replay.arrays import IterationArrays
-from dsim.replay.policies import ACTUAL, AVG, MIN, POLICIES, Policy
+from dsim.replay.models.base import Replay, ReplayModel
+from dsim.replay.params import DEFAULT_PARAMS, PARAM_NAMES, ReplayParams
+from dsim.replay.policies import REGISTRY, Policy
 
-
-@dataclass(frozen=True)
-class ReplayParams:
-    """Thresholds of DESIGN.md §3, defaults as in the original analysis."""
-
-    stall_floor_s: float = 0.000002
-    stall_grow_min_s: float = 0.01
-
-
-@dataclass(frozen=True)
-class Replay:
-    """Per-iteration results of one policy; arrays of length N (iterations)."""
-
-    iteration_s: np.ndarray
-    stall_s: np.ndarray
-    delay_s: np.ndarray
-    fetch_diff_s: np.ndarray
-    start_diff_s: np.ndarray
-    gpu_stall_s: np.ndarray  # [N, G] replayed stall ST' per GPU
-
-    def metrics(self) -> dict[str, np.ndarray]:
-        """The per-iteration metric columns of a replay table (``dsim.model.results``)."""
-        return {name: getattr(self, name) for name in METRIC_COLUMNS}
+__all__ = [
+    "BLOCK_ROWS",
+    "PerIterationModel",
+    "Prepared",
+    "Replay",
+    "ReplayParams",
+    "prepare",
+    "prepare_columns",
+    "replay",
+    "replay_prepared",
+]
 
 
 @dataclass(frozen=True)
@@ -89,6 +78,8 @@ class Prepared:
     """Policy-independent quantities of one run, computed once by ``prepare``.
 
     [N, G] arrays are Fortran-ordered (contiguous per GPU); the rest are [N].
+    ``fetch_aligned``/``start_aligned`` hold, per registered alignment that
+    is not the identity, the value every GPU takes on (``dsim.replay.policies``).
     """
 
     start: np.ndarray
@@ -99,14 +90,22 @@ class Prepared:
     max_stall: np.ndarray
     min_start: np.ndarray
     max_start: np.ndarray
-    mid_start: np.ndarray
     min_fetch: np.ndarray
     max_fetch: np.ndarray
-    avg_fetch: np.ndarray
+    fetch_aligned: dict[str, np.ndarray] = field(default_factory=dict)
+    start_aligned: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.start.shape  # type: ignore[return-value]
+
+    def take(self, lo: int, hi: int) -> Prepared:
+        """The rows ``[lo, hi)`` (every array is indexed by iteration first)."""
+        return Prepared(
+            **{name: getattr(self, name)[lo:hi] for name in _ARRAY_FIELDS},
+            fetch_aligned={k: v[lo:hi] for k, v in self.fetch_aligned.items()},
+            start_aligned={k: v[lo:hi] for k, v in self.start_aligned.items()},
+        )
 
 
 #: Iterations per block (see "Blocking" above). A replay keeps about 5 [block]
@@ -140,17 +139,16 @@ def _as_matrix(name: str, a: np.ndarray, shape: tuple[int, int] | None) -> np.nd
     return np.asfortranarray(a)
 
 
-#: The [N] fields of ``Prepared``, one value per iteration.
+#: The [N] fields of ``Prepared`` that every policy needs, one value per iteration.
 _ROW_FIELDS = (
     "max_iteration",
     "max_stall",
     "min_start",
     "max_start",
-    "mid_start",
     "min_fetch",
     "max_fetch",
-    "avg_fetch",
 )
+_ARRAY_FIELDS = ("start", "fetch", "done", "stall", *_ROW_FIELDS)
 
 
 def prepare_columns(
@@ -163,10 +161,22 @@ def prepare_columns(
     t = _as_matrix("iteration_time", iteration_time, shape)
     st = _as_matrix("stall", stall, shape)
     n, g = shape
+    fetch_names = [a.name for a in REGISTRY.values() if a.fetch is not None]
+    start_names = [a.name for a in REGISTRY.values() if a.start is not None]
     if g == 0:
         empty = np.zeros(n, dtype=np.float64)
-        return Prepared(s, f, s + f, st, *([empty] * 8))
+        return Prepared(
+            s,
+            f,
+            s + f,
+            st,
+            *([empty] * len(_ROW_FIELDS)),
+            fetch_aligned={name: empty for name in fetch_names},
+            start_aligned={name: empty for name in start_names},
+        )
     rows = {name: np.empty(n, dtype=np.float64) for name in _ROW_FIELDS}
+    fetch_aligned = {name: np.empty(n, dtype=np.float64) for name in fetch_names}
+    start_aligned = {name: np.empty(n, dtype=np.float64) for name in start_names}
     for b in _row_blocks(n):
         r = {name: column[b] for name, column in rows.items()}
         _columns_reduce(t[b], np.maximum, r["max_iteration"])
@@ -175,12 +185,19 @@ def prepare_columns(
         _columns_reduce(s[b], np.maximum, r["max_start"])
         _columns_reduce(f[b], np.minimum, r["min_fetch"])
         _columns_reduce(f[b], np.maximum, r["max_fetch"])
-        # Sequential left-to-right sum, bitwise equal to Python's ``sum(row) / G``.
-        np.divide(_columns_reduce(f[b], np.add, r["avg_fetch"]), g, out=r["avg_fetch"])
-        np.subtract(r["max_start"], r["min_start"], out=r["mid_start"])
-        np.divide(r["mid_start"], 2, out=r["mid_start"])
-        np.subtract(r["max_start"], r["mid_start"], out=r["mid_start"])
-    return Prepared(start=s, fetch=f, done=np.asfortranarray(s + f), stall=st, **rows)
+        for name, out in fetch_aligned.items():
+            out[b] = REGISTRY[name].fetch(f[b])  # type: ignore[misc]
+        for name, out in start_aligned.items():
+            out[b] = REGISTRY[name].start(s[b])  # type: ignore[misc]
+    return Prepared(
+        start=s,
+        fetch=f,
+        done=np.asfortranarray(s + f),
+        stall=st,
+        **rows,
+        fetch_aligned=fetch_aligned,
+        start_aligned=start_aligned,
+    )
 
 
 def prepare(arrays: IterationArrays) -> Prepared:
@@ -190,12 +207,12 @@ def prepare(arrays: IterationArrays) -> Prepared:
 
 def _check_policy(policy: Policy) -> None:
     for side in policy:
-        if side not in POLICIES:
-            raise ValueError(f"unknown policy {side!r}; expected one of {', '.join(POLICIES)}")
+        if side not in REGISTRY:
+            raise ValueError(f"unknown policy {side!r}; expected one of {', '.join(REGISTRY)}")
 
 
 def replay_prepared(
-    prep: Prepared, policy: Policy, params: ReplayParams = ReplayParams()
+    prep: Prepared, policy: Policy, params: ReplayParams = DEFAULT_PARAMS
 ) -> Replay:
     """Replay every iteration of a prepared run under ``policy`` (DESIGN.md §3)."""
     _check_policy(policy)
@@ -206,11 +223,11 @@ def replay_prepared(
         empty = np.zeros(n, dtype=np.float64)
         return Replay(empty, empty.copy(), empty.copy(), empty.copy(), empty.copy(), gpu_stall)
 
-    aligned_fetch = {MIN: prep.min_fetch, AVG: prep.avg_fetch}.get(fetch_align)
-    aligned_start = {MIN: prep.min_start, AVG: prep.mid_start}.get(start_align)
+    aligned_fetch = prep.fetch_aligned.get(fetch_align)
+    aligned_start = prep.start_aligned.get(start_align)
     floor = params.stall_floor_s
     grow_min = params.stall_grow_min_s
-    unchanged = fetch_align == ACTUAL and start_align == ACTUAL
+    unchanged = aligned_fetch is None and aligned_start is None
 
     max_new = np.empty(n, dtype=np.float64)  # = stall_s
     delay = np.empty(n, dtype=np.float64)  # min ST' until the end of each block
@@ -257,9 +274,9 @@ def replay_prepared(
         np.subtract(mx, mn, out=mn)
         np.subtract(mx, prep.max_stall[b], out=iteration[b])
         np.add(prep.max_iteration[b], iteration[b], out=iteration[b])
-        if fetch_align == ACTUAL:
+        if aligned_fetch is None:
             np.subtract(prep.max_fetch[b], prep.min_fetch[b], out=fetch_diff[b])
-        if start_align == ACTUAL:
+        if aligned_start is None:
             np.subtract(prep.max_start[b], prep.min_start[b], out=start_diff[b])
     return Replay(
         iteration_s=iteration,
@@ -272,8 +289,21 @@ def replay_prepared(
 
 
 def replay(
-    arrays: IterationArrays | Prepared, policy: Policy, params: ReplayParams = ReplayParams()
+    arrays: IterationArrays | Prepared, policy: Policy, params: ReplayParams = DEFAULT_PARAMS
 ) -> Replay:
     """Replay one run under one policy; pass ``prepare(arrays)`` to share work across policies."""
     prep = arrays if isinstance(arrays, Prepared) else prepare(arrays)
     return replay_prepared(prep, policy, params)
+
+
+class PerIterationModel(ReplayModel):
+    """Every iteration replayed on its own: today's kernel (docs/SPEC.md §3)."""
+
+    name = "per-iteration"
+    params = PARAM_NAMES
+
+    def prepare(self, arrays: IterationArrays, params: ReplayParams) -> Prepared:
+        return prepare(arrays)
+
+    def replay(self, prepared: Prepared, policy: Policy, params: ReplayParams) -> Replay:
+        return replay_prepared(prepared, policy, params)
