@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from dsim.model.columns import METRIC_COLUMNS
-from dsim.replay.arrays import IterationArrays
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
+
+if TYPE_CHECKING:
+    from dsim.replay.arrays import IterationArrays
 
 
 @dataclass(frozen=True)

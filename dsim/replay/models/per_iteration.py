@@ -52,13 +52,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dsim.replay.arrays import IterationArrays
 from dsim.replay.models.base import Replay, ReplayModel
 from dsim.replay.params import DEFAULT_PARAMS, PARAM_NAMES, ReplayParams
 from dsim.replay.policies import REGISTRY, Policy
+
+if TYPE_CHECKING:
+    from dsim.replay.arrays import IterationArrays
 
 __all__ = [
     "BLOCK_ROWS",
