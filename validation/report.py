@@ -255,15 +255,18 @@ def render(frame: pd.DataFrame, manifest: dict, context: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def update_fidelity(path: Path, frame: pd.DataFrame, manifest: dict, context: dict) -> None:
-    """Replace the generated block of ``path`` (created with an introduction if missing)."""
-    block = f"{BEGIN}\n{render(frame, manifest, context)}{END}\n"
-    text = path.read_text() if path.is_file() else INTRO
+def replace_block(text: str, body: str) -> str:
+    """``text`` with the generated block set to ``body``; appended when there is none yet."""
+    block = f"{BEGIN}\n{body}{END}\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         tail = rest.split(END, 1)[1].lstrip("\n")
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
+        return head + block + ("\n" + tail if tail else "")
+    return text.rstrip("\n") + "\n\n" + block
+
+
+def update_fidelity(path: Path, frame: pd.DataFrame, manifest: dict, context: dict) -> None:
+    """Rewrite the generated block of ``path`` (created with an introduction if missing)."""
+    text = path.read_text() if path.is_file() else INTRO
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(text, path)
+    write_text(replace_block(text, render(frame, manifest, context)), path)
