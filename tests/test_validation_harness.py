@@ -203,3 +203,26 @@ def test_fidelity_block_is_replaced_and_the_rest_kept() -> None:
     new = replace_block(text, "new table\n")
     assert new == f"# Title\n\nintro\n\n{BEGIN}\nnew table\n{END}\n\n## Discussion\nkept\n"
     assert replace_block("# Only a title\n", "t\n") == f"# Only a title\n\n{BEGIN}\nt\n{END}\n"
+
+
+def test_start_latencies_split_by_the_binding_constraint() -> None:
+    from validation.timing import start_latencies
+
+    t0 = pd.Timestamp("2026-01-01")
+    ms = lambda x: t0 + pd.to_timedelta(x, unit="ms")  # noqa: E731
+    fetch = [(0.0, 8.0), (8.2, 15.0), (15.3, 19.0), (20.6, 30.0)]  # (start, end) per batch
+    both = pd.DataFrame(
+        {
+            "epoch": 0,
+            "gpu": 0,
+            "worker": 0,
+            "iteration": range(4),
+            "start_f": [ms(s) for s, _ in fetch],
+            "end": [ms(e) for _, e in fetch],
+            "start_t": [ms(x) for x in (10.0, 20.0, 30.0, 40.0)],  # batch arrivals
+        }
+    )
+    # window 2: batch 2's index was sent at batch 0's arrival (10 ms), its worker was free at
+    # 15 ms (restart 0.3 ms); batch 3's at 20 ms, its worker free at 19 ms (dispatch 0.6 ms).
+    dispatch, restart = start_latencies(both, {"prefetch_factor": 2, "workers": 1})
+    assert dispatch == pytest.approx([0.0006]) and restart == pytest.approx([0.0003])

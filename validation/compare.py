@@ -184,10 +184,10 @@ def compare_runs(data: Path, manifest: dict, work: Path, jobs: int) -> pd.DataFr
     measured = {name: predict_per_iteration(results, name, BASELINE) for name in present}
     check_against_summary(results, measured)
     what_ifs = pairs({n: runs[n] for n in present})
-    noise = {  # run-to-run noise of the mean iteration time, % of A's
+    noise = {  # run-to-run noise of the mean iteration time: |A - repeat|, % of the repeat
         (p.regime, p.workers): abs(
             error(
-                "iteration_ms", measured[p.target]["iteration_ms"], measured[p.base]["iteration_ms"]
+                "iteration_ms", measured[p.base]["iteration_ms"], measured[p.target]["iteration_ms"]
             )
         )
         for p in what_ifs

@@ -118,6 +118,29 @@ def targets_section(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def errors_section(frame: pd.DataFrame) -> list[str]:
+    """Mean and worst absolute error per metric, model and kind of what-if."""
+    groups = (("align", "alignment"), ("loader", "loader"), ("repeat", "repeat (noise)"))
+    rows = []
+    for kind, label in groups:
+        part = frame[frame["kind"] == kind]
+        if part.empty:
+            continue
+        for m in METRICS:
+            cells = [label, SHORT[m]]
+            for model in ("pipeline", "per_iteration"):
+                errs = pd.to_numeric(part[f"{m}_err_{model}"], errors="coerce").abs().dropna()
+                if errs.empty:
+                    cells.append("n/a")
+                    continue
+                mean = fmt_error(m, errs.mean()).lstrip("+")
+                worst = fmt_error(m, errs.max()).lstrip("+")
+                cells.append(f"{mean} / {worst}")
+            rows.append(cells)
+    header = ["what-ifs", "metric", "pipeline: mean / worst", "per-iteration: mean / worst"]
+    return ["### Absolute errors in short", "", *_table(header, rows), ""]
+
+
 def noise_section(frame: pd.DataFrame) -> list[str]:
     rep = frame[frame["kind"] == "repeat"]
     if rep.empty:
@@ -133,7 +156,7 @@ def noise_section(frame: pd.DataFrame) -> list[str]:
         for r in rep.itertuples()
     ]
     header = ["regime", "workers", "A: iteration ms", "repeat: iteration ms"]
-    header += [f"{SHORT[m]}: repeat - A" for m in METRICS]
+    header += [f"{SHORT[m]}: A - repeat" for m in METRICS]
     return ["### Noise floor: run A against its repeat", "", *_table(header, rows), ""]
 
 
@@ -157,13 +180,14 @@ def regime_section(regime: str, frame: pd.DataFrame) -> list[str]:
     about = REGIMES[regime].about if regime in REGIMES else ""
     met = sum(_count(frame, f"target_{t}_pipeline")[0] for t in TARGETS)
     total = sum(_count(frame, f"target_{t}_pipeline")[1] for t in TARGETS)
-    header = ["what-if"]
+    header = ["what-if", "noise %"]
     for m in METRICS:
         header += [SHORT[m], "per-iteration", "pipeline"]
     header.append("pipeline targets")
     rows = []
     for _, row in frame.iterrows():
-        cells = [str(row["what_if"])]
+        noise = _num(row.get("noise_pct"))
+        cells = [str(row["what_if"]), "n/a" if noise is None else f"{noise:.1f}"]
         for m in METRICS:
             cells.append(fmt_value(m, row[f"{m}_measured"]))
             cells += [_cell(m, row, model) for model, _ in MODELS]
@@ -239,6 +263,7 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
 def render(frame: pd.DataFrame, manifest: dict, context: dict) -> str:
     lines = sweep_section(manifest, context)
     lines += targets_section(frame)
+    lines += errors_section(frame)
     lines += identity_section(frame)
     lines += noise_section(frame)
     lines += [
@@ -246,7 +271,8 @@ def render(frame: pd.DataFrame, manifest: dict, context: dict) -> str:
         "",
         "Each metric: the re-run's measured value, then the per-iteration and the pipeline "
         "model's prediction from run A, with the error in parentheses; `w` = DataLoader "
-        "workers per rank; ✓ met, ✗ missed.",
+        "workers per rank; `noise %` = |A - repeat| of the mean iteration time at the "
+        "re-run's worker count; ✓ met, ✗ missed.",
         "",
     ]
     shown = frame[frame["kind"] != "identity"]
