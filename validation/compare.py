@@ -257,7 +257,7 @@ def compare(
     context = {
         "compared_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "command": "python -m validation.compare " + " ".join(sys.argv[1:])
+        "command": " ".join(["python -m validation.compare", *sys.argv[1:]])
         if Path(sys.argv[0]).stem == "compare"
         else "python -m validation.compare (run by validation.sweep)",
         "data": _shown_path(data),
