@@ -5,8 +5,9 @@ pipelines, so a batch that is ready earlier or later moves every later one:
 this model re-simulates the mechanics of stock PyTorch per rank
 (``torch/utils/data/dataloader.py``) and couples the ranks by the all-reduce:
 
-* batch ``k`` of an epoch goes to worker ``k mod W`` (the worker cycle
-  restarts at 0 every epoch); the first ``P*W`` indices are sent when the
+* batch ``i`` of an epoch goes to worker ``i mod W`` (the worker cycle
+  restarts at 0 every epoch; the measured run's own worker ids are kept
+  when the loader settings are unchanged); the first ``P*W`` indices are sent when the
   epoch's iterator is created, every later one when batch ``k - P*W`` is
   handed to the training loop; a worker builds its batches in order, one at
   a time, so batch ``k`` starts when its index was sent *and* the worker
@@ -17,15 +18,23 @@ this model re-simulates the mechanics of stock PyTorch per rank
 * an iteration ends on every rank a rank-specific time after the *last*
   rank's batch arrived (the gradients' all-reduce waits for the slowest).
 
-Every term the logs do not show (a worker's idle gap before a fetch, the
-delivery and hand-over latencies, each rank's time from the last arrival to
-the end of its iteration, the loop's own gap between iterations) is
-calibrated per batch and rank from the measured run as the residual that
-makes the model reproduce it, so ``actual/actual`` with the measured loader
-settings gives back the measured run to float precision (identity). A
-what-if keeps those residuals and changes only what it names: fetch
-durations and starts (the alignment policies) or the loader's ``W`` and
-``P``.
+Every term the logs do not show is calibrated per batch and rank from the
+measured run: the latency from an index being sent, or from the worker's
+previous batch, to the fetch's start; the delivery and hand-over latencies;
+each rank's time from the last arrival to the end of its iteration; the
+loop's own gap between iterations. Where two constraints meet in a ``max``
+(index sent vs worker free; fetch done vs loop asking), the measured
+latency belongs to the constraint that held the batch back, and the other
+side gets the typical latency of that constraint (the mean over all ranks,
+start-up batches left out), capped so that it
+never binds in the measured run. So ``actual/actual`` with the measured
+loader settings gives back the measured run to float precision (identity),
+and a what-if in which the other constraint binds pays that constraint's
+own typical latency instead of the first one's (a worker that goes from
+waiting for indices to being busy starts its fetches ~0.2 ms after the
+previous batch, not the ~0.7 ms an index takes to arrive). A what-if keeps
+these terms and changes only what it names: fetch durations and starts
+(the alignment policies) or the loader's ``W`` and ``P``.
 
 The recurrences are sequential in batches, so the kernels are compiled with
 numba (a plain NumPy loop over batches is ~100x slower, see bench/); they
@@ -56,6 +65,7 @@ class PipelineInputs:
     """
 
     segments: np.ndarray  # int64 [S, 2]: row ranges [lo, hi) of consecutive iterations
+    iteration: np.ndarray  # int64 [N]: the batch index within its epoch
     start: np.ndarray  # FS: fetch start
     fetch: np.ndarray  # F: fetch duration
     arrival: np.ndarray  # A: batch arrival in the loop (training line timestamp)
@@ -70,7 +80,8 @@ class Calibration:
 
     workers: int
     prefetch: int
-    gap: np.ndarray  # worker idle time before the fetch started, beyond the model's constraints
+    lat_sent: np.ndarray  # index sent -> fetch start, when the worker waited for the index
+    lat_free: np.ndarray  # worker's previous batch done -> fetch start, when it was busy
     hand: np.ndarray  # hand-over latency when the batch was already there
     deliver: np.ndarray  # delivery latency from fetch end to arrival when the loop waited
     after: np.ndarray  # time from the last rank's arrival to this rank's iteration end
@@ -88,17 +99,24 @@ def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def _median(values):  # pragma: no cover - compiled
-    """The median (0 for no values) by selection, not a full sort: it runs per rank and segment."""
-    n = len(values)
-    if n == 0:
-        return 0.0
-    half = n // 2
-    upper = np.partition(values, half)[half]
-    if n % 2:
-        return upper
-    lower = np.max(np.partition(values, half - 1)[:half])
-    return (lower + upper) / 2
+def _typical(samples, counts):  # pragma: no cover - compiled
+    """The typical latency: the mean over every rank's samples, the same for all ranks.
+
+    A mean, not a median, and pooled, not per rank: a rank that switches to a
+    constraint it rarely met in the measured run must drift at the same
+    average rate, hiccups included, as the ranks that met it all along. Its
+    own few samples of that constraint are a biased sample (they come from
+    unusual moments), and a bias of 0.05 ms a batch is enough to let it run
+    ahead of the others in every what-if.
+    """
+    g = samples.shape[0]
+    total = 0.0
+    n = 0
+    for r in range(g):
+        for j in range(counts[r]):
+            total += samples[r, j]
+        n += counts[r]
+    return np.full(g, total / n if n else 0.0)
 
 
 @njit(cache=True)
@@ -106,7 +124,8 @@ def _calibrate(
     segments, start, fetch, arrival, stall, itime, worker, workers, prefetch
 ):  # pragma: no cover - compiled
     n, g = start.shape
-    gap = np.empty((n, g))
+    lat_sent = np.empty((n, g))
+    lat_free = np.empty((n, g))
     hand = np.empty((n, g))
     deliver = np.empty((n, g))
     after = np.empty((n, g))
@@ -114,19 +133,20 @@ def _calibrate(
     req = arrival - stall
     end = req + itime
     fe = start + fetch
+    sent = np.empty((n, g))
+    free = np.empty((n, g))
     nworkers = max(int(worker.max()) + 1, 1) if n else 1
     last_end = np.empty((g, nworkers))
+    # Per rank, the samples the typical latencies are the medians of.
+    index_bound = np.empty((g, n))  # fetch start - index sent, where the worker waited for it
+    busy_bound = np.empty((g, n))  # fetch start - previous batch done, where it was busy
     ready = np.empty((g, n))  # stalls of batches that were there before the loop asked
     waited = np.empty((g, n))  # arrival - fetch end of batches the loop waited for
-    n_ready = np.zeros(g, dtype=np.int64)
-    n_waited = np.zeros(g, dtype=np.int64)
-    h_hat = np.zeros(g)
-    d_hat = np.zeros(g)
+    counts = np.zeros((4, g), dtype=np.int64)
     for s in range(segments.shape[0]):
         lo, hi = segments[s, 0], segments[s, 1]
         last_end[:, :] = -np.inf
-        n_ready[:] = 0
-        n_waited[:] = 0
+        counts[:, :] = 0
         for i in range(lo, hi):
             k = i - lo
             last = arrival[i, 0]
@@ -134,37 +154,53 @@ def _calibrate(
                 last = max(last, arrival[i, r])
             for r in range(g):
                 if workers == 0:  # loading in the main process, on request
-                    sent = req[i, r]
+                    sent[i, r] = req[i, r]
                 elif k < prefetch * workers:  # the first indices go out with the iterator
-                    sent = req[lo, r]
+                    sent[i, r] = req[lo, r]
                 else:  # one more index each time a batch is handed to the loop
-                    sent = arrival[i - prefetch * workers, r]
-                free = -np.inf
+                    sent[i, r] = arrival[i - prefetch * workers, r]
+                free[i, r] = -np.inf
                 if workers > 0:
-                    free = last_end[r, worker[i, r]]
+                    free[i, r] = last_end[r, worker[i, r]]
                     last_end[r, worker[i, r]] = fe[i, r]
-                gap[i, r] = start[i, r] - max(sent, free)
                 if k > 0:
                     loop[i, r] = req[i, r] - end[i - 1, r]
                 after[i, r] = end[i, r] - last
-                if fe[i, r] < req[i, r]:
-                    ready[r, n_ready[r]] = stall[i, r]
-                    n_ready[r] += 1
+                if k < max(prefetch * workers, 1):
+                    continue  # start-up batches (sent with the iterator) are not typical
+                if sent[i, r] > free[i, r]:
+                    index_bound[r, counts[0, r]] = start[i, r] - sent[i, r]
+                    counts[0, r] += 1
                 else:
-                    waited[r, n_waited[r]] = arrival[i, r] - fe[i, r]
-                    n_waited[r] += 1
-        for r in range(g):
-            h_hat[r] = _median(ready[r, : n_ready[r]])
-            d_hat[r] = _median(waited[r, : n_waited[r]])
+                    busy_bound[r, counts[1, r]] = start[i, r] - free[i, r]
+                    counts[1, r] += 1
+                if fe[i, r] < req[i, r]:
+                    ready[r, counts[2, r]] = stall[i, r]
+                    counts[2, r] += 1
+                else:
+                    waited[r, counts[3, r]] = arrival[i, r] - fe[i, r]
+                    counts[3, r] += 1
+        s_hat = _typical(index_bound, counts[0])
+        f_hat = _typical(busy_bound, counts[1])
+        h_hat = _typical(ready, counts[2])
+        d_hat = _typical(waited, counts[3])
         for i in range(lo, hi):
             for r in range(g):
+                # Each measured latency goes to the constraint that held the fetch back; the
+                # other side gets its typical value (never more than the measurement allows).
+                if sent[i, r] + s_hat[r] >= free[i, r] + f_hat[r]:  # waited for the index
+                    lat_sent[i, r] = start[i, r] - sent[i, r]
+                    lat_free[i, r] = min(f_hat[r], start[i, r] - free[i, r])
+                else:  # busy with the previous batch
+                    lat_free[i, r] = start[i, r] - free[i, r]
+                    lat_sent[i, r] = min(s_hat[r], start[i, r] - sent[i, r])
                 if fe[i, r] + d_hat[r] <= req[i, r] + h_hat[r]:  # the batch was there
                     hand[i, r] = stall[i, r]
                     deliver[i, r] = min(d_hat[r], arrival[i, r] - fe[i, r])
                 else:  # the loop waited for the fetch: delivery binds
                     deliver[i, r] = arrival[i, r] - fe[i, r]
                     hand[i, r] = min(h_hat[r], stall[i, r])
-    return gap, hand, deliver, after, loop
+    return lat_sent, lat_free, hand, deliver, after, loop
 
 
 def calibrate(inputs: PipelineInputs, workers: int, prefetch: int) -> Calibration:
@@ -185,8 +221,8 @@ def calibrate(inputs: PipelineInputs, workers: int, prefetch: int) -> Calibratio
 
 @njit(cache=True)
 def _replay(  # pragma: no cover - compiled
-    segments, start, fetch, arrival, stall, worker,
-    gap, hand, deliver, after, loop,
+    segments, iteration, start, fetch, arrival, stall, worker,
+    lat_sent, lat_free, hand, deliver, after, loop,
     fetch_mode, start_mode, same_loader, new_w, new_p,
 ):  # fmt: skip
     n, g = start.shape
@@ -227,7 +263,7 @@ def _replay(  # pragma: no cover - compiled
                     agg = agg / g
                 for r in range(g):
                     f_new[r] = agg
-            # When each rank could start it: index sent, worker free, plus the measured gap.
+            # When each rank could start it: its index sent and its worker free, plus latencies.
             for r in range(g):
                 if k == 0:
                     req2[i, r] = arrival[lo, r] - stall[lo, r]
@@ -241,9 +277,9 @@ def _replay(  # pragma: no cover - compiled
                     sent = arr2[i - new_p * new_w, r]
                 free = -np.inf
                 if new_w > 0:
-                    slot = worker[i, r] if same_loader else k % new_w
+                    slot = worker[i, r] if same_loader else iteration[i] % new_w
                     free = last_end[r, slot]
-                natural[r] = max(sent, free) + gap[i, r]
+                natural[r] = max(sent + lat_sent[i, r], free + lat_free[i, r])
             # Start-align: every rank starts as the policy says, from the ranks' natural starts.
             lo_s = natural[0]
             hi_s = natural[0]
@@ -261,7 +297,7 @@ def _replay(  # pragma: no cover - compiled
             for r in range(g):
                 done = natural[r] + f_new[r]
                 if new_w > 0:
-                    slot = worker[i, r] if same_loader else k % new_w
+                    slot = worker[i, r] if same_loader else iteration[i] % new_w
                     last_end[r, slot] = done
                 a = max(req2[i, r] + hand[i, r], done + deliver[i, r])
                 arr2[i, r] = a
@@ -308,8 +344,10 @@ def replay_pipeline(
     new_p = calibration.prefetch if prefetch is None else int(prefetch)
     same = new_w == calibration.workers and new_p == calibration.prefetch
     out = _replay(
-        inputs.segments, inputs.start, inputs.fetch, inputs.arrival, inputs.stall, inputs.worker,
-        calibration.gap, calibration.hand, calibration.deliver, calibration.after, calibration.loop,
+        inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
+        inputs.stall, inputs.worker,
+        calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
+        calibration.after, calibration.loop,
         _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p,
     )  # fmt: skip
     names = (

@@ -14,7 +14,6 @@ Notation (all times in seconds, per rank r and batch k of one segment):
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 BIG = math.inf
@@ -42,8 +41,11 @@ def segments(epoch: list[int], iteration: list[int]) -> list[tuple[int, int]]:
     return out if epoch else []
 
 
-def _median(values: list[float], default: float) -> float:
-    return statistics.median(values) if values else default
+def _typical(per_rank: list[list[float]]) -> list[float]:
+    """The typical latency: the mean over every rank's samples, the same for all ranks."""
+    pooled = [v for values in per_rank for v in values]
+    mean = math.fsum(pooled) / len(pooled) if pooled else 0.0
+    return [mean] * len(per_rank)
 
 
 def _aggregate(values: list[float], how: str) -> list[float]:
@@ -103,36 +105,61 @@ def reference_pipeline(
         end = [[req[k][r] + t[k][r] for r in range(g_count)] for k in range(m)]
 
         # --- calibration: the unobserved terms, per rank, from the measured run
-        gap = [[0.0] * g_count for _ in range(m)]
+        lat_sent = [[0.0] * g_count for _ in range(m)]  # index sent -> fetch start
+        lat_free = [[0.0] * g_count for _ in range(m)]  # worker's previous batch done -> start
         hand = [[0.0] * g_count for _ in range(m)]
         deliver = [[0.0] * g_count for _ in range(m)]
         after = [[0.0] * g_count for _ in range(m)]
         loop = [[0.0] * g_count for _ in range(m)]
+        sent = [[0.0] * g_count for _ in range(m)]
+        free = [[-BIG] * g_count for _ in range(m)]
+        samples: dict[str, list[list[float]]] = {
+            name: [[] for _ in range(g_count)] for name in ("sent", "free", "ready", "waited")
+        }
         for r in range(g_count):
             last_end: dict[int, float] = {}
             for k in range(m):
                 if workers == 0:  # loading in the main process, on request
-                    sent = req[k][r]
+                    sent[k][r] = req[k][r]
                 elif k < prefetch * workers:  # the first indices go out with the iterator
-                    sent = req[0][r]
-                else:  # one more index each time a batch is consumed
-                    sent = a[k - prefetch * workers][r]
-                free = last_end.get(wk[k][r], -BIG) if workers > 0 else -BIG
-                gap[k][r] = fs[k][r] - max(sent, free)
-                last_end[wk[k][r]] = fe[k][r]
+                    sent[k][r] = req[0][r]
+                else:  # one more index each time a batch is handed to the loop
+                    sent[k][r] = a[k - prefetch * workers][r]
+                if workers > 0:
+                    free[k][r] = last_end.get(wk[k][r], -BIG)
+                    last_end[wk[k][r]] = fe[k][r]
                 if k:
                     loop[k][r] = req[k][r] - end[k - 1][r]
-            ready = [st[k][r] for k in range(m) if fe[k][r] < req[k][r]]
-            waited = [a[k][r] - fe[k][r] for k in range(m) if fe[k][r] >= req[k][r]]
-            h_hat = _median(ready, 0.0)
-            d_hat = _median(waited, 0.0)
+                if k < max(prefetch * workers, 1):
+                    continue  # start-up batches (sent with the iterator) are not typical
+                if sent[k][r] > free[k][r]:
+                    samples["sent"][r].append(fs[k][r] - sent[k][r])
+                else:
+                    samples["free"][r].append(fs[k][r] - free[k][r])
+                if fe[k][r] < req[k][r]:
+                    samples["ready"][r].append(st[k][r])
+                else:
+                    samples["waited"][r].append(a[k][r] - fe[k][r])
+        s_hat = _typical(samples["sent"])
+        f_hat = _typical(samples["free"])
+        h_hat = _typical(samples["ready"])
+        d_hat = _typical(samples["waited"])
+        for r in range(g_count):
             for k in range(m):
-                if fe[k][r] + d_hat <= req[k][r] + h_hat:  # the batch was ready: handover binds
+                if (
+                    sent[k][r] + s_hat[r] >= free[k][r] + f_hat[r]
+                ):  # the worker waited for the index
+                    lat_sent[k][r] = fs[k][r] - sent[k][r]
+                    lat_free[k][r] = min(f_hat[r], fs[k][r] - free[k][r])
+                else:  # the worker was busy with its previous batch
+                    lat_free[k][r] = fs[k][r] - free[k][r]
+                    lat_sent[k][r] = min(s_hat[r], fs[k][r] - sent[k][r])
+                if fe[k][r] + d_hat[r] <= req[k][r] + h_hat[r]:  # ready: the handover binds
                     hand[k][r] = st[k][r]
-                    deliver[k][r] = min(d_hat, a[k][r] - fe[k][r])
+                    deliver[k][r] = min(d_hat[r], a[k][r] - fe[k][r])
                 else:  # the loop waited for the fetch: delivery binds
                     deliver[k][r] = a[k][r] - fe[k][r]
-                    hand[k][r] = min(h_hat, st[k][r])
+                    hand[k][r] = min(h_hat[r], st[k][r])
         for k in range(m):
             last = max(a[k])
             for r in range(g_count):
@@ -149,7 +176,7 @@ def reference_pipeline(
             natural = []
             for r in range(g_count):
                 req2[k][r] = req[0][r] if k == 0 else end2[k - 1][r] + loop[k][r]
-                who = wk[k][r] if same_loader else (k % new_w if new_w else 0)
+                who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
                 if new_w == 0:
                     sent = req2[k][r]
                 elif k < new_p * new_w:
@@ -157,10 +184,10 @@ def reference_pipeline(
                 else:
                     sent = a2[k - new_p * new_w][r]
                 free = last_end2[r].get(who, -BIG) if new_w > 0 else -BIG
-                natural.append(max(sent, free) + gap[k][r])
+                natural.append(max(sent + lat_sent[k][r], free + lat_free[k][r]))
             fs2[k] = _aggregate_start(natural, policy[1])
             for r in range(g_count):
-                who = wk[k][r] if same_loader else (k % new_w if new_w else 0)
+                who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
                 done = fs2[k][r] + fetch_new[k][r]
                 last_end2[r][who] = done
                 a2[k][r] = max(req2[k][r] + hand[k][r], done + deliver[k][r])
