@@ -4,6 +4,12 @@ A crash, a full disk or Ctrl-C in the middle of a write must never leave a
 truncated Parquet file that a later step would read as complete. Everything
 is written to a temporary sibling first and moved into place with
 ``os.replace``, which is atomic on POSIX within one file system.
+
+A temporary name carries its writer's pid (``.<name>.<pid>.<random>.tmp``;
+a directory being swapped out is ``.<name>.old-<pid>``), so that what a
+killed process left behind can be told from what a live one is writing:
+``remove_leftovers`` removes the former at the start of the next write into
+that directory.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,9 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from dsim import parquetio
 from dsim.errors import OutputError
+
+# ``tempfile`` adds 8 characters of [a-z0-9_] between our prefix and suffix.
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.tmp$")
+_OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>[0-9]+)$")
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}.{os.getpid()}."
 
 
 def _umask() -> int:
@@ -35,7 +50,9 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent
+        )
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would outlive the rename
         os.close(fd)
     except OSError as exc:
@@ -53,7 +70,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
 
 def write_parquet(table: pa.Table, target: str | Path) -> None:
     with atomic_path(target) as tmp:
-        pq.write_table(table, tmp)
+        parquetio.write_table(table, tmp)
 
 
 def write_text(text: str, target: str | Path) -> None:
@@ -75,7 +92,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent))
         tmp.chmod(0o777 & ~_umask())
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
@@ -93,3 +110,70 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (a zombie does not count)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    except (OverflowError, ValueError):
+        return False
+    try:  # Linux: a killed child nobody reaped yet is a zombie, and it writes nothing
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True
+    fields = stat.rpartition(")")[2].split()
+    return not fields or fields[0] != "Z"
+
+
+def leftover_of_dead_writer(name: str) -> re.Match[str] | None:
+    """The match of a dsim temporary name whose writer is no longer running, else ``None``."""
+    match = _TEMP.match(name) or _OLD.match(name)
+    if match is None or int(match["pid"]) <= 0 or pid_alive(int(match["pid"])):
+        return None
+    return match
+
+
+def remove_leftovers(directory: str | Path, *, recursive: bool = False) -> list[Path]:
+    """Remove what killed dsim writers left in ``directory``; returns what was removed.
+
+    Temporary files and directories of processes that are no longer alive are
+    deleted (those of live writers are left alone: another dsim may be
+    writing there right now). A ``.<name>.old-<pid>`` directory is the
+    previous ``<name>`` that ``atomic_dir`` had moved aside: it is renamed
+    back when ``<name>`` is missing (the writer died between its two
+    renames), else deleted. Best effort: what cannot be removed stays.
+    With ``recursive``, sub-directories are cleaned too (not the temporary
+    ones, which go whole).
+    """
+    directory = Path(directory)
+    removed: list[Path] = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return removed
+    for entry in entries:
+        path = Path(entry.path)
+        match = leftover_of_dead_writer(entry.name)
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if match is None:
+                if recursive and is_dir:
+                    removed.extend(remove_leftovers(path, recursive=True))
+                continue
+            if match.re is _OLD and is_dir and not (directory / match["name"]).exists():
+                os.replace(path, directory / match["name"])
+            elif is_dir:
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed

@@ -9,6 +9,7 @@ tracebacks are shown only with ``--debug`` (or ``DSIM_DEBUG=1``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
@@ -18,7 +19,7 @@ try:  # typer >= 0.20 ships its own copy of click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
-from dsim import __version__
+from dsim import __version__, processes
 from dsim.commands import parse as parse_cmd
 from dsim.commands import report as report_cmd
 from dsim.commands import run as run_cmd
@@ -71,35 +72,68 @@ def _debugging(argv: list[str]) -> bool:
     return os.environ.get("DSIM_DEBUG", "") not in ("", "0") or "--debug" in argv
 
 
+def _sigterm_taken_over() -> bool:
+    """Whether a library replaced our SIGTERM handler (Ray's driver exits with 15 on SIGTERM)."""
+    return not processes.handles(signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``dsim`` script; never lets a traceback reach a user by accident."""
+    """Entry point of the ``dsim`` script; never lets a traceback reach a user by accident.
+
+    SIGINT and SIGTERM end every command the same way: ``finally`` blocks
+    run (no temporary file stays), then one line ``dsim: interrupted`` and
+    exit code 130 (SIGINT) or 143 (SIGTERM), whatever the
+    ``KeyboardInterrupt`` was turned into on its way up (``dsim.processes``).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = typer.main.get_command(app)
+    processes.install_handlers()
     try:
+        code, signum = _main(argv)
+    except KeyboardInterrupt:  # a signal while an error was being reported
+        code, signum = EXIT_FAILURE, signal.SIGINT
+    processes.ignore_further()  # from here on the process is leaving: nothing to interrupt
+    signum = processes.received() or signum  # the signal itself beats what it turned into
+    if signum is not None:
+        typer.echo("dsim: interrupted", err=True)
+        code = processes.exit_code(signum)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _main(argv: list[str]) -> tuple[object, int | None]:
+    """Run the command; its exit code, and the signal that stopped it if one did."""
+    command = typer.main.get_command(app)
+    code: object = EXIT_FAILURE
+    signum: int | None = None
+    try:
+        # Typer returns 130 for a KeyboardInterrupt; no command returns it otherwise.
         code = command.main(args=argv, prog_name="dsim", standalone_mode=False)
+        if code == EXIT_INTERRUPTED:
+            signum = signal.SIGINT
     except typer.Exit as exc:
         code = exc.exit_code
-    except typer.Abort:
-        typer.echo("dsim: interrupted", err=True)
-        code = EXIT_INTERRUPTED
+    except (typer.Abort, KeyboardInterrupt):
+        signum = signal.SIGINT
     except click_exceptions.ClickException as exc:
         exc.show()
         code = exc.exit_code if exc.exit_code else EXIT_USAGE
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM or not _sigterm_taken_over():
+            raise
+        signum = signal.SIGTERM
     except DsimError as exc:
-        if _debugging(argv):
-            raise
-        typer.echo(f"dsim: error: {exc}", err=True)
+        if processes.received() is None:
+            if _debugging(argv):
+                raise
+            typer.echo(f"dsim: error: {exc}", err=True)
         code = exc.exit_code
-    except KeyboardInterrupt:
-        typer.echo("dsim: interrupted", err=True)
-        code = EXIT_INTERRUPTED
     except Exception as exc:
-        if _debugging(argv):
-            raise
-        typer.echo(
-            f"dsim: internal error: {type(exc).__name__}: {exc}\n"
-            "This is a bug in dsim; run again with --debug for the traceback.",
-            err=True,
-        )
+        if processes.received() is None:
+            if _debugging(argv):
+                raise
+            typer.echo(
+                f"dsim: internal error: {type(exc).__name__}: {exc}\n"
+                "This is a bug in dsim; run again with --debug for the traceback.",
+                err=True,
+            )
         code = EXIT_FAILURE
-    sys.exit(code if isinstance(code, int) else 0)
+    return code, signum

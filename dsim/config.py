@@ -19,11 +19,13 @@ import difflib
 import fnmatch
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsim.errors import InputError, UsageError
+from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
 from dsim.policies import BASELINE, POLICIES, Policy, normalize_policy, policy_pairs
 from dsim.tables import RUN_FILE, read_info
 
@@ -253,6 +255,38 @@ def _check_epochs(
             )
 
 
+def _ray_address(
+    overrides: Overrides, raw: dict[str, Any], executor: object, problems: _Problems
+) -> str | None:
+    """The configured cluster address, its form checked here so that a typo fails before any work.
+
+    ``RAY_ADDRESS`` is checked too when it will be used: no address is
+    configured and the executor may be Ray. Whether a cluster answers there
+    is checked when Ray is started (``dsim.execute.ray_connect``).
+    """
+    if overrides.ray_address:
+        value: object = overrides.ray_address
+        source = FROM_OPTION
+    else:
+        value = raw.get("ray_address")
+        source = FROM_CONFIG
+    if value is not None and (not isinstance(value, str) or not value):
+        problems.add(f"ray_address must be a string such as 127.0.0.1:6379, got {value!r}")
+        return None
+    if value is None and executor != "local":
+        value = os.environ.get(ENV_VAR) or None
+        source = FROM_ENV
+    if value is None:
+        return None
+    try:
+        parse_ray_address(str(value), source)
+    except UsageError as exc:
+        problems.add(str(exc))
+        return None
+    # RAY_ADDRESS is not stored: it is read again where Ray is started.
+    return None if source == FROM_ENV else str(value)
+
+
 def validate_config(
     raw: dict[str, Any],
     *,
@@ -329,10 +363,7 @@ def validate_config(
             num_cpus = None
     if num_cpus is not None and num_cpus < 1:
         problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
-    ray_address = overrides.ray_address or raw.get("ray_address")
-    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
-        problems.add(f"ray_address must be a string such as 127.0.0.1:6379, got {ray_address!r}")
-        ray_address = None
+    ray_address = _ray_address(overrides, raw, executor, problems)
 
     runs = _resolve_runs(names, paths["traces"], problems) if names else []
     run_infos: dict[str, dict[str, Any]] = {}

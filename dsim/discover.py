@@ -1,6 +1,7 @@
 """Which log files form which run, and what each run is called.
 
-* A file is one run.
+* A file is one run (anything that is not a directory: a FIFO, ``/dev/null``
+  or a process substitution ``<(zcat log.gz)`` is a file to read).
 * A directory holding ``*.log`` files is one run: one interleaved file or
   one file per rank.
 * A directory without ``*.log`` files of its own is a tree of runs: every
@@ -15,7 +16,9 @@ name of its own (not ``output.log``, ``rank0.log``...), after the file stem.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,13 +73,24 @@ def _logs_in(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob(LOG_GLOB) if p.is_file())
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory we can list; a clear input error if it is neither."""
+    try:
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            return False
+        os.listdir(path)
+    except FileNotFoundError:
+        raise InputError("no such file or directory", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    return True
+
+
 def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]:
     """Turn the command line's paths into runs; ``name`` overrides the name of a single run."""
     runs: list[RunSource] = []
     for path in paths:
-        if not path.exists():
-            raise InputError("no such file or directory", path)
-        if path.is_file():
+        if not _is_dir(path):  # a file, or a FIFO, /dev/null, a process substitution <(...)
             runs.append(RunSource(_file_run_name(path), (path,)))
             continue
         logs = _logs_in(path)

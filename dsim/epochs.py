@@ -1,15 +1,29 @@
 """Which epoch each fetch belongs to (DESIGN.md §1).
 
-Fetch lines carry no epoch. The k-th fetch of (rank, batch index) in time
-order belongs to the epoch of the k-th training line of (rank, iteration =
-that index) in time order. Matching by ordinal rather than by time window
-stays right when workers of the next epoch start before the last batches of
-the previous one arrive, and when training lines are printed late.
+Fetch lines carry no epoch. A fetch of rank g, batch index i, that ended at
+E takes its epoch from the *last training line of rank g (any iteration)
+that started before E - TOL*: if that line is (epoch e, iteration j of N),
+the fetch is in epoch e when j < i (and i < N), and in epoch e + 1 when
+j >= i (the rank had already passed iteration i in epoch e, so this batch is
+for the next epoch: loaders that prefetch across an epoch boundary) or when
+i >= N (epoch e has no batch i; N is the size most training lines of epoch e
+declare, so that one corrupt ``[j/N]`` changes nothing). A fetch that ended before the rank's first
+training line takes that line's epoch.
 
-Without training lines the ordinal itself is the epoch (the rank's batch
-indices start over each epoch). Fetches beyond the last training line of
-their (rank, index) -- a run that stopped mid-epoch -- continue the count
-after that line's epoch.
+Why by time: a training line of iteration i starts after its batch's fetch
+ended, so the line before E is an earlier iteration of the same epoch or a
+later one of the previous epoch. The answer depends only on the rank's
+training timeline near E, so a lost, duplicated or rejected record moves at
+most the fetches of its own neighbourhood (ordinal matching -- the k-th fetch
+of (rank, i) to the k-th training line of (rank, i) -- let one lost record
+shift every later epoch). ``TOL`` absorbs loggers that round fetch-end
+timestamps up: it is the resolution of the printed time (1 ms for
+``...:54.841``, 1 µs for ``...:54.841234``), at most 1 ms, so that a loop
+whose iterations take less than a millisecond keeps its order.
+
+A rank with no training line at all falls back on ordinals: its k-th fetch
+of batch index i in time order is in the run's first epoch plus k (a rank's
+batch indices start over each epoch).
 """
 
 from __future__ import annotations
@@ -17,6 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 _FITS = 1 << 62  # packed sort keys stay below this
+TOL_NS = 1_000_000  # 1 ms: fetch-end timestamps may be rounded up to the millisecond
+# The tolerance of a fetch end printed with d fraction digits: its resolution, at most TOL_NS.
+_TOL_BY_DIGITS = np.array([min(10 ** (9 - d), TOL_NS) for d in range(10)], dtype=np.int32)
 
 
 def lexsort_order(keys: list[np.ndarray]) -> np.ndarray:
@@ -109,84 +126,144 @@ def assign_fetch_epochs(
     fetch_gpu: np.ndarray,
     fetch_idx: np.ndarray,
     fetch_end: np.ndarray,
-    fetch_order: np.ndarray | None,
     train_gpu: np.ndarray,
-    train_iteration: np.ndarray,
-    train_start: np.ndarray,
-    train_order: np.ndarray | None,
     train_epoch: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Epoch of every fetch, and a mask of the fetches that had a matching training line.
+    train_iteration: np.ndarray,
+    train_total: np.ndarray,
+    train_start: np.ndarray,
+    *,
+    fetch_tol: np.ndarray | int = TOL_NS,
+) -> np.ndarray:
+    """Epoch of every fetch (see the module docstring); times in nanoseconds.
 
-    An ``*_order`` of ``None`` means those rows are in file order. Arrays are
-    made in the order they are needed and dropped as soon as they are not:
-    this runs while all records of a run are in memory, so its temporaries
-    set the peak memory of ``dsim parse``.
+    ``fetch_tol``: TOL per fetch (``tolerance`` of its printed digits) or for all.
+
+    Vectorised: one sort of the training lines by (rank, start) and one
+    binary search per fetch for (rank, E - TOL), both on one packed int64 key
+    when rank and time fit in it (a rank at a time otherwise). This runs while
+    all records of a run are in memory, so its temporaries set the peak memory
+    of ``dsim parse``: arrays are made in the order they are needed and
+    dropped as soon as they are not.
     """
-    k_fetch, f_sort = _occurrence_sort([fetch_gpu, fetch_idx], fetch_end, fetch_order)
-    if len(train_gpu) == 0:
-        return k_fetch, np.zeros(len(fetch_gpu), dtype=bool)
-    k_train, t_sort = _occurrence_sort([train_gpu, train_iteration], train_start, train_order)
-
-    span_k = int(max(k_fetch.max(initial=0), k_train.max(initial=0))) + 1
-    span_i = int(max(fetch_idx.max(initial=0), train_iteration.max(initial=0))) + 1
-
-    def key(gpu: np.ndarray, idx: np.ndarray, k: np.ndarray) -> np.ndarray:
-        out = gpu.astype(np.int64)
-        out *= span_i
-        out += idx
-        out *= span_k
-        out += k
-        return out
-
-    # Both occurrence sorts order rows by (rank, index, ordinal): the keys come out
-    # ascending, so matching is a merge of two sorted lists (or, usually, equality).
-    sort = t_sort
-    sorted_keys = key(train_gpu[sort], train_iteration[sort], k_train[sort])
-    if len(sorted_keys) > 1 and not bool((sorted_keys[1:] > sorted_keys[:-1]).all()):
-        train_keys = np.empty_like(sorted_keys)
-        train_keys[sort] = sorted_keys
-        sort = np.argsort(train_keys, kind="stable")
-        sorted_keys = train_keys[sort]
-        del train_keys
-    wanted_sorted = key(fetch_gpu[f_sort], fetch_idx[f_sort], k_fetch[f_sort])
-    epoch = np.empty(len(wanted_sorted), dtype=np.result_type(train_epoch, k_fetch))
-    if np.array_equal(wanted_sorted, sorted_keys):
-        del wanted_sorted, sorted_keys, k_fetch, k_train
-        epoch[f_sort] = train_epoch[sort]
-        matched = np.ones(len(epoch), dtype=bool)
-        return epoch, matched
-    pos = np.clip(np.searchsorted(sorted_keys, wanted_sorted), 0, len(sorted_keys) - 1)
-    hit = sorted_keys[pos] == wanted_sorted
-    matched = np.empty(len(epoch), dtype=bool)
-    matched[f_sort] = hit
-    epoch[f_sort] = np.where(hit, train_epoch[sort][pos], -1)
-
-    if not matched.all():
-        # Continue after the last training line of the same (rank, index), if any.
-        train_keys = key(train_gpu, train_iteration, k_train)
-        group = train_keys // span_k  # (gpu, idx)
-        g_sort = np.lexsort((k_train, group))
-        groups, last_pos = np.unique(group[g_sort][::-1], return_index=True)
-        last_row = g_sort[::-1][last_pos]
-        last_epoch = train_epoch[last_row]
-        count = k_train[last_row].astype(np.int64) + 1
-        fetch_group = key(fetch_gpu, fetch_idx, k_fetch) // span_k
-        p = np.clip(np.searchsorted(groups, fetch_group), 0, max(len(groups) - 1, 0))
-        has_group = groups[p] == fetch_group
-        # A (rank, index) with no training line at all: the ordinal counts
-        # from the rank's first epoch.
-        first_epoch = _first_epoch_per_gpu(train_gpu, train_epoch, fetch_gpu)
-        fallback = np.where(
-            has_group, last_epoch[p] + (k_fetch - count[p] + 1), first_epoch + k_fetch
-        )
-        epoch = np.where(matched, epoch, fallback)
-    return epoch, matched
+    dtype = np.result_type(train_epoch.dtype, np.int32)
+    epoch = np.zeros(len(fetch_gpu), dtype=dtype)
+    if len(fetch_gpu) == 0:
+        return epoch
+    if len(train_gpu):
+        found = _by_time(
+            fetch_gpu, fetch_idx, fetch_end, fetch_tol, train_gpu, train_epoch, train_iteration,
+            train_total, train_start, epoch,
+        )  # fmt: skip
+    else:
+        found = np.zeros(len(fetch_gpu), dtype=bool)
+    if not found.all():
+        rows = np.flatnonzero(~found)  # ranks without training lines
+        first_epoch = int(train_epoch.min()) if len(train_epoch) else 0
+        k = occurrence([fetch_gpu[rows], fetch_idx[rows]], fetch_end[rows], rows)
+        epoch[rows] = first_epoch + k
+    return epoch
 
 
-def _first_epoch_per_gpu(train_gpu, train_epoch, fetch_gpu) -> np.ndarray:
-    gpus, inverse = np.unique(train_gpu, return_inverse=True)
-    first = np.full(len(gpus), np.iinfo(np.int64).max)
-    np.minimum.at(first, inverse, train_epoch)
-    p = np.clip(np.searchsorted(gpus, fetch_gpu), 0, len(gpus) - 1)
-    return np.where(gpus[p] == fetch_gpu, first[p], 0)
+def tolerance(digits: np.ndarray) -> np.ndarray:
+    """TOL of fetch ends printed with ``digits`` fraction digits (int32 nanoseconds)."""
+    return _TOL_BY_DIGITS[digits]
+
+
+def _by_time(
+    fetch_gpu, fetch_idx, fetch_end, fetch_tol, train_gpu, train_epoch, train_iteration,
+    train_total, train_start, out: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Fill ``out`` for fetches of ranks that have training lines; returns which ones those are."""
+    lo = min(int(train_start.min()), int(fetch_end.min()) - TOL_NS)
+    hi = max(int(train_start.max()), int(fetch_end.max()))
+    span = hi - lo + 1
+    g_lo = min(int(train_gpu.min()), int(fetch_gpu.min()))
+    g_span = max(int(train_gpu.max()), int(fetch_gpu.max())) - g_lo + 1
+    train = (train_gpu, train_epoch, train_iteration, train_total)
+    if g_span * span < _FITS:
+        sort, sorted_key = _sorted_lines(_packed(train_gpu, train_start, g_lo, lo, span), train)
+        want = _packed(fetch_gpu, fetch_end, g_lo, lo, span)
+        want -= fetch_tol
+        return _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out)
+    found = np.zeros(len(fetch_gpu), dtype=bool)
+    for gpu in np.unique(train_gpu):  # a rank at a time: its times alone fit int64
+        t = np.flatnonzero(train_gpu == gpu)
+        f = np.flatnonzero(fetch_gpu == gpu)
+        if len(f) == 0:
+            continue
+        mine = tuple(column[t] for column in train)
+        sort, sorted_key = _sorted_lines(train_start[t], mine)
+        sub = np.zeros(len(f), dtype=out.dtype)
+        want = fetch_end[f] - (fetch_tol[f] if np.ndim(fetch_tol) else fetch_tol)
+        found[f] = _match(sorted_key, sort, want, mine, fetch_gpu[f], fetch_idx[f], sub)
+        out[f] = sub
+    return found
+
+
+def _packed(gpu: np.ndarray, time: np.ndarray, g_lo: int, lo: int, span: int) -> np.ndarray:
+    """(rank, time) as one int64 that sorts like the pair: (gpu - g_lo) * span + time - lo."""
+    key = gpu.astype(np.int64)
+    if g_lo:
+        key -= g_lo
+    key *= span
+    key += time
+    key -= lo
+    return key
+
+
+def _sorted_lines(key: np.ndarray, train) -> tuple[np.ndarray, np.ndarray]:
+    """The training lines sorted by ``key`` (rank and start), and the sorted keys.
+
+    Lines of one rank with the same start (rare) are ordered by (epoch,
+    iteration), so that the later one counts as the last before a fetch.
+    """
+    sort = np.argsort(key, kind="stable")
+    sorted_key = key[sort]
+    if len(sort) > 1 and bool((sorted_key[1:] == sorted_key[:-1]).any()):
+        _, epoch, iteration, _ = train
+        sort = np.lexsort((iteration, epoch, key))
+        sorted_key = key[sort]
+    return sort, sorted_key
+
+
+def _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out: np.ndarray) -> np.ndarray:
+    """The rule for fetches at ``want`` against the sorted training lines (rank and time)."""
+    train_gpu, train_epoch, train_iteration, train_total = train
+    last = np.searchsorted(sorted_key, want, side="left")  # lines strictly before E - TOL
+    del want, sorted_key
+    last -= 1
+    has_last = last >= 0
+    np.maximum(last, 0, out=last)
+    np.take(sort, last, out=last)  # the line's row
+    has_last &= train_gpu[last] == fetch_gpu
+    later = train_iteration[last] >= fetch_idx  # the rank already passed batch i in epoch e
+    beyond = np.flatnonzero(~later & (fetch_idx >= train_total[last]))
+    if len(beyond):  # epoch e may have no batch i: trust the epoch's N, not one line's
+        size = _epoch_sizes(train_epoch, train_total)
+        later[beyond] = fetch_idx[beyond] >= [size[e] for e in train_epoch[last[beyond]].tolist()]
+    np.add(train_epoch[last], later, out=out, casting="unsafe")
+    del later
+    rest = np.flatnonzero(~has_last)
+    if len(rest):
+        # No line of the rank before E - TOL: the rank's first line gives the epoch, if it has one.
+        sorted_gpu = train_gpu[sort]  # ascending: the rank is the key's leading part
+        pos = np.minimum(np.searchsorted(sorted_gpu, fetch_gpu[rest]), len(sort) - 1)
+        has = sorted_gpu[pos] == fetch_gpu[rest]
+        out[rest[has]] = train_epoch[sort[pos[has]]]
+        has_last[rest[has]] = True
+    return has_last
+
+
+def _epoch_sizes(train_epoch: np.ndarray, train_total: np.ndarray) -> dict[int, int]:
+    """Each epoch's N: the ``[i/N]`` that most of its training lines declare.
+
+    One line with a corrupt N does not change it.
+    """
+    pairs, counts = np.unique(
+        np.stack([train_epoch, train_total], axis=1), axis=0, return_counts=True
+    )
+    sizes: dict[int, tuple[int, int]] = {}
+    for (epoch, total), count in zip(pairs.tolist(), counts.tolist(), strict=True):
+        if count > sizes.get(epoch, (0, 0))[0]:
+            sizes[epoch] = (count, total)
+    return {epoch: total for epoch, (_, total) in sizes.items()}

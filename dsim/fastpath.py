@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim import bounds
 from dsim.wallclock import civil
 
 _REACH = 512  # no word of a canonical line is read further than this from its start
@@ -35,7 +36,7 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 _POW10_U = _POW10.astype(np.uint64)
 _POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
 _EXACT = 1 << 53  # integers below this are exact doubles
-_FETCH_KEYS = ("gpu", "worker", "idx", "end", "fetch_s")  # the general path's columns, in order
+_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s")  # as the general path
 _TRAIN_KEYS = (
     *("gpu", "epoch", "iteration", "total", "start"),
     *("iteration_s", "stall_s", "throughput"),
@@ -77,9 +78,25 @@ def _not_space(x: np.ndarray) -> np.ndarray:
     return _not_byte(x, 32)
 
 
+def _bit_count(x: np.ndarray) -> np.ndarray:
+    """Bits set in each uint64, as uint8: ``np.bitwise_count`` for NumPy 1.x, which lacks it.
+
+    The classic SWAR population count; every step is exact in uint64 (the
+    final multiply wraps by design and keeps the sum in the top byte).
+    """
+    x = x - ((x >> _U(1)) & _U(0x5555555555555555))
+    x = (x & _U(0x3333333333333333)) + ((x >> _U(2)) & _U(0x3333333333333333))
+    x = (x + (x >> _U(4))) & _NIBBLES
+    return ((x * _U(0x0101010101010101)) >> _U(56)).astype(np.uint8)
+
+
+# NumPy >= 2.0 has the ufunc (one instruction a word); 1.x takes the exact fallback.
+_popcount = getattr(np, "bitwise_count", _bit_count)
+
+
 def _first(mask: np.ndarray) -> np.ndarray:
     """Index of the first byte whose high bit is set; 8 when none is (count trailing zeros / 8)."""
-    return np.bitwise_count((mask - _U(1)) & ~mask) >> np.uint8(3)  # uint8: fewer bytes to move
+    return _popcount((mask - _U(1)) & ~mask) >> np.uint8(3)  # uint8: fewer bytes to move
 
 
 def _swar(x: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -189,12 +206,13 @@ def _float_values(raw, pos, length, value, exact, rows) -> np.ndarray:
 
 
 def fast_records(
-    lines: pa.LargeStringArray, numbers: np.ndarray, max_fetch_s: float
+    lines: pa.LargeStringArray, numbers: np.ndarray, max_duration: float
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """Records of the canonical lines, and the indices of all other lines (for the general path).
 
-    Fetch durations above ``max_fetch_s`` are left to the general path, which
-    names the reason they are rejected.
+    Values outside the bounds of ``dsim.bounds`` (``max_duration`` seconds and
+    the rest) are left to the general path, which names the reason they are
+    rejected.
 
     Lines near the end of the buffer are cut from a zero-padded copy of the
     tail so that every word read stays inside memory.
@@ -211,7 +229,7 @@ def fast_records(
     for buf, lo, hi, shift in ((raw, 0, split, 0), (padded, split, n, tail0)):
         if hi > lo:
             f_rows, fetch, t_rows, train = _cut(
-                buf, starts[lo:hi] - shift, ends[lo:hi] - shift, max_fetch_s
+                buf, starts[lo:hi] - shift, ends[lo:hi] - shift, max_duration
             )
             fetch_parts.append({"line": numbers[lo + f_rows]} | {k: fetch[k] for k in _FETCH_KEYS})
             train_parts.append({"line": numbers[lo + t_rows]} | {k: train[k] for k in _TRAIN_KEYS})
@@ -254,7 +272,7 @@ def _pairs(word: np.ndarray) -> np.ndarray:
     return ((word & _NIBBLES) * _U(10 * 256 + 1)) >> _U(8)
 
 
-def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_fetch_s: float):
+def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_duration: float):
     """Cut canonical lines at ``starts`` (exclusive ``ends``) of ``raw``: fetch and train rows."""
     words = _words(raw)
     content_end = ends - (raw[ends - 1] == 10)
@@ -272,8 +290,8 @@ def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_fetch_s: flo
     kind = raw[kind_at]
     f_rows = np.flatnonzero(ok & (kind == ord("D")))
     t_rows = np.flatnonzero(ok & (kind == ord("G")))
-    f_ok, fetch = _cut_fetch(words, raw, kind_at[f_rows], content_end[f_rows], max_fetch_s)
-    t_ok, train = _cut_train(words, raw, kind_at[t_rows], content_end[t_rows])
+    f_ok, fetch = _cut_fetch(words, raw, kind_at[f_rows], content_end[f_rows], max_duration)
+    t_ok, train = _cut_train(words, raw, kind_at[t_rows], content_end[t_rows], max_duration)
     f_rows, t_rows = f_rows[f_ok], t_rows[t_ok]  # the values are of these rows only
     w0, w1, w2 = ts
     frac_ns = frac.view(np.int64) * _POW10[9 - np.minimum(frac_len, 9)]
@@ -285,6 +303,7 @@ def _cut(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_fetch_s: flo
         whole, ts_ok = civil(year, *fields)
         ns.append((whole * 1_000_000_000 + frac_ns[rows], ts_ok))
     (fetch["end"], f_ts), (train["start"], t_ts) = ns
+    fetch["end_digits"] = frac_len[f_rows].astype(np.int8)
     if not f_ts.all():
         fetch = {k: v[f_ts] for k, v in fetch.items()}
         f_rows = f_rows[f_ts]
@@ -299,7 +318,7 @@ def _taken(value: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def _cut_fetch(
-    words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray, max_fetch_s: float
+    words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray, max_duration: float
 ):
     """``DEBUG:\\tGPU: g worker_id: w, END FETCH at_time a data idxi`` from ``at`` to ``end``."""
     ok = _lit(words, at, b"DEBUG:\tGPU: ")
@@ -317,7 +336,7 @@ def _cut_fetch(
     ok &= (idx_len >= 1) & (idx_len <= 9) & (p + 9 + idx_len == end)
     rows = np.flatnonzero(ok)
     fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
-    good = fetch_s <= max_fetch_s  # the general path names the reason for larger ones
+    good = bounds.fetch_ok(fetch_s, max_duration)  # the general path names the reason otherwise
     if not good.all():
         rows, fetch_s = rows[good], fetch_s[good]
     ok = np.zeros(len(at), dtype=bool)
@@ -342,7 +361,9 @@ def _value_then_avg(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: by
     return ok, (tok_at, tok_len, value, exact), p + 2 + avg
 
 
-def _cut_train(words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray):
+def _cut_train(
+    words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarray, max_duration: float
+):
     """``GPU: g Epoch: [e][  i/n]\\tTime t (t)\\tData d (d)[\\tThroughput p (p)]`` from ``at``."""
     ok = _lit(words, at, b"GPU: ")
     gpu, gpu_len = _digits(words, at + 5)
@@ -370,17 +391,23 @@ def _cut_train(words: np.ndarray, raw: np.ndarray, at: np.ndarray, end: np.ndarr
     good = iteration_v < total_v  # the general path names the reason otherwise
     if not good.all():
         rows, iteration_v, total_v = rows[good], iteration_v[good], total_v[good]
-    ok = np.zeros(len(at), dtype=bool)
-    ok[rows] = True
     with_tp = rows[has_tp[rows]]
     throughput = np.full(len(rows), np.nan)
     throughput[has_tp[rows]] = _float_values(raw, *tp_tok, with_tp)
+    iteration_s = _float_values(raw, *time_tok, rows)
+    stall_s = _float_values(raw, *data_tok, rows)
+    good = bounds.train_ok(iteration_s, stall_s, throughput, max_duration)
+    if not good.all():  # the general path names the reason
+        rows, iteration_v, total_v = rows[good], iteration_v[good], total_v[good]
+        iteration_s, stall_s, throughput = iteration_s[good], stall_s[good], throughput[good]
+    ok = np.zeros(len(at), dtype=bool)
+    ok[rows] = True
     return ok, {
         "gpu": _taken(gpu, rows),
         "epoch": _taken(epoch, rows),
         "iteration": iteration_v,
         "total": total_v,
-        "iteration_s": _float_values(raw, *time_tok, rows),
-        "stall_s": _float_values(raw, *data_tok, rows),
+        "iteration_s": iteration_s,
+        "stall_s": stall_s,
         "throughput": throughput,
     }

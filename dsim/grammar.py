@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim import bounds
 from dsim.fastpath import fast_records
 from dsim.wallclock import civil_seconds, civil_seconds_arrow
 
@@ -45,6 +46,9 @@ TRAIN_PATTERN = (
     r"\s+Time\s+(?P<time>" + _NUM + r")\s+\([^)]*\)"
     r"\s+Data\s+(?P<data>" + _NUM + r")\s+\([^)]*\)"
     r"(?:\s+Throughput\s+(?P<throughput>" + _NUM + r")\s+\([^)]*\))?"
+    # Then nothing, or only whole ``Name value (avg)`` fields (the ImageNet example prints
+    # ``Loss 6.9 (6.9)\tAcc@1   0.00 (  0.10)``): a line cut inside a field never matches.
+    r"(?:\s+[A-Za-z][^\s()]*\s+" + _NUM + r"\s+\([^)]*\))*\s*$"
 )
 NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
 
@@ -60,11 +64,12 @@ BINARY = "binary data (not UTF-8 text)"
 BAD_TIMESTAMP = "invalid timestamp"
 NON_NUMERIC_FETCH = "non-numeric fetch duration"
 NEGATIVE_FETCH = "negative fetch duration"
-FETCH_RANGE = "fetch duration out of range (over a year)"
-MAX_FETCH_S = 365 * 86400.0
 NON_NUMERIC_TRAIN = "non-numeric training value"
+NON_FINITE = "non-finite value"
 NEGATIVE_TRAIN = "negative training value"
+STALL_OVER_TIME = "training stall longer than the iteration time"
 ITERATION_RANGE = "iteration index not below iterations per epoch"
+MAX_DURATION_S = bounds.MAX_DURATION_S
 
 
 @dataclass
@@ -152,8 +157,8 @@ def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
     return pc.cast(filled, pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
-    """Nanoseconds since 1970 (naive wall clock) and a validity mask.
+def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nanoseconds since 1970 (naive wall clock), a validity mask, and the fraction's digits.
 
     Whole seconds come from the digits at their fixed places (``dsim.wallclock``);
     a date that does not exist (February 30, hour 24) is invalid, not rolled over.
@@ -168,7 +173,7 @@ def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
     frac = parts.field("frac")
     digits = pc.utf8_length(frac).to_numpy(zero_copy_only=False).astype(np.int64)
     frac_ns = _ints(frac, 0) * (10 ** (9 - digits))
-    return whole * 1_000_000_000 + frac_ns, ok
+    return whole * 1_000_000_000 + frac_ns, ok, digits
 
 
 def _reasons(checks: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +193,12 @@ def _reasons(checks: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, np.ndarr
 
 
 def parse_lines(
-    lines: pa.LargeStringArray, first_line: int, rejects: Rejects, *, fast: bool = True
+    lines: pa.LargeStringArray,
+    first_line: int,
+    rejects: Rejects,
+    *,
+    fast: bool = True,
+    max_duration: float = MAX_DURATION_S,
 ) -> BlockRecords:
     """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``.
 
@@ -196,17 +206,18 @@ def parse_lines(
     are cut by position in NumPy (``dsim.fastpath``); all others -- prefixes,
     extra white space, odd numbers, bad records -- take the general regular
     expressions. ``fast=False`` sends every line the general way (tests compare).
+    Durations above ``max_duration`` seconds are rejected (``dsim.bounds``).
     """
     numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
     if not fast or len(lines) == 0:
-        return _general_records(lines, numbers, rejects)
-    fast_fetch, fast_train, rest = fast_records(lines, numbers, MAX_FETCH_S)
+        return _general_records(lines, numbers, rejects, max_duration)
+    fast_fetch, fast_train, rest = fast_records(lines, numbers, max_duration)
     if len(rest) == len(lines):
-        return _general_records(lines, numbers, rejects)
+        return _general_records(lines, numbers, rejects, max_duration)
     if len(rest) == 0:
         counts = {"lines": len(lines), "start_fetch_lines": 0, "blank_lines": 0, "other_lines": 0}
         return BlockRecords(fetch=fast_fetch, train=fast_train, counts=counts)
-    general = _general_records(lines.take(pa.array(rest)), numbers[rest], rejects)
+    general = _general_records(lines.take(pa.array(rest)), numbers[rest], rejects, max_duration)
     general.counts["lines"] = len(lines)
     return BlockRecords(
         fetch=_merge_by_line(fast_fetch, general.fetch),
@@ -225,7 +236,9 @@ def _merge_by_line(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
     return {k: np.concatenate([a[k], b[k].astype(a[k].dtype, copy=False)])[order] for k in a}
 
 
-def _general_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> BlockRecords:
+def _general_records(
+    lines: pa.Array, numbers: np.ndarray, rejects: Rejects, max_duration: float
+) -> BlockRecords:
     """The full grammar (RE2 over every line): any spelling, every reject reason."""
     counts = {"lines": len(lines)}
 
@@ -234,8 +247,8 @@ def _general_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> 
     is_train = pc.and_(rest, pc.match_substring_regex(lines, TRAIN_PATTERN))
     other = pc.and_not(rest, is_train)
 
-    fetch = _fetch_records(lines.filter(is_fetch), numbers[_np(is_fetch)], rejects)
-    train = _train_records(lines.filter(is_train), numbers[_np(is_train)], rejects)
+    fetch = _fetch_records(lines.filter(is_fetch), numbers[_np(is_fetch)], rejects, max_duration)
+    train = _train_records(lines.filter(is_train), numbers[_np(is_train)], rejects, max_duration)
 
     # Lines that are neither: a record that breaks the grammar, or text we ignore.
     other_np = _np(other)
@@ -260,15 +273,18 @@ def _np(mask: pa.Array) -> np.ndarray:
     return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
 
 
-def _fetch_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> dict[str, np.ndarray]:
+def _fetch_records(
+    lines: pa.Array, numbers: np.ndarray, rejects: Rejects, max_duration: float
+) -> dict[str, np.ndarray]:
     parts = pc.extract_regex(lines, FETCH_PATTERN)
-    end_ns, ts_ok = _timestamps(parts)
+    end_ns, ts_ok, digits = _timestamps(parts)
     fetch_s, num_ok = _numbers(parts.field("at"))
-    negative = num_ok & (fetch_s < 0)
-    huge = num_ok & (fetch_s > MAX_FETCH_S)
+    finite = num_ok & np.isfinite(fetch_s)
+    negative = finite & (fetch_s < 0)
+    huge = finite & (fetch_s > max_duration)
     bad, reason = _reasons(
-        [(~ts_ok, BAD_TIMESTAMP), (~num_ok, NON_NUMERIC_FETCH), (negative, NEGATIVE_FETCH),
-         (huge, FETCH_RANGE)]
+        [(~ts_ok, BAD_TIMESTAMP), (~num_ok, NON_NUMERIC_FETCH), (num_ok & ~finite, NON_FINITE),
+         (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration))]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad
@@ -278,13 +294,16 @@ def _fetch_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> di
         "worker": _ints(parts.field("worker"))[keep],
         "idx": _ints(parts.field("idx"))[keep],
         "end": end_ns[keep],
+        "end_digits": digits[keep].astype(np.int8),  # its resolution: see dsim.epochs
         "fetch_s": fetch_s[keep],
     }
 
 
-def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> dict[str, np.ndarray]:
+def _train_records(
+    lines: pa.Array, numbers: np.ndarray, rejects: Rejects, max_duration: float
+) -> dict[str, np.ndarray]:
     parts = pc.extract_regex(lines, TRAIN_PATTERN)
-    start_ns, ts_ok = _timestamps(parts)
+    start_ns, ts_ok, _ = _timestamps(parts)
     iteration_s, time_ok = _numbers(parts.field("time"))
     stall_s, data_ok = _numbers(parts.field("data"))
     tp_text = parts.field("throughput")
@@ -293,10 +312,19 @@ def _train_records(lines: pa.Array, numbers: np.ndarray, rejects: Rejects) -> di
     iteration = _ints(parts.field("iteration"))
     total = _ints(parts.field("total"))
     numeric = time_ok & data_ok & (tp_ok | ~tp_present)
-    negative = numeric & ((iteration_s < 0) | (stall_s < 0) | (tp_present & (throughput < 0)))
+    with np.errstate(invalid="ignore"):
+        finite = numeric & np.isfinite(iteration_s) & np.isfinite(stall_s)
+        finite &= ~tp_present | np.isfinite(throughput)
+        negative = finite & ((iteration_s < 0) | (stall_s < 0) | (tp_present & (throughput < 0)))
+        long_time = finite & (iteration_s > max_duration)
+        long_stall = finite & (stall_s > max_duration)
+        stall_over = finite & bounds.stall_too_long(iteration_s, stall_s)
     bad, reason = _reasons(
-        [(~ts_ok, BAD_TIMESTAMP), (~numeric, NON_NUMERIC_TRAIN), (negative, NEGATIVE_TRAIN),
-         (iteration >= total, ITERATION_RANGE)]
+        [(~ts_ok, BAD_TIMESTAMP), (~numeric, NON_NUMERIC_TRAIN), (numeric & ~finite, NON_FINITE),
+         (negative, NEGATIVE_TRAIN),
+         (long_time, bounds.over_max("iteration time", max_duration)),
+         (long_stall, bounds.over_max("training stall", max_duration)),
+         (stall_over, STALL_OVER_TIME), (iteration >= total, ITERATION_RANGE)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad

@@ -20,6 +20,15 @@ from dsim.errors import InputError
 
 BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
 
+# Magic numbers at the start of compressed files: (magic, format, decompress, stream through).
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip -k", "zcat"),
+    (b"BZh", "bzip2", "bunzip2 -k", "bzcat"),
+    (b"\xfd7zXZ\x00", "xz", "unxz -k", "xzcat"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd -k", "zstdcat"),
+)
+_MAGIC_BYTES = max(len(m) for m, *_ in _COMPRESSED)
+
 # Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
 # them keeps the records of a long run close to the size of its tables.
 _NARROW = ("gpu", "worker", "idx", "epoch", "iteration", "total")
@@ -94,12 +103,44 @@ def _dtype(key: str, values: np.ndarray) -> np.dtype:
     return values.dtype
 
 
+def compressed_format(head: bytes, path: Path) -> str | None:
+    """Why ``head`` (a file's first bytes) cannot be read as text, if it is a compressed stream.
+
+    Compressed logs are not decompressed (yet): one clear message beats
+    thousands of lines rejected as binary. Returns the message, or ``None``
+    for anything else. The one place a later change would pick a decompressor.
+    """
+    for magic, name, decompress, cat in _COMPRESSED:
+        if head.startswith(magic):
+            return (
+                f"{name}-compressed log: decompress it first (e.g. `{decompress} {path}`) "
+                f"or pass it through `<({cat} {path})`"
+            )
+    return None
+
+
+def _read_head(handle, size: int) -> bytes:
+    """Up to ``size`` bytes from the start (pipes may deliver fewer per read)."""
+    head = b""
+    while len(head) < size:
+        chunk = handle.read(size - len(head))
+        if not chunk:
+            break
+        head += chunk
+    return head
+
+
 def read_log(
     path: Path,
     progress: Callable[[int], None] | None = None,
     block_bytes: int = BLOCK_BYTES,
+    *,
+    max_duration: float = grammar.MAX_DURATION_S,
 ) -> FileRecords:
-    """Parse one file; ``progress`` is called with the number of bytes consumed per block."""
+    """Parse one file; ``progress`` is called with the number of bytes consumed per block.
+
+    Durations above ``max_duration`` seconds are rejected (``dsim.bounds``).
+    """
     digest = hashlib.sha256()
     rejects = grammar.Rejects()
     fetch, train = _Columns(), _Columns()
@@ -114,7 +155,7 @@ def read_log(
     def consume(block: bytes | memoryview) -> None:
         nonlocal next_line, consumed
         lines = grammar.lines_of(block)
-        records = grammar.parse_lines(lines, next_line, rejects)
+        records = grammar.parse_lines(lines, next_line, rejects, max_duration=max_duration)
         consumed += len(block)
         scale = max(expected_size, consumed) / max(consumed, 1) * _SPARE
         for part, columns in ((records.fetch, fetch), (records.train, train)):
@@ -126,6 +167,16 @@ def read_log(
     try:
         with open(path, "rb", buffering=0) as handle:
             expected_size = os.fstat(handle.fileno()).st_size  # 0 for pipes: columns then double
+            carry = _read_head(handle, _MAGIC_BYTES)
+            compressed = compressed_format(carry, path)
+            if compressed is not None:
+                raise InputError(compressed, path)
+            digest.update(carry)
+            size += len(carry)
+            if carry:
+                last_byte = carry[-1:]
+                if progress is not None:
+                    progress(len(carry))
             while True:
                 # Each block gets its own buffer, the carried partial line copied to its
                 # front, and the file read straight behind it: no copy of the block itself.
@@ -134,6 +185,10 @@ def read_log(
                 view = memoryview(buf)
                 got = handle.readinto(view[len(carry) :])
                 if not got:
+                    cut = carry.rfind(b"\n")  # only a file of a few bytes ends with lines here
+                    if cut >= 0:
+                        consume(carry[: cut + 1])
+                        carry = carry[cut + 1 :]
                     break
                 filled = len(carry) + got
                 digest.update(view[len(carry) : filled])
@@ -154,7 +209,7 @@ def read_log(
 
     ends_with_newline = last_byte == b"\n"
     if carry:
-        _consume_tail(carry, next_line, rejects, consume, counts)
+        _consume_tail(carry, next_line, rejects, consume, counts, max_duration)
     if not fetch.columns:
         empty = grammar.parse_lines(grammar.lines_of(b""), 1, grammar.Rejects())
         fetch.append(empty.fetch, 0)
@@ -172,7 +227,9 @@ def read_log(
     )
 
 
-def _consume_tail(tail: bytes, line_no: int, rejects: grammar.Rejects, consume, counts) -> None:
+def _consume_tail(
+    tail: bytes, line_no: int, rejects: grammar.Rejects, consume, counts, max_duration: float
+) -> None:
     """The last line has no line end: a logger always ends its lines, so this one was cut off.
 
     It is rejected when it looks like a record (it may be missing digits we
@@ -180,7 +237,7 @@ def _consume_tail(tail: bytes, line_no: int, rejects: grammar.Rejects, consume, 
     """
     probe = grammar.Rejects()
     lines = grammar.lines_of(tail)
-    records = grammar.parse_lines(lines, line_no, probe)
+    records = grammar.parse_lines(lines, line_no, probe, max_duration=max_duration)
     looks_like_record = len(records.fetch["line"]) or len(records.train["line"]) or probe.line
     if looks_like_record:
         rejects.add(np.array([line_no]), grammar.TRUNCATED, lines)

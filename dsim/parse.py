@@ -1,26 +1,40 @@
 """From the raw logs of one run to its tables (DESIGN.md §1 and §2).
 
 The grammar (``dsim.grammar``) finds records line by line; this module
-applies the rules that need the whole run: the rank of per-rank files
-without ``GPU:`` fields, duplicated records, clocks that go backwards, the
-epoch of every fetch, and the parse report. It returns tables and rejects;
-writing them is the caller's business.
+applies the rules that need the whole run, in this order (each one sees only
+what the ones before kept):
+
+1. the rank of per-rank files without ``GPU:`` fields;
+2. exact repeats of a record (a line written twice): later copies rejected;
+3. clocks (``dsim.clock``): outliers rejected, steps reported;
+4. conflicting training records (one rank, epoch and iteration, different
+   values): every copy rejected;
+5. stray ranks (a flipped rank digit): rejected;
+6. the epoch of every fetch (``dsim.epochs``);
+7. conflicting fetch records (one rank, epoch and batch): every copy rejected.
+
+Clocks come before conflicts so that a line whose epoch or iteration number
+was corrupted shows up as a time outlier in its new place and is rejected
+alone, without taking the real line down with it. It returns tables,
+rejects and a report; writing them is the caller's business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dsim import grammar
+from dsim import checks, rejects
 from dsim.discover import RunSource, rank_from_file_name
-from dsim.epochs import assign_fetch_epochs, lexsort_order
+from dsim.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.errors import InputError
+from dsim.grammar import MAX_DURATION_S
 from dsim.logfile import FileRecords, read_log
 from dsim.runname import parse_run_name
 from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
@@ -28,16 +42,30 @@ from dsim.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
 DUPLICATE_FETCH = "duplicate fetch record"
 DUPLICATE_TRAIN = "duplicate training record"
-CLOCK_BACKWARDS = "clock went backwards"
+CLOCK_OUTLIER = "timestamp out of order (outlier)"
+CONFLICT_TRAIN = "conflicting training records (same GPU, epoch and iteration)"
+CONFLICT_FETCH = "conflicting fetch records (same GPU, epoch and batch)"
+STRAY_RANK = "stray GPU rank"
+
+STRAY_RANK_SHARE = 0.01  # a rank with at most this share of the median rank's records is a stray
+APPENDED_RUNS_SHARE = 0.10  # conflicts above this share of a file's training lines: two runs?
+
+_FETCH_VALUES = ["gpu", "worker", "idx", "end", "fetch_s"]
+_TRAIN_VALUES = ["gpu", "epoch", "iteration", "start", "iteration_s", "stall_s", "throughput"]
 
 
 @dataclass
 class ParsedRun:
-    """A parsed run, its rejected lines (file, line, reason, text) and its report."""
+    """A parsed run, its rejected lines (file, line, reason, text) and its report.
+
+    ``lines`` (only with ``parse_run(..., keep_lines=True)``): for "fetch" and
+    "train", the (file index, line number) of each table row, in table order.
+    """
 
     tables: RunTables
     rejects: pa.Table
     report: dict[str, Any]
+    lines: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def _default_rank(files: tuple, path) -> int | None:
@@ -47,7 +75,7 @@ def _default_rank(files: tuple, path) -> int | None:
     return 0 if len(files) == 1 else None
 
 
-def _collect(source: RunSource, progress: Callable[[int], None] | None):
+def _collect(source: RunSource, progress: Callable[[int], None] | None, max_duration: float):
     """Read every file; fill in missing ranks; stack the records of all files.
 
     Rows stay in file order (files in ``source.files`` order, lines ascending):
@@ -59,7 +87,7 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None):
     counts: dict[str, int] = {}
     sources = []
     for index, path in enumerate(source.files):
-        records: FileRecords = read_log(path, progress)
+        records: FileRecords = read_log(path, progress, max_duration=max_duration)
         sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
@@ -69,8 +97,8 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None):
             if missing.any():
                 if default is None:
                     rows = np.flatnonzero(missing)
-                    records.rejects.add(
-                        part["line"][rows], NO_RANK, pa.array([""] * len(rows), pa.large_string())
+                    reject_parts.append(
+                        rejects.rows_table(part["line"][rows], NO_RANK, [str(path)] * len(rows))
                     )
                     part = {k: v[~missing] for k, v in part.items()}
                 else:
@@ -98,181 +126,269 @@ def _drop(columns: dict[str, np.ndarray], bad: np.ndarray) -> dict[str, np.ndarr
     return {k: v[~bad] for k, v in columns.items()}
 
 
-def _group_starts(sort: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
-    """In ``sort`` order: True where a row's ``keys`` differ from the row before (a new group)."""
-    new = np.zeros(len(sort), dtype=bool)
-    if len(sort):
-        new[0] = True
-        for key in keys:
-            k = key[sort]
-            new[1:] |= k[1:] != k[:-1]
-    return new
+class _Rejecter:
+    """Collects rejected rows as reject tables and drops them from the records."""
+
+    def __init__(self, files: tuple[Path, ...], parts: list[pa.Table]):
+        self.files = files
+        self.parts = parts
+
+    def __call__(self, columns, bad: np.ndarray, reason: str) -> dict[str, np.ndarray]:
+        if not bad.any():
+            return columns
+        rows = np.flatnonzero(bad)
+        names = [str(self.files[i]) for i in columns["file"][rows]]
+        self.parts.append(rejects.rows_table(columns["line"][rows], reason, names))
+        return _drop(columns, bad)
 
 
-def _duplicates(columns: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
-    """Rows repeating an earlier row's ``keys`` (earlier in file order).
+@dataclass
+class _Checked:
+    """What the rules across records found besides rejects, and the fetches' table order."""
 
-    Repeats are rare, so a 64-bit hash of the keys and one sort of those
-    plain integers rule almost every row out; only rows whose hash repeats
-    get the exact comparison.
+    steps: list[dict[str, Any]]
+    strays: dict[int, int]
+    warnings: list[str]
+    fetch_sort: np.ndarray  # by (epoch, batch, rank): the fetch table's order
+
+
+def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float):
+    """The rules across records, in the order of the module docstring; returns what is kept.
+
+    Fetches come back with their ``epoch``.
     """
-    dup = np.zeros(len(columns["line"]), dtype=bool)
-    hashed = _hash([columns[k] for k in keys])
-    ordered = np.sort(hashed)
-    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-    if len(repeated) == 0:
-        return dup
-    rows = np.flatnonzero(np.isin(hashed, repeated))
-    dup[rows] = _exact_duplicates({k: columns[k][rows] for k in keys}, rows, keys)
-    return dup
+    train_lines_read = np.bincount(train["file"], minlength=len(files))
+    warnings: list[str] = []
 
+    # Exact repeats first, so that they trip neither the clock nor the conflict rules.
+    train = reject(train, checks.duplicates(train, _TRAIN_VALUES), DUPLICATE_TRAIN)
+    fetch = reject(fetch, checks.duplicates(fetch, _FETCH_VALUES), DUPLICATE_FETCH)
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+    # A worker writes its lines in time order; a rank's iterations start one after the other.
+    steps = []
+    bad, fetch_steps = checks.fetch_clock(fetch)
+    steps += [_step(fetch, row, size, "fetch", files) for row, size in fetch_steps]
+    fetch = reject(fetch, bad, CLOCK_OUTLIER)
+    bad, train_steps = checks.train_clock(train)
+    steps += [_step(train, row, size, "training", files) for row, size in train_steps]
+    train = reject(train, bad, CLOCK_OUTLIER)
+    steps = _one_per_clock_event(steps)
+    warnings += [
+        f"clock stepped back by {s['seconds']:.3f} s at {Path(s['file']).name}:{s['line']}; "
+        "records kept, iterations around it may be off"
+        for s in steps
+    ]
 
+    bad = checks.conflicts(train, ["gpu", "epoch", "iteration"])
+    warnings += _appended_runs(train["file"][bad], train_lines_read, files)
+    train = reject(train, bad, CONFLICT_TRAIN)
 
-def _hash(values: list[np.ndarray]) -> np.ndarray:
-    """A 64-bit hash per row; equal rows hash alike (``-0.0`` is made ``0.0`` first)."""
-    h = np.zeros(len(values[0]), dtype=np.uint64)
-    for v in values:
-        bits = (v + 0.0).view(np.uint64) if v.dtype.kind == "f" else v.astype(np.uint64)
-        h ^= bits
-        h *= _MIX
-        h ^= h >> np.uint64(29)
-    return h
+    strays = checks.stray_ranks(fetch["gpu"], train["gpu"], stray_rank_share)
+    for gpu, count in strays.items():
+        warnings.append(_stray_warning(gpu, count, fetch, train, files))
+        fetch = reject(fetch, fetch["gpu"] == gpu, STRAY_RANK)
+        train = reject(train, train["gpu"] == gpu, STRAY_RANK)
 
-
-def _exact_duplicates(
-    columns: dict[str, np.ndarray], rows: np.ndarray, keys: list[str]
-) -> np.ndarray:
-    """Rows repeating an earlier row's ``keys``; ``rows`` (ascending) is their file order."""
-    values = [columns[k] for k in keys]
-    sort = np.lexsort((rows, *reversed(values)))
-    dup = np.empty(len(sort), dtype=bool)
-    dup[sort] = ~_group_starts(sort, values)
-    return dup
-
-
-def _backwards(columns: dict[str, np.ndarray], groups: list[str], by: str, time: str) -> np.ndarray:
-    """Rows whose clock reads earlier than a row before them (by ``by``) in the same group.
-
-    A running maximum per group is one ``maximum.accumulate`` once every group
-    lives in its own band of values: the time since the earliest one plus group
-    number times the time span (or, were that to overflow, the time's rank plus
-    group number times the row count; ties are not "backwards" either way).
-    """
-    n = len(columns[time])
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    values = [columns[g] for g in groups]
-    sort = lexsort_order([*values, columns[by]])
-    group = np.cumsum(_group_starts(sort, values)) - 1
-    t = columns[time][sort]
-    lo = int(t.min())
-    span = int(t.max()) - lo + 1
-    if (int(group[-1]) + 1) * span < 1 << 62:
-        key = group.astype(np.int64) * span + (t - lo)
-    else:
-        _, rank = np.unique(t, return_inverse=True)
-        key = group.astype(np.int64) * n + rank.reshape(-1)
-    back = np.empty(n, dtype=bool)
-    back[sort] = key < np.maximum.accumulate(key)
-    return back
-
-
-def _reject_rows(columns, bad, reason, files, reject_parts) -> None:
-    if not bad.any():
-        return
-    rows = np.flatnonzero(bad)
-    reject_parts.append(
-        pa.table(
-            {
-                "line": columns["line"][rows],
-                "reason": pa.array([reason] * len(rows), pa.string()),
-                "text": pa.array([""] * len(rows), pa.large_string()),
-                "file": pa.array([str(files[i]) for i in columns["file"][rows]], pa.string()),
-            }
-        )
-    )
+    fetch["epoch"] = assign_fetch_epochs(
+        fetch["gpu"], fetch["idx"], _unstepped(fetch, "end", steps),
+        train["gpu"], train["epoch"], train["iteration"], train["total"],
+        _unstepped(train, "start", steps), fetch_tol=tolerance(fetch.pop("end_digits")),
+    )  # fmt: skip
+    keys = [fetch["epoch"], fetch["idx"], fetch["gpu"]]
+    sort = lexsort_order(keys)
+    bad = _repeats_in_order(sort, keys)
+    if bad.any():
+        fetch = reject(fetch, bad, CONFLICT_FETCH)
+        sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
+    return fetch, train, _Checked(steps, strays, warnings, sort)
 
 
 def parse_run(
-    source: RunSource, *, strict: bool = False, progress: Callable[[int], None] | None = None
+    source: RunSource,
+    *,
+    strict: bool = False,
+    progress: Callable[[int], None] | None = None,
+    max_duration: float = MAX_DURATION_S,
+    stray_rank_share: float = STRAY_RANK_SHARE,
+    keep_lines: bool = False,
 ) -> ParsedRun:
-    """Parse one run. With ``strict``, the first rejected line raises ``InputError``."""
-    fetch, train, reject_parts, counts, sources = _collect(source, progress)
+    """Parse one run. With ``strict``, the first rejected line or clock step raises ``InputError``.
+
+    ``max_duration``: the longest plausible fetch, iteration or stall, in
+    seconds. ``stray_rank_share``: see ``dsim.checks.stray_ranks`` (0 keeps
+    every rank). ``keep_lines``: also return where each table row came from.
+    """
+    fetch, train, reject_parts, counts, sources = _collect(source, progress, max_duration)
     files = source.files
+    fetch, train, checked = _apply_rules(
+        fetch, train, _Rejecter(files, reject_parts), files, stray_rank_share
+    )
+    steps, strays, warnings = checked.steps, checked.strays, checked.warnings
+    fetch_sort = checked.fetch_sort
+    del checked
 
-    # Duplicates first, so that they neither trip the clock check nor shift epoch ordinals.
-    bad = _duplicates(train, ["gpu", "epoch", "iteration"])
-    _reject_rows(train, bad, DUPLICATE_TRAIN, files, reject_parts)
-    train = _drop(train, bad)
-    bad = _duplicates(fetch, ["gpu", "worker", "idx", "end", "fetch_s"])
-    _reject_rows(fetch, bad, DUPLICATE_FETCH, files, reject_parts)
-    fetch = _drop(fetch, bad)
+    rejected = rejects.fill_texts(rejects.combine(reject_parts, files))
+    if strict:
+        _raise_first(rejected, steps, files)
 
-    # A worker writes its lines in time order; an iteration starts after the one before it.
-    bad = _backwards(fetch, ["file", "gpu", "worker"], "line", "end")
-    _reject_rows(fetch, bad, CLOCK_BACKWARDS, files, reject_parts)
-    fetch = _drop(fetch, bad)
-    bad = _backwards(train, ["gpu", "epoch"], "iteration", "start")
-    _reject_rows(train, bad, CLOCK_BACKWARDS, files, reject_parts)
-    train = _drop(train, bad)
-
-    rejects = _rejects_table(reject_parts)
-    if strict and rejects.num_rows:
-        first = rejects.slice(0, 1).to_pylist()[0]
-        text = f": {first['text']!r}" if first["text"] else ""
-        raise InputError(f"{first['reason']}{text}", first["file"], first["line"])
-
-    # Rows are in file order, so no order keys are passed (``None``) to break ties.
-    fetch["epoch"], _matched = assign_fetch_epochs(
-        fetch["gpu"], fetch["idx"], fetch["end"], None,
-        train["gpu"], train["iteration"], train["start"], None, train["epoch"],
-    )  # fmt: skip
     # The records go as their tables come (each column freed once copied into its
     # table): peak memory stays near the tables.
-    fetch_table = _fetch_table(fetch)
-    del fetch, _matched
-    kept = {k: train[k] for k in ("epoch", "total")}
-    train_table = _train_table(train)
+    lines = {}
+    if keep_lines:
+        lines["fetch"] = (fetch["file"][fetch_sort], fetch["line"][fetch_sort])
+    fetch_table = _fetch_table(fetch, fetch_sort)
+    del fetch, fetch_sort
+    train_sort = lexsort_order([train["epoch"], train["iteration"], train["gpu"]])
+    if keep_lines:
+        lines["train"] = (train["file"][train_sort], train["line"][train_sort])
+    kept = {k: train[k] for k in ("epoch", "iteration", "total")}
+    train_table = _train_table(train, train_sort)
+    del train_sort
     train = kept
     if fetch_table.num_rows == 0 and train_table.num_rows == 0:
         raise InputError(
-            f"no fetch or training records found ({_describe(counts, rejects)})",
+            f"no fetch or training records found ({_describe(counts, rejected)})",
             files[0] if len(files) == 1 else files[0].parent,
         )
-    report = _report(counts, rejects, fetch_table, train_table)
+    if train_table.num_rows == 0:
+        warnings.append(
+            "no training lines (did you wrap your loop with dsim.instrument.TrainingTimer.iterate?)"
+        )
+    report = _report(counts, rejected, fetch_table, train_table, warnings)
+    report["clock_steps"] = [
+        {"file": s["file"], "line": s["line"], "seconds": s["seconds"], "kind": s["kind"]}
+        for s in steps
+    ]
+    report["stray_ranks"] = [{"gpu": g, "records": c} for g, c in strays.items()]
     info = _info(source, train, fetch_table, train_table, sources, report)
-    return ParsedRun(RunTables(source.name, fetch_table, train_table, info), rejects, report)
+    tables = RunTables(source.name, fetch_table, train_table, info)
+    return ParsedRun(tables, rejected, report, lines)
 
 
-def _rejects_table(parts: list[pa.Table]) -> pa.Table:
-    schema = pa.schema(
-        [
-            ("file", pa.string()),
-            ("line", pa.int64()),
-            ("reason", pa.string()),
-            ("text", pa.large_string()),
-        ]
+def _repeats_in_order(sort: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
+    """Rows whose ``keys`` equal a neighbour's in ``sort`` order: every copy of a repeated key."""
+    bad = np.zeros(len(sort), dtype=bool)
+    if len(sort) < 2:
+        return bad
+    same = ~checks.group_starts(sort, keys)[1:]
+    if same.any():
+        pairs = np.flatnonzero(same)
+        bad[sort[pairs]] = True
+        bad[sort[pairs + 1]] = True
+    return bad
+
+
+def _step(columns, row: int, size_ns: int, kind: str, files) -> dict[str, Any]:
+    index = int(columns["file"][row])
+    after = int(columns["end" if kind == "fetch" else "start"][row])
+    return {
+        "file": str(files[index]),
+        "file_index": index,
+        "line": int(columns["line"][row]),
+        "seconds": round(size_ns / 1e9, 9),
+        "size_ns": int(size_ns),
+        "kind": kind,
+        "span": (after, after + size_ns),  # the times the clock went back over
+    }
+
+
+def _unstepped(columns, time: str, steps: list[dict[str, Any]]) -> np.ndarray:
+    """Times with the clock steps of their file undone: for the epoch rule only.
+
+    A file is written in time order, so every record at or after the first
+    line written after a step carries the stepped clock; adding the step back
+    keeps each rank's timeline in order for ``dsim.epochs``. The tables keep
+    the times as logged.
+    """
+    if not steps:
+        return columns[time]
+    out = columns[time].copy()
+    for step in steps:
+        after = (columns["file"] == step["file_index"]) & (columns["line"] >= step["line"])
+        out[after] += step["size_ns"]
+    return out
+
+
+def _one_per_clock_event(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One step per file and clock event, not one per worker and rank that saw it.
+
+    When a host's clock steps back, every group of records written there
+    (each worker, each rank's loop) sees a descent at its first record after
+    the step. Each descent went back over a span of times [after, before]
+    that lies within the one the clock went back over, so descents of one
+    file whose spans overlap are one event: reported once, at its first line,
+    with the largest size seen.
+    """
+    merged: list[dict[str, Any]] = []
+    for step in sorted(steps, key=lambda s: (s["file_index"], s["span"])):
+        last = merged[-1] if merged else None
+        same_file = last is not None and last["file_index"] == step["file_index"]
+        if same_file and step["span"][0] <= last["span"][1]:
+            if step["line"] < last["line"]:
+                last.update(line=step["line"], kind=step["kind"])
+            last["seconds"] = max(last["seconds"], step["seconds"])
+            last["size_ns"] = max(last["size_ns"], step["size_ns"])
+            last["span"] = (last["span"][0], max(last["span"][1], step["span"][1]))
+        else:
+            merged.append(dict(step))
+    return sorted(merged, key=lambda s: (s["file_index"], s["line"]))
+
+
+def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[str]:
+    """A warning per file where conflicts are many: a second run appended to the same log."""
+    if len(conflict_files) == 0:
+        return []
+    conflicting = np.bincount(conflict_files, minlength=len(files))
+    return [
+        f"{int(conflicting[i])} of {int(read[i])} training records of {files[i].name} conflict "
+        "(same GPU, epoch and iteration, other values): the log may hold two runs appended "
+        "to one file (the instrumentation appends; use a fresh log directory per run)"
+        for i in range(len(files))
+        if conflicting[i] > APPENDED_RUNS_SHARE * read[i]
+    ]
+
+
+def _stray_warning(gpu: int, count: int, fetch, train, files) -> str:
+    where = []
+    for columns in (fetch, train):
+        rows = np.flatnonzero(columns["gpu"] == gpu)
+        where += [(int(columns["file"][r]), int(columns["line"][r])) for r in rows]
+    where.sort()
+    shown = ", ".join(f"{files[f].name}:{line}" for f, line in where[:5])
+    if len(where) > 5:
+        shown += f", ... {len(where) - 5} more"
+    records = "record" if count == 1 else "records"
+    return (
+        f"GPU {gpu} appears in only {count} {records} ({shown}); "
+        "left out as a stray rank (--stray-rank-share 0 keeps it)"
     )
-    tables = [t.select(schema.names).cast(schema) for t in parts if t.num_rows]
-    if not tables:
-        return schema.empty_table()
-    order = {str(p): i for i, p in enumerate(dict.fromkeys(t["file"][0].as_py() for t in tables))}
-    table = pa.concat_tables(tables)
-    file_rank = np.array([order[f] for f in table["file"].to_pylist()])
-    sort = np.lexsort((table["line"].to_numpy(), file_rank))
-    return table.take(sort)
 
 
-def _fetch_table(fetch: dict[str, np.ndarray]) -> pa.Table:
+def _raise_first(rejected: pa.Table, steps: list[dict[str, Any]], files) -> None:
+    """``--strict``: the first problem in file order, a rejected line or a clock step."""
+    candidates = []
+    if rejected.num_rows:
+        first = rejected.slice(0, 1).to_pylist()[0]
+        order = {str(p): i for i, p in enumerate(files)}
+        text = f": {first['text']!r}" if first["text"] else ""
+        reason = f"{first['reason']}{text}"
+        candidates.append((order.get(first["file"], 0), first["line"], reason, first["file"]))
+    if steps:
+        s = steps[0]
+        reason = f"clock stepped back by {s['seconds']:.3f} s"
+        candidates.append((s["file_index"], s["line"], reason, s["file"]))
+    if candidates:
+        _, line, reason, path = min(candidates)
+        raise InputError(reason, path, line)
+
+
+def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     """The fetch table from the records (and their ``epoch``), emptying ``fetch`` as it goes.
 
-    Each record column is dropped once its sorted copy is made, and the copies
-    become Arrow columns without another copy, so the records turn into the
-    table instead of living beside it.
+    Each record column is dropped once its sorted copy (by ``sort``) is made,
+    and the copies become Arrow columns without another copy, so the records
+    turn into the table instead of living beside it.
     """
-    sort = lexsort_order([fetch["epoch"], fetch["idx"], fetch["gpu"]])
     columns = {k: fetch.pop(k)[sort] for k in ("epoch", "idx", "gpu", "worker", "end", "fetch_s")}
     fetch.clear()
     start = columns["fetch_s"] * 1e9
@@ -292,9 +408,8 @@ def _fetch_table(fetch: dict[str, np.ndarray]) -> pa.Table:
     )
 
 
-def _train_table(train: dict[str, np.ndarray]) -> pa.Table:
+def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     """The training table from the records, emptying ``train`` as it goes (see ``_fetch_table``)."""
-    sort = lexsort_order([train["epoch"], train["iteration"], train["gpu"]])
     keys = ("epoch", "iteration", "gpu", "start", "iteration_s", "stall_s", "throughput")
     columns = {k: train.pop(k)[sort] for k in keys}
     train.clear()
@@ -317,8 +432,8 @@ def _gpus_per_iteration(table: pa.Table) -> pd.Series:
     epoch, iteration, gpu = (table[c].to_numpy() for c in ("epoch", "iteration", "gpu"))
     sort = lexsort_order([epoch, iteration, gpu])
     keys = [epoch, iteration]
-    distinct = _group_starts(sort, [*keys, gpu])
-    first = _group_starts(sort, keys)
+    distinct = checks.group_starts(sort, [*keys, gpu])
+    first = checks.group_starts(sort, keys)
     count = np.add.reduceat(distinct, np.flatnonzero(first)) if len(sort) else np.zeros(0, int)
     rows = sort[first]
     index = pd.MultiIndex.from_arrays([epoch[rows], iteration[rows]], names=["epoch", "iteration"])
@@ -357,8 +472,10 @@ def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[
     return {"count": len(incomplete), "examples": examples}
 
 
-def _report(counts, rejects: pa.Table, fetch: pa.Table, train: pa.Table) -> dict[str, Any]:
-    reasons = rejects["reason"].to_pylist()
+def _report(
+    counts, rejected: pa.Table, fetch: pa.Table, train: pa.Table, warnings: list[str]
+) -> dict[str, Any]:
+    reasons = rejected["reason"].to_pylist()
     skipped = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
     gpu_ids = _gpu_ids(fetch, train)
     report: dict[str, Any] = {
@@ -368,12 +485,14 @@ def _report(counts, rejects: pa.Table, fetch: pa.Table, train: pa.Table) -> dict
         "start_fetch_lines": counts.get("start_fetch_lines", 0),
         "blank_lines": counts.get("blank_lines", 0),
         "other_lines": counts.get("other_lines", 0),
-        "rejected": rejects.num_rows,
+        "rejected": rejected.num_rows,
         "skipped": skipped,
         "incomplete_iterations": _incomplete_iterations(fetch, train, len(gpu_ids)),
     }
     if gpu_ids and gpu_ids != list(range(len(gpu_ids))):
-        report["warnings"] = [f"GPU ranks {gpu_ids} are not 0..{len(gpu_ids) - 1}"]
+        warnings = [f"GPU ranks {gpu_ids} are not 0..{len(gpu_ids) - 1}", *warnings]
+    if warnings:
+        report["warnings"] = warnings
     return report
 
 
@@ -391,25 +510,43 @@ def _info(source, train, fetch_table, train_table, sources, report) -> dict[str,
     gpu_ids = _gpu_ids(fetch_table, train_table)
     both = [fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy()]
     epochs = [int(e) for e in _distinct(np.concatenate(both))]
-    per_epoch: dict[str, int] = {}
-    for e in epochs:
-        declared = train["total"][train["epoch"] == e]
-        if len(declared):
-            values, freq = np.unique(declared, return_counts=True)
-            per_epoch[str(e)] = int(values[np.argmax(freq)])
-        else:
-            mask = fetch_table["epoch"].to_numpy() == e
-            per_epoch[str(e)] = len(np.unique(fetch_table["iteration"].to_numpy()[mask]))
-    return {
+    present, declared = _iterations_per_epoch(train, fetch_table, epochs)
+    info = {
         "name": source.name,
         "gpus": len(gpu_ids),
         "gpu_ids": gpu_ids,
         "epochs": epochs,
-        "iterations_per_epoch": per_epoch,
+        "iterations_per_epoch": present,
+    }
+    if declared:
+        info["declared_iterations_per_epoch"] = declared
+    return info | {
         "metadata": parse_run_name(source.name),
         "sources": sources,
         "report": report,
     }
 
 
-__all__ = ["ParsedRun", "grammar", "parse_run"]
+def _iterations_per_epoch(train, fetch_table, epochs) -> tuple[dict[str, int], dict[str, int]]:
+    """Iterations present per epoch, and the N of ``[i/N]`` the training lines declare.
+
+    Present: distinct iterations with a training record (with fetch records
+    only, for an epoch without any training record). A log cut short
+    declares more than it holds; both are reported.
+    """
+    present: dict[str, int] = {}
+    declared: dict[str, int] = {}
+    fetch_epoch = fetch_table["epoch"].to_numpy()
+    for e in epochs:
+        mine = train["epoch"] == e
+        if mine.any():
+            present[str(e)] = len(np.unique(train["iteration"][mine]))
+            values, freq = np.unique(train["total"][mine], return_counts=True)
+            declared[str(e)] = int(values[np.argmax(freq)])
+        else:
+            iterations = fetch_table["iteration"].to_numpy()[fetch_epoch == e]
+            present[str(e)] = len(np.unique(iterations))
+    return present, declared
+
+
+__all__ = ["ParsedRun", "parse_run"]

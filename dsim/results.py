@@ -14,13 +14,26 @@ A per-iteration replay table has ``epoch``, ``iteration``, ``iteration_s``,
 ``stall_s_gpu<rank>`` column per GPU. It holds every complete iteration of
 every epoch; epoch selection and warm-up are applied by the summary, so the
 same replay serves any summary. Its Parquet schema metadata (key ``dsim``)
-records the format version, run, policy and cache key, so a table is
-self-describing even when moved.
+records the format version, run, policy and cache key, and the provenance
+behind the key (replay model, the trace's digest, replay parameters), so a
+table is self-describing even when moved.
+
+Provenance rules for readers (``dsim summarize``, ``dsim report``):
+``result.json`` lists, per policy, the cache key of exactly the replays of
+the last completed ``dsim run`` of that run. A listed replay is used only if
+its file exists and its metadata names the same run, the policy its file
+name says, and the listed key; otherwise the reader refuses (``InputError``)
+rather than mix replays of different traces or parameters. Replay files of
+policies not listed are *stale* (left by an earlier config; ``dsim run``
+reuses them if the policy comes back) and are ignored, with one note per run
+directory. A run directory that has replays but no ``result.json`` (an
+interrupted first ``dsim run``) is skipped with a note.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dsim import parquetio
 from dsim.atomic import write_json, write_parquet
 from dsim.errors import InputError, UsageError
 from dsim.policies import Policy, parse_policy_label, policy_label
@@ -57,8 +71,13 @@ def replay_table(
     run: str,
     policy: Policy,
     key: str,
+    provenance: dict[str, Any] | None = None,
 ) -> pa.Table:
-    """Assemble a per-iteration replay table with its self-describing metadata."""
+    """Assemble a per-iteration replay table with its self-describing metadata.
+
+    ``provenance`` (``model``, ``input``, ``params``: what the key hashes) is
+    recorded beside the key so that a mismatch can say what differs.
+    """
     columns: dict[str, Any] = {
         "epoch": pa.array(epoch, pa.int32()),
         "iteration": pa.array(iteration, pa.int32()),
@@ -73,6 +92,7 @@ def replay_table(
         "fetch_align": policy[0],
         "start_align": policy[1],
         "key": key,
+        **(provenance or {}),
     }
     table = pa.table(columns)
     return table.replace_schema_metadata({"dsim": json.dumps(meta)})
@@ -90,7 +110,12 @@ def replay_metadata(table_or_schema: pa.Table | pa.Schema, path: Path) -> dict[s
     raw = (schema.metadata or {}).get(b"dsim")
     if raw is None:
         raise InputError("not a dsim replay table (no dsim metadata)", path)
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise InputError("not a dsim replay table (unreadable dsim metadata)", path)
     if meta.get("format_version") != RESULTS_FORMAT_VERSION:
         raise InputError(
             f"replay written by another dsim results format ({meta.get('format_version')}, "
@@ -108,25 +133,80 @@ def read_replay_key(path: Path) -> str | None:
         return None
 
 
+_RERUN = "re-run `dsim run` for this run"
+_CORRUPT_REMEDY = "re-run `dsim run --force` for this run"  # the cache reads only the footer
+_PROVENANCE_PARTS = (("input", "trace"), ("params", "replay parameters"), ("model", "replay model"))
+
+
 @dataclass
 class ResultRun:
-    """One run's results directory: its ``result.json`` and its replay files by policy."""
+    """One run's results directory: its ``result.json`` and the replays it lists.
+
+    ``replays`` and ``keys`` hold the policies ``result.json`` lists (in
+    label order), whether or not their files exist; ``stale`` the replay
+    files of policies it does not list.
+    """
 
     directory: Path
     info: dict[str, Any]
     replays: dict[Policy, Path] = field(default_factory=dict)
+    keys: dict[Policy, str] = field(default_factory=dict)
+    stale: list[Path] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return str(self.info.get("run", self.directory.name))
 
+    def _check(self, meta: dict[str, Any], policy: Policy, path: Path) -> None:
+        """Refuse a replay whose metadata is not what ``result.json`` lists for it."""
+        problems = []
+        if meta.get("run") != self.name:
+            problems.append(f"it is a replay of run {meta.get('run')!r}, not of {self.name!r}")
+        found = (meta.get("fetch_align"), meta.get("start_align"))
+        if found != policy:
+            problems.append(
+                f"it holds policy {found[0]}/{found[1]}, not the {policy[0]}/{policy[1]} "
+                "its name says"
+            )
+        if not problems and meta.get("key") != self.keys[policy]:
+            differ = [
+                label
+                for part, label in _PROVENANCE_PARTS
+                if part in meta and part in self.info and meta[part] != self.info[part]
+            ]
+            what = " and ".join(differ) if differ else "inputs or parameters"
+            problems.append(
+                f"it was made with other {what} than {RESULT_FILE} lists "
+                "(left by another or an interrupted `dsim run`?)"
+            )
+        if problems:
+            raise InputError(f"{'; '.join(problems)}: {_RERUN}", path)
+
+    def verify(self) -> None:
+        """Check the provenance of every listed replay (metadata only); ``InputError`` if bad."""
+        for policy, path in self.replays.items():
+            if not path.is_file():
+                raise InputError(
+                    f"missing: {RESULT_FILE} lists policy {policy[0]}/{policy[1]} "
+                    f"but its replay is not there; {_RERUN}",
+                    path,
+                )
+            try:
+                schema = pq.read_schema(path)
+            except (OSError, pa.ArrowException) as exc:
+                raise parquetio.unreadable(exc, path, _CORRUPT_REMEDY) from exc
+            self._check(replay_metadata(schema, path), policy, path)
+
     def read(self, policy: Policy) -> pa.Table:
+        """One listed replay, its page checksums and provenance checked."""
         path = self.replays[policy]
         try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"unreadable replay table: {exc}", path) from exc
-        replay_metadata(table, path)
+            table = parquetio.read_table(path, remedy=_CORRUPT_REMEDY)
+        except FileNotFoundError:
+            raise InputError(
+                f"missing: {RESULT_FILE} lists it but the file is not there; {_RERUN}", path
+            ) from None
+        self._check(replay_metadata(table, path), policy, path)
         return table
 
 
@@ -134,6 +214,17 @@ def write_result_info(info: dict[str, Any], out: str | Path, run: str) -> Path:
     path = Path(out) / run / RESULT_FILE
     write_json({"format_version": RESULTS_FORMAT_VERSION, **info, "run": run}, path)
     return path
+
+
+def _replay_files(directory: Path) -> dict[Policy, Path]:
+    """Replay files by the policy their name spells; other files are not dsim's."""
+    found: dict[Policy, Path] = {}
+    for replay in sorted(directory.glob("*__*.parquet")):
+        try:
+            found.setdefault(parse_policy_label(replay.stem), replay)
+        except UsageError:  # a stray file whose name is not a policy label
+            continue
+    return found
 
 
 def _load_result_run(directory: Path) -> ResultRun:
@@ -148,33 +239,91 @@ def _load_result_run(directory: Path) -> ResultRun:
             f"{RESULTS_FORMAT_VERSION}); re-run `dsim run --force`",
             path,
         )
-    run = ResultRun(directory=directory, info=info)
-    for replay in sorted(directory.glob("*__*.parquet")):
+    listed = info.get("policies")
+    if not isinstance(listed, dict) or not all(isinstance(k, str) for k in listed.values()):
+        raise InputError(f"does not list its replays (no 'policies'); {_RERUN}", path)
+    keys: dict[Policy, str] = {}
+    for label, key in listed.items():
         try:
-            run.replays[parse_policy_label(replay.stem)] = replay
-        except UsageError:  # a stray file whose name is not a policy label
-            continue
+            keys[parse_policy_label(label)] = key
+        except UsageError as exc:
+            raise InputError(f"lists {label!r}: {exc}; {_RERUN}", path) from None
+    run = ResultRun(directory=directory, info=info)
+    for policy in sorted(keys, key=policy_label):
+        run.keys[policy] = keys[policy]
+        run.replays[policy] = directory / f"{policy_label(policy)}.parquet"
+    run.stale = [p for policy, p in _replay_files(directory).items() if policy not in keys]
     return run
 
 
-def find_result_runs(paths: list[str | Path]) -> list[ResultRun]:
+@dataclass
+class ResultsScan:
+    """What ``scan_results`` found: runs with a ``result.json``, and run directories without."""
+
+    runs: list[ResultRun]
+    without_result: list[Path] = field(default_factory=list)
+
+    def notes(self, runs: list[ResultRun] | None = None) -> list[str]:
+        """One line per directory skipped, and per run (of ``runs``) with stale replays."""
+        notes = [
+            f"{_shown(d)}: no {RESULT_FILE} (an interrupted `dsim run`?); skipped"
+            for d in self.without_result
+        ]
+        for run in self.runs if runs is None else runs:
+            if run.stale:
+                notes.append(
+                    f"ignored {len(run.stale)} stale replay(s) in {_shown(run.directory)}/ "
+                    "not made by its last `dsim run`"
+                )
+        return notes
+
+
+def _shown(directory: Path) -> str:
+    return os.path.normpath(directory)
+
+
+def scan_results(paths: list[str | Path]) -> ResultsScan:
     """Every run under the given results directories (or run directories), in name order.
 
-    Raises ``InputError`` naming the path when one holds no results at all.
+    Raises ``InputError`` naming the path when one holds no usable results.
     """
     runs: dict[Path, ResultRun] = {}
+    without: dict[Path, Path] = {}
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise InputError("no such file or directory", path)
         if (path / RESULT_FILE).is_file():
             candidates = [path]
+            bare = []
         else:
             candidates = sorted(p.parent for p in path.glob(f"*/{RESULT_FILE}"))
+            bare = sorted({p.parent for p in path.glob("*/*__*.parquet")} - set(candidates))
+            if _replay_files(path):  # a run directory itself, without its result.json
+                raise InputError(
+                    f"no {RESULT_FILE} here (an interrupted `dsim run`?); {_RERUN}", path
+                )
+        for directory in bare:
+            without.setdefault(directory.resolve(), directory)
         if not candidates:
-            raise InputError(
-                f"no dsim results here (no */{RESULT_FILE}; produce them with `dsim run`)", path
+            detail = (
+                f"; {', '.join(_shown(d) + '/' for d in bare)} hold(s) replays "
+                "but no result.json (an interrupted `dsim run`?)"
+                if bare
+                else "; produce them with `dsim run`"
             )
+            raise InputError(f"no dsim results here (no */{RESULT_FILE}{detail})", path)
         for directory in candidates:
             runs.setdefault(directory.resolve(), _load_result_run(directory))
-    return sorted(runs.values(), key=lambda r: (r.name, str(r.directory)))
+    ordered = sorted(runs.values(), key=lambda r: (r.name, str(r.directory)))
+    return ResultsScan(ordered, sorted(without.values()))
+
+
+def results_directories(paths: list[str | Path]) -> list[Path]:
+    """The results directories (the ones ``dsim run`` locks) that ``paths`` name or lie in."""
+    return [Path(p).parent if (Path(p) / RESULT_FILE).is_file() else Path(p) for p in paths]
+
+
+def find_result_runs(paths: list[str | Path]) -> list[ResultRun]:
+    """The runs of ``scan_results`` (for callers that print no notes)."""
+    return scan_results(paths).runs

@@ -237,7 +237,8 @@ def summarize_results(
 
     Options override the selection each run's ``result.json`` recorded. The
     ``actual/actual`` replay is read for the what-if columns even when
-    ``policies`` leaves it out of the rows.
+    ``policies`` leaves it out of the rows. Only the replays ``result.json``
+    lists are read, and only if their provenance matches (``dsim.results``).
     """
     wanted = None if policies is None else list(dict.fromkeys(policies))
     rows: list[dict[str, Any]] = []
@@ -245,6 +246,7 @@ def summarize_results(
         chosen = [p for p in run.replays if wanted is None or p in wanted]
         if not chosen:
             continue
+        run.verify()  # every listed replay, so that no run mixes two `dsim run`s
         if BASELINE in run.replays and BASELINE not in chosen:
             chosen.append(BASELINE)
         run_epochs, run_warmup, run_threshold = _run_selection(run, epochs, warmup, threshold_s)

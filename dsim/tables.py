@@ -16,8 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from dsim import parquetio
 from dsim.atomic import atomic_dir, write_json
 from dsim.errors import InputError
 
@@ -94,8 +94,8 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     directory = Path(directory)
     info = {"format_version": FORMAT_VERSION, **run.info, "name": run.name}
     with atomic_dir(directory) as tmp:
-        pq.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
-        pq.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
+        parquetio.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
+        parquetio.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
         if rejects is not None and rejects.num_rows:
             pacsv.write_csv(rejects, tmp / REJECTS_FILE)
         write_json(info, tmp / RUN_FILE)
@@ -129,11 +129,9 @@ def read_run(directory: str | Path) -> RunTables:
     for name, schema in ((FETCH_FILE, FETCH_SCHEMA), (TRAIN_FILE, TRAIN_SCHEMA)):
         path = directory / name
         try:
-            table = pq.read_table(path)
+            table = parquetio.read_table(path, remedy="re-run `dsim parse` for this run")
         except FileNotFoundError:
             raise InputError(f"missing {name} (re-run `dsim parse`)", directory) from None
-        except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"unreadable Parquet table: {exc}", path) from exc
         tables.append(_check_schema(table, schema, path))
     return RunTables(
         name=info.get("name", directory.name), fetch=tables[0], train=tables[1], info=info

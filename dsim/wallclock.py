@@ -16,6 +16,10 @@ import pyarrow.compute as pc
 _TS_WIDTH = 19  # YYYY-mm-dd HH:MM:SS
 _TS_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
 _DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+# Years whose times fit int64 nanoseconds (numpy's datetime64[ns] ends in April 2262), from
+# the Unix epoch on: anything else is a corrupt year, and multiplied out to nanoseconds it
+# would wrap around silently.
+FIRST_YEAR, LAST_YEAR = 1970, 2261
 
 
 def civil_seconds(text: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
@@ -67,6 +71,7 @@ def civil(year, month, day, hour, minute, second) -> tuple[np.ndarray, np.ndarra
     else:
         days, ok = _days(year, month, day)
     ok &= (hour < 24) & (minute < 60) & (second < 60)
+    ok &= (year >= FIRST_YEAR) & (year <= LAST_YEAR)
     seconds = days * 86400 + hour * 3600 + minute * 60 + second
     return np.where(ok, seconds, 0), ok
 
@@ -92,4 +97,11 @@ def civil_seconds_arrow(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     same = pc.equal(pc.strftime(seconds, format=fmt), text)
     ok = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
     whole = pc.fill_null(pc.cast(seconds, pa.int64()), 0).to_numpy(zero_copy_only=False)
-    return whole, ok
+    ok &= (whole >= _FIRST_SECOND) & (whole < _AFTER_LAST_SECOND)
+    return np.where(ok, whole, 0), ok
+
+
+_FIRST_SECOND = 0  # 1970-01-01 00:00:00
+_AFTER_LAST_SECOND = int(
+    (np.datetime64(f"{LAST_YEAR + 1}-01-01", "s") - np.datetime64("1970-01-01", "s")).astype(int)
+)

@@ -12,9 +12,11 @@ per training loop) and merged the way a shared terminal or log file merges
 them: each stream keeps its own order, streams interleave by jittered write
 time. Times are chosen so that the records are unambiguous under the rules of
 DESIGN.md §1: fetch ends strictly increase per (rank, worker) but not with the
-batch index, training starts strictly increase per rank, and a rank's epoch
-begins after its previous epoch ended, so ordinal epoch matching has one
-right answer.
+batch index, training starts strictly increase per rank, a training line
+starts after its batch's fetch ended, ``Data`` is at most ``Time``, and a
+rank's next epoch fetches start ``EPOCH_GAP_NS`` after its previous epoch's
+last training line, so the epoch of every fetch has one right answer
+(``dsim.epochs``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NS = 1_000_000_000
+EPOCH_GAP_NS = 10_000_000  # from a rank's last training line of an epoch to its next fetches
 _EPOCH_1970 = dt.datetime(1970, 1, 1)
 
 OTHER_TEXTS = (
@@ -231,8 +234,9 @@ def write_log(spec: LogSpec, seed: int, directory: Path) -> WrittenLog:
                 throughput = {"always": True, "never": False}.get(spec.throughput)
                 if throughput is None:
                     throughput = rng.random() < 0.5
+                time_s, data_s = sorted((_value(rng), _value(rng)), reverse=True)  # Data <= Time
                 record = (
-                    epoch, i, rank, start_ns, _value(rng), _value(rng),
+                    epoch, i, rank, start_ns, time_s, data_s,
                     _value(rng, 500.0) if throughput else None,
                 )  # fmt: skip
                 train.append(record)
@@ -247,7 +251,8 @@ def write_log(spec: LogSpec, seed: int, directory: Path) -> WrittenLog:
                     held.append((None, start_ns, rng.choice(("", " ", "\t"))))
                     counts["blank"] += 1
             epoch_end = max(train_clock.now, *(c.now for c in worker_clocks))
-            epoch_start = epoch_end
+            # The next epoch's loader starts once this epoch's last iteration has run.
+            epoch_start = epoch_end + EPOCH_GAP_NS
             for n, (_, start_ns, text) in enumerate(held):
                 loop.append((epoch_end + n if late else start_ns, text))
         rank_streams.append([*worker_streams, loop])

@@ -17,15 +17,17 @@ from dsim import grammar
 from dsim.fastpath import fast_records
 
 
-def _parse(text: bytes, fast: bool, first_line: int = 1):
+def _parse(text: bytes, fast: bool, first_line: int = 1, max_duration=grammar.MAX_DURATION_S):
     rejects = grammar.Rejects()
-    records = grammar.parse_lines(grammar.lines_of(text), first_line, rejects, fast=fast)
+    records = grammar.parse_lines(
+        grammar.lines_of(text), first_line, rejects, fast=fast, max_duration=max_duration
+    )
     return records, rejects.table()
 
 
-def _assert_same(text: bytes) -> grammar.BlockRecords:
-    fast, fast_rejects = _parse(text, fast=True)
-    slow, slow_rejects = _parse(text, fast=False)
+def _assert_same(text: bytes, max_duration: float = grammar.MAX_DURATION_S) -> grammar.BlockRecords:
+    fast, fast_rejects = _parse(text, fast=True, max_duration=max_duration)
+    slow, slow_rejects = _parse(text, fast=False, max_duration=max_duration)
     for kind in ("fetch", "train"):
         a, b = getattr(fast, kind), getattr(slow, kind)
         assert list(a) == list(b)
@@ -42,6 +44,8 @@ digits = st.integers(0, 10**9 - 1)
 fraction = st.integers(1, 9).flatmap(lambda n: st.text("0123456789", min_size=n, max_size=n))
 number = st.one_of(
     st.floats(0, 1e6, allow_nan=False).map(repr),
+    # Out of range, non-finite, or at the bounds of dsim.bounds (a day; Data <= Time + 1 ms).
+    st.sampled_from(["1e999", "1e400", "1e300", "86400", "86400.0005", "86400.001", "90000"]),
     st.tuples(
         st.text("0123456789", min_size=1, max_size=25), st.text("0123456789", max_size=25)
     ).map(lambda t: f"{t[0]}.{t[1]}" if t[1] else t[0]),
@@ -99,7 +103,12 @@ def near_canonical(draw: st.DrawFn) -> str:
         return line[:i]
     if edit == "prefix":
         return draw(st.sampled_from(["(pid=1) ", "[rank0]:", " ", "x"])) + line
-    return line + draw(st.sampled_from(["\r", " ", "\t", " x", "(1)"]))
+    return line + draw(
+        st.sampled_from(
+            ["\r", " ", "\t", " x", "(1)", "\tLoss 6.9 (6.9)", "\tAcc@1   0.00 (  0.10)",
+             "\tThroughput 5", "\tThroughput 5 (5", "\tLoss 6.9 (6."]
+        )
+    )  # fmt: skip
 
 
 def _block(lines: list[str], newline: str) -> bytes:
@@ -120,9 +129,12 @@ def test_canonical_lines_agree(lines: list[str], crlf: bool) -> None:
 
 
 @SETTINGS
-@given(lines=st.lists(st.one_of(canonical, near_canonical()), min_size=1, max_size=30))
-def test_near_canonical_lines_agree(lines: list[str]) -> None:
-    _assert_same(_block(lines, "\n"))
+@given(
+    lines=st.lists(st.one_of(canonical, near_canonical()), min_size=1, max_size=30),
+    max_duration=st.sampled_from([grammar.MAX_DURATION_S, 10.0, 0.5]),
+)
+def test_near_canonical_lines_agree(lines: list[str], max_duration: float) -> None:
+    _assert_same(_block(lines, "\n"), max_duration)
 
 
 @SETTINGS
@@ -141,7 +153,7 @@ def test_long_blocks_take_the_fast_path_and_agree() -> None:
     for i in range(2000):
         lines.append(fetch.format(i % 60, "841"[: 1 + i % 3], i % 8, i % 5, f"{i}.25", i))
         tp = f"\tThroughput {i}.5 ({i}.5)" if i % 3 else ""
-        lines.append(train.format(i % 60, "191641", i % 8, i, 2000, "0.9", f"0.{i}") + tp)
+        lines.append(train.format(i % 60, "191641", i % 8, i, 2000, "1.9", f"0.{i}") + tp)
     records = _assert_same(_block(lines, "\n"))
     assert len(records.fetch["line"]) == len(records.train["line"]) == 2000
     assert np.isnan(records.train["throughput"][0]) and records.train["throughput"][1] == 1.5
@@ -153,7 +165,7 @@ def test_fast_path_handles_what_it_can_and_leaves_the_rest() -> None:
     lines = [good] * 600 + ["[rank0]:" + good, good.replace("8.1", "-8.1"), "hello"]
     text = _block(lines, "\n")
     numbers = np.arange(1, len(lines) + 1, dtype=np.int64)
-    fetch, train, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_FETCH_S)
+    fetch, train, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_DURATION_S)
     assert len(fetch["line"]) == 600 and len(train["line"]) == 0
     assert rest.tolist() == [600, 601, 602]
     records = _assert_same(text)
@@ -162,6 +174,10 @@ def test_fast_path_handles_what_it_can_and_leaves_the_rest() -> None:
 
 def test_calendar_and_range_checks_match() -> None:
     lines = [
+        "2262-01-01 00:00:00.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 1.0 data idx0",
+        "1969-12-31 23:59:59.5 GPU: 0 Epoch: [0][1/5]\tTime 1.0 (1.0)\tData 0.5 (0.5)",
+        "2020-02-29 23:59:59.5 GPU: 0 Epoch: [0][1/5]\tTime 1.0 (1.0)\tData 1.5 (0.5)",
+        "2020-02-29 23:59:59.5 GPU: 0 Epoch: [0][1/5]\tTime 86401.0 (1.0)\tData 1.5 (0.5)",
         "2021-02-29 00:00:00.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 1.0 data idx0",
         "2020-02-29 24:00:00.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 1.0 data idx0",
         "2020-02-29 23:59:59.5 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 99999999.0 data idx0",
@@ -197,8 +213,8 @@ def test_fast_decimals_are_correctly_rounded(tokens: list[str]) -> None:
     line = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time {} data idx{}"
     text = _block([line.format(t, i) for i, t in enumerate(tokens)], "\n")
     numbers = np.arange(1, len(tokens) + 1, dtype=np.int64)
-    fetch, _, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_FETCH_S)
+    fetch, _, rest = fast_records(grammar.lines_of(text), numbers, grammar.MAX_DURATION_S)
     expected = np.array([float(t) for t in tokens])
-    small = expected <= grammar.MAX_FETCH_S
+    small = expected <= grammar.MAX_DURATION_S
     assert rest.tolist() == np.flatnonzero(~small).tolist()  # all taken but the out-of-range
     assert fetch["fetch_s"].view(np.int64).tolist() == expected[small].view(np.int64).tolist()

@@ -8,7 +8,14 @@ from loglines import T0, fetch_line, one_epoch, run_of, train_line
 
 from dsim.discover import RunSource, discover_runs, tree_run_name
 from dsim.errors import InputError
-from dsim.parse import CLOCK_BACKWARDS, DUPLICATE_FETCH, DUPLICATE_TRAIN, NO_RANK, parse_run
+from dsim.parse import (
+    CLOCK_OUTLIER,
+    CONFLICT_TRAIN,
+    DUPLICATE_FETCH,
+    DUPLICATE_TRAIN,
+    NO_RANK,
+    parse_run,
+)
 
 
 def test_canonical_interleaved_log(tmp_path):
@@ -105,8 +112,8 @@ def test_training_lines_printed_after_the_epoch(tmp_path):
     assert parsed.tables.train["iteration"].to_pylist() == [0, 1, 2]
 
 
-def test_epoch_of_fetch_by_ordinal_matching(tmp_path):
-    """The second fetch of idx 0 belongs to the second training line of iteration 0."""
+def test_epoch_of_fetch_by_time(tmp_path):
+    """A fetch takes the epoch of its rank's training line before it (dsim.epochs)."""
     lines = []
     for epoch, base in ((4, 10), (5, 30)):
         for i in range(2):
@@ -155,7 +162,8 @@ def test_bad_records_are_skipped_and_counted_by_reason(tmp_path):
         train_line("20.0", 0, 0, 1, data="-0.5"),  # negative training value
         "2021-13-01 19:48:20.0 GPU: 0 Epoch: [0][  1/3]\tTime 1 (1)\tData 1 (1)",  # bad date
         good[0],  # exact duplicate fetch
-        train_line("30.0", 0, 0, 0),  # duplicate training record (same gpu, epoch, iteration)
+        good[1],  # exact duplicate training record
+        train_line("10.75", 1, 0, 1, time="0.8"),  # conflicts with GPU 1's iteration 1
         "GPU: 0 Epoch: [0] garbage",  # malformed training line
     ]
     parsed = parse_run(run_of(tmp_path, {"output.log": good + bad}))
@@ -169,8 +177,9 @@ def test_bad_records_are_skipped_and_counted_by_reason(tmp_path):
         "malformed training line": 1,
         DUPLICATE_FETCH: 1,
         DUPLICATE_TRAIN: 1,
+        CONFLICT_TRAIN: 2,
     }
-    assert (parsed.report["fetch_records"], parsed.report["train_records"]) == (4, 4)
+    assert (parsed.report["fetch_records"], parsed.report["train_records"]) == (4, 3)
     rejects = parsed.rejects.to_pylist()
     assert [r["line"] for r in rejects] == sorted(r["line"] for r in rejects)
     assert all(r["file"].endswith("output.log") for r in rejects)
@@ -186,7 +195,7 @@ def test_clock_going_backwards_is_rejected(tmp_path):
         train_line("12.1", 0, 0, 2),  # iteration 2 starts before iteration 1
     ]
     parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
-    assert parsed.report["skipped"] == {CLOCK_BACKWARDS: 2}
+    assert parsed.report["skipped"] == {CLOCK_OUTLIER: 2}
     assert [r["line"] for r in parsed.rejects.to_pylist()] == [3, 6]
 
 

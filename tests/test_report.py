@@ -62,11 +62,12 @@ def write_synthetic_run(
             epoch, iteration, metrics, np.arange(gpus), stall, run=run, policy=policy, key="synth"
         )
         write_replay(table, out)
-    write_result_info(
-        {"trace": {"gpus": gpus}, "summary": {"epochs": None, "warmup": 2, "threshold_s": 0.03}},
-        out,
-        run,
-    )
+    info = {
+        "trace": {"gpus": gpus},
+        "summary": {"epochs": None, "warmup": 2, "threshold_s": 0.03},
+        "policies": {f"{f}__{s}": "synth" for f, s in policies or ALL_POLICIES},
+    }
+    write_result_info(info, out, run)
     return out / run
 
 
@@ -285,7 +286,7 @@ def test_replay_table_of_an_older_format(tmp_path: Path) -> None:
 
 
 def test_run_without_replays(tmp_path: Path) -> None:
-    write_result_info({"summary": {}}, tmp_path / "res", "bare")
+    write_result_info({"summary": {}, "policies": {}}, tmp_path / "res", "bare")
     out = tmp_path / "r.html"
     assert_fails(dsim("report", tmp_path / "res", "--out", out), 3, "no replay tables")
     assert not out.exists()

@@ -40,7 +40,11 @@ def make_results(out: Path, run: str, scale: float = 1.0) -> Path:
             run=run, policy=policy, key="k",
         )  # fmt: skip
         write_replay(table, out)
-    info = {"trace": {"gpus": 4}, "summary": {"epochs": [1], "warmup": 0, "threshold_s": 0.03}}
+    info = {
+        "trace": {"gpus": 4},
+        "summary": {"epochs": [1], "warmup": 0, "threshold_s": 0.03},
+        "policies": {f"{f}__{s}": "k" for f, s in METRICS},
+    }
     write_result_info(info, out, run)
     return out
 

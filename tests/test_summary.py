@@ -60,6 +60,7 @@ def write_results(out, run=RUN, policies=POLICY_METRICS, summary=None, gpus=2):
     info = {
         "trace": {"gpus": gpus, "metadata": {"model": "resnet50", "batch_size": 2048}},
         "summary": summary or {"epochs": None, "warmup": 1, "threshold_s": 0.030},
+        "policies": {f"{f}__{s}": "test" for f, s in policies},
     }
     write_result_info(info, out, run)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -10,14 +11,20 @@ from pathlib import Path
 
 import typer
 
-from dsim.errors import DsimError, InputError
+from dsim.errors import DsimError, InputError, UsageError
+
+# The library's defaults (dsim.bounds, dsim.parse), not imported so that `--help` stays fast.
+MAX_DURATION_S = 86_400.0
+STRAY_RANK_SHARE = 0.01
 
 HELP = """Parse raw PyTorch DDP logs into per-run Parquet tables (fetch.parquet,
 train.parquet, run.json) under --out.
 
-PATH is a log file, a directory holding one run's logs (one interleaved file
-or one *.log file per rank), or a tree of runs. Bad lines are skipped, counted
-by reason and listed in <out>/<run>/rejects.csv; --strict stops at the first.
+PATH is a log file (or a pipe: `<(zcat log.gz)`), a directory holding one
+run's logs (one interleaved file or one *.log file per rank), or a tree of
+runs. Bad lines -- malformed, impossible values, repeated or conflicting
+records, timestamps out of order, stray GPU ranks -- are skipped, counted by
+reason and listed in <out>/<run>/rejects.csv; --strict stops at the first.
 
 \b
 Examples:
@@ -28,30 +35,79 @@ Examples:
 
 
 def command(
-    paths: list[Path] = typer.Argument(..., help="Log files, run directories or trees of runs."),
+    paths: list[Path] = typer.Argument(
+        ...,
+        help="Log files, run directories or trees of runs.",
+        readable=False,  # dsim says why it cannot read a file (exit 3), not click (exit 2)
+    ),
     out: Path = typer.Option(Path("traces"), "--out", "-o", help="Where run directories go."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record."),
     name: str | None = typer.Option(None, "--name", help="Name of the run (one run only)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Runs parsed at once (0: one per core)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    max_duration: float = typer.Option(
+        MAX_DURATION_S,
+        "--max-duration",
+        metavar="SECONDS",
+        help="Longest plausible fetch, iteration or stall; longer ones are rejected.",
+    ),
+    stray_rank_share: float = typer.Option(
+        STRAY_RANK_SHARE,
+        "--stray-rank-share",
+        metavar="F",
+        help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
+    ),
 ) -> None:
+    from dsim.atomic import remove_leftovers
     from dsim.discover import discover_runs
 
+    if not math.isfinite(max_duration) or max_duration <= 0:
+        raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
+    if not 0 <= stray_rank_share <= 1:
+        raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
+    limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
     runs = discover_runs(paths, name=name)
+    remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
     workers = min(len(runs), jobs or os.cpu_count() or 1)
     if workers <= 1:
         for run in runs:
             try:
-                _report(_parse_and_write(run, out, strict, show_progress), quiet)
+                _report(_parse_and_write(run, out, strict, show_progress, limits), quiet)
             except InputError as exc:
                 failures.append(exc)
                 if strict:
                     break
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool, _runs_bar(show_progress) as bar:
-            futures = [pool.submit(_parse_and_write, run, out, strict, False) for run in runs]
+        _parse_in_parallel(runs, out, strict, limits, workers, quiet, show_progress, failures)
+    if failures:
+        for failure in failures[:-1]:
+            typer.echo(f"dsim: error: {failure}", err=True)
+        raise failures[-1]
+
+
+def _parse_in_parallel(
+    runs, out: Path, strict: bool, limits: dict, workers: int, quiet, show, failures
+) -> None:
+    """One run per worker process; workers die with this process, however it ends.
+
+    On Ctrl-C, SIGTERM or an unexpected error the workers are stopped with
+    SIGTERM (each removes its half-written run directory), and runs not yet
+    started are cancelled; under SIGKILL the kernel kills them
+    (``dsim.processes.worker_init``) and the next parse removes their leftovers.
+    """
+    from dsim import processes
+
+    pool = ProcessPoolExecutor(
+        max_workers=workers, initializer=processes.worker_init, initargs=(os.getpid(),)
+    )
+    try:
+        with _runs_bar(show) as bar:
+            futures = [
+                pool.submit(processes.in_worker, _parse_and_write, run, out, strict, False, limits)
+                for run in runs
+            ]
             task = bar.add_task("parsing runs", total=len(futures)) if bar else None
             for future in as_completed(futures):
                 try:
@@ -60,10 +116,28 @@ def command(
                     failures.append(exc)
                 if bar:
                     bar.advance(task)
-    if failures:
-        for failure in failures[:-1]:
-            typer.echo(f"dsim: error: {failure}", err=True)
-        raise failures[-1]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        processes.stop_workers()
+        raise
+    finally:
+        _close(pool)
+
+
+def _close(pool: ProcessPoolExecutor) -> None:
+    """Shut the pool down completely, even when a signal interrupts the shutdown.
+
+    The pool's manager thread must be joined before the interpreter exits,
+    or its exit hook races with the thread's own cleanup.
+    """
+    from dsim import processes
+
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:
+        processes.stop_workers()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
 
 
 def _echo_above(bar):
@@ -83,14 +157,14 @@ def _runs_bar(show: bool):
     return rp.Progress(*columns, rp.TimeRemainingColumn(), transient=True)
 
 
-def _parse_and_write(run, out: Path, strict: bool, show_progress: bool) -> dict:
+def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: dict) -> dict:
     from dsim.parse import parse_run
     from dsim.tables import write_run
 
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-        total = sum(p.stat().st_size for p in run.files)
+        total = sum(_size(p) for p in run.files)
         columns = (
             "[progress.description]{task.description}",
             BarColumn(),
@@ -99,22 +173,30 @@ def _parse_and_write(run, out: Path, strict: bool, show_progress: bool) -> dict:
         )
         with Progress(*columns, transient=True) as bar:
             task = bar.add_task(f"parsing {run.name}", total=total)
-            parsed = parse_run(run, strict=strict, progress=lambda n: bar.advance(task, n))
+            parsed = parse_run(
+                run, strict=strict, progress=lambda n: bar.advance(task, n), **limits
+            )
     else:
-        parsed = parse_run(run, strict=strict)
+        parsed = parse_run(run, strict=strict, **limits)
     directory = write_run(parsed.tables, out / run.name, parsed.rejects)
     return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
+
+
+def _size(path: Path) -> int:
+    """Bytes to parse, for the progress bar: 0 for what cannot be measured (a pipe)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # reading it will say what is wrong
 
 
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
     info, rep = result["info"], result["info"]["report"]
-    per_epoch = sorted(set(info["iterations_per_epoch"].values()))
-    iters = "/".join(str(v) for v in per_epoch) or "0"
     echo(
         f"{result['name']}: {info['gpus']} GPUs, epochs {_span(info['epochs'])}, "
-        f"{iters} iterations per epoch; {rep['fetch_records']} fetch and "
+        f"{_iterations(info)}; {rep['fetch_records']} fetch and "
         f"{rep['train_records']} training records from {rep['lines']} lines "
         f"-> {result['directory']}"
     )
@@ -129,6 +211,19 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
         echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
     for warning in rep.get("warnings", []):
         echo(f"  warning: {warning}")
+
+
+def _iterations(info: dict) -> str:
+    """``851 iterations per epoch``, or what is missing: ``epoch 1: 149 of 851 iterations``."""
+    present = info["iterations_per_epoch"]
+    declared = info.get("declared_iterations_per_epoch", {})
+    short = [e for e, n in present.items() if e in declared and n < declared[e]]
+    full = sorted({n for e, n in present.items() if e not in short})
+    parts = [f"{'/'.join(str(n) for n in full)} iterations per epoch"] if full else []
+    parts += [f"epoch {e}: {present[e]} of {declared[e]} iterations" for e in short[:3]]
+    if len(short) > 3:
+        parts.append(f"{len(short) - 3} more epochs incomplete")
+    return ", ".join(parts) or "0 iterations per epoch"
 
 
 def _span(epochs: list[int]) -> str:

@@ -84,9 +84,10 @@ def _write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path | No
             err=True,
         )
         return None
-    from dsim.atomic import atomic_path
+    from dsim.atomic import atomic_path, remove_leftovers
 
     folder = out.with_name(f"{out.stem}_images")
+    remove_leftovers(folder)
     for div_id, fig in figs:
         target = folder / f"{div_id.removeprefix('fig-')}.{fmt}"
         with atomic_path(target) as tmp:
@@ -160,18 +161,60 @@ def command(
     policies = [parse_policy_option(p) for p in policy or []] or None
     _check_output(out)
 
-    from dsim.atomic import write_text
+    from dsim import lock
+    from dsim.atomic import remove_leftovers, write_text
+    from dsim.render.html import render_report, report_figures
+    from dsim.results import results_directories
+
+    def say(text: str) -> None:
+        typer.echo(f"dsim: {text}", err=True)
+
+    with lock.shared(results_directories(list(results)), say):  # read, then render unlocked
+        data, notes = _read_results(
+            results, run, policies, epoch_sel, warmup, threshold, timeline_run
+        )
+    for note in notes:
+        say(f"note: {note}")
+    figs = report_figures(data)
+    remove_leftovers(out.parent)  # temporaries of a killed report
+    write_text(render_report(data, figs), out)
+    shown = list(dict.fromkeys(data.summary["run"]))
+    size_mb = out.stat().st_size / 1e6
+    typer.echo(
+        f"wrote {out} ({len(shown)} run{'s' if len(shown) != 1 else ''}, "
+        f"{len(data.summary)} policy rows, {size_mb:.1f} MB)"
+    )
+    if images is not None:
+        folder = _write_images(figs, out, images.lower())
+        if folder is not None:
+            typer.echo(f"wrote {len(figs)} {images.lower()} images to {folder}")
+
+
+def _read_results(
+    results: list[Path],
+    run: list[str] | None,
+    policies: list[Policy] | None,
+    epoch_sel: Any,
+    warmup: int | None,
+    threshold: float | None,
+    timeline_run: str | None,
+) -> tuple[Any, list[str]]:
+    """Everything the report shows, read from the results directories; and notes for the user."""
     from dsim.policies import BASELINE
-    from dsim.render.html import ReportInput, render_report, report_figures
-    from dsim.results import find_result_runs
+    from dsim.render.html import ReportInput
+    from dsim.results import scan_results
     from dsim.summary import summarize_results
 
-    runs = select_runs(find_result_runs(list(results)), run or [])
+    scan = scan_results(list(results))
+    runs = select_runs(scan.runs, run or [])
     for r in runs:
         if not r.replays:
             from dsim.errors import InputError
 
-            raise InputError("no replay tables (*__*.parquet) in this run directory", r.directory)
+            raise InputError(
+                "no replay tables listed in its result.json (re-run `dsim run` for this run)",
+                r.directory,
+            )
     if policies is not None:
         present = {p for r in runs for p in r.replays}
         missing = [p for p in policies if p not in present]
@@ -213,14 +256,4 @@ def command(
         selection=_selection_text(first_row),
         sources=[str(p) for p in results],
     )
-    figs = report_figures(data)
-    write_text(render_report(data, figs), out)
-    size_mb = out.stat().st_size / 1e6
-    typer.echo(
-        f"wrote {out} ({len(shown)} run{'s' if len(shown) != 1 else ''}, "
-        f"{len(summary)} policy rows, {size_mb:.1f} MB)"
-    )
-    if images is not None:
-        folder = _write_images(figs, out, images.lower())
-        if folder is not None:
-            typer.echo(f"wrote {len(figs)} {images.lower()} images to {folder}")
+    return data, scan.notes(runs)

@@ -21,7 +21,8 @@ RESULTS/<run>/result.json and RESULTS/summary.{parquet,csv}, and prints the
 summary. actual/actual (the measured run) is always replayed, since the
 what-if columns compare against it. Finished replays are reused when the
 trace and replay parameters are unchanged (--force recomputes), so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped. A second `dsim run` on the same
+RESULTS directory waits for the first to finish.
 
 \b
 Examples:
@@ -55,6 +56,10 @@ def _progress_factory(console: Any, stack: Any) -> Callable[[int], Callable[[int
         return lambda rows: progress.advance(task, rows)
 
     return factory
+
+
+def _say(console: Any, text: str) -> None:
+    console.print(text, highlight=False, soft_wrap=True, markup=False)
 
 
 def command(
@@ -119,6 +124,7 @@ def command(
             config,
             force=force,
             progress=None if quiet else _progress_factory(err, stack),
+            on_wait=None if quiet else lambda text: _say(err, f"dsim: {text}"),
         )
     if quiet:
         return

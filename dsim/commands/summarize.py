@@ -19,6 +19,8 @@ start/fetch spreads, the share of iterations with an effective delay, and the
 what-if columns against the measured run (actual/actual). Epoch selection,
 warm-up and threshold default to what `dsim run` recorded; options override them.
 With --out the table is also written (atomically) as OUT/summary.<format>.
+Only the replays each run's result.json lists are read, and only if they
+match it; stale replays of policies no longer configured are ignored.
 
 \b
 Examples:
@@ -62,21 +64,33 @@ def command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
+    from dsim import lock
+    from dsim.atomic import remove_leftovers
     from dsim.options import parse_epochs_option, parse_policy_option, select_runs
     from dsim.render.files import parse_formats, write_summary_files
-    from dsim.results import find_result_runs
+    from dsim.results import results_directories, scan_results
     from dsim.summary import summarize_results
 
     format_names = parse_formats(formats)  # validate before any work
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
     epoch_option = parse_epochs_option(epochs)
 
-    runs = select_runs(find_result_runs(list(results)), run_globs)
-    summary = summarize_results(
-        runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
-    )
+    def say(text: str) -> None:
+        if not quiet:
+            typer.echo(f"dsim: {text}", err=True)
 
-    written = write_summary_files(summary, out, format_names) if out is not None else []
+    written = []
+    with lock.shared(results_directories(list(results)), say):  # no `dsim run` rewrites them now
+        scan = scan_results(list(results))
+        runs = select_runs(scan.runs, run_globs)
+        summary = summarize_results(
+            runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
+        )
+        if out is not None:
+            remove_leftovers(out)  # temporaries of a killed writer
+            written = write_summary_files(summary, out, format_names)
+    for note in scan.notes(runs):
+        say(f"note: {note}")
     if quiet:
         return
     from rich.console import Console

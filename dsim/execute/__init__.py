@@ -8,8 +8,7 @@ at once and an interrupted run loses only unfinished policies.
 
 from __future__ import annotations
 
-import os
-
+from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.execute.units import (
     DEFAULT_CHUNK_ROWS,
     Job,
@@ -40,8 +39,13 @@ __all__ = [
 
 
 def ray_address(configured: str | None) -> str | None:
-    """The cluster to join: ``--ray-address``/config, else ``RAY_ADDRESS``, else none."""
-    return configured or os.environ.get("RAY_ADDRESS") or None
+    """The cluster to join: ``--ray-address``/config, else ``RAY_ADDRESS``, else none.
+
+    ``local`` (Ray's word for "start a new instance") means no cluster, like
+    an unset or empty address, so ``auto`` may still stay in-process.
+    """
+    text, _ = configured_address(configured)
+    return None if text in (None, "", "local") else text
 
 
 def choose_executor(name: str, jobs: list[Job], address: str | None) -> str:
@@ -65,6 +69,7 @@ def execute(
     on_progress: OnProgress | None = None,
 ) -> str:
     """Replay all jobs; returns the executor that ran them (``local`` or ``ray``)."""
+    _, source = configured_address(address, FROM_SETTINGS)
     address = ray_address(address)
     chosen = choose_executor(executor, jobs, address)
     if not any(job.policies for job in jobs):
@@ -84,5 +89,6 @@ def execute(
             on_progress=on_progress,
             address=address,
             num_cpus=num_cpus,
+            source=source,
         )
     return chosen

@@ -41,16 +41,18 @@ def trace_fingerprint(run_dir: Path) -> dict[str, Any]:
     return {name: _file_digest(run_dir / name) for name in (FETCH_FILE, TRAIN_FILE)}
 
 
+def params_document(params: ReplayParams) -> dict[str, float]:
+    """The replay parameters as recorded in keys, replays and ``result.json``."""
+    return {"stall_floor_s": params.stall_floor_s, "stall_grow_min_s": params.stall_grow_min_s}
+
+
 def replay_key(fingerprint: dict[str, Any], params: ReplayParams, policy: Policy) -> str:
     """The cache key of one replay (hex sha256 of a canonical JSON document)."""
     document = {
         "format_version": RESULTS_FORMAT_VERSION,
         "model": MODEL,
         "trace": fingerprint,
-        "params": {
-            "stall_floor_s": params.stall_floor_s,
-            "stall_grow_min_s": params.stall_grow_min_s,
-        },
+        "params": params_document(params),
         "policy": policy_label(policy),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))

@@ -4,7 +4,11 @@ Order matters for users: the config is fully validated first (``dsim.config``),
 then every run is loaded and checked, and only then does anything get written.
 Each policy's replay is written atomically the moment it is complete, so an
 interrupted run keeps every finished policy and the next run redoes only the
-rest. ``result.json`` and the summary are written last.
+rest. ``result.json`` and the summary are written last: ``result.json``
+lists exactly the replays of this run (``dsim.results`` explains how readers
+use it). From deciding what is cached to writing the summary, the runner
+holds the output directory's exclusive lock (``dsim.lock``), so that two
+``dsim run`` processes on one directory take turns instead of mixing.
 """
 
 from __future__ import annotations
@@ -17,11 +21,19 @@ from typing import Any
 
 import pandas as pd
 
+from dsim import lock
+from dsim.atomic import remove_leftovers
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
-from dsim.execute.cache import replay_key, trace_fingerprint
-from dsim.iterations import IterationArrays, build_iteration_arrays
+from dsim.execute.cache import MODEL, params_document, replay_key, trace_fingerprint
+from dsim.iterations import (
+    MISSING_BOTH,
+    MISSING_FETCH,
+    MISSING_TRAIN,
+    IterationArrays,
+    build_iteration_arrays,
+)
 from dsim.policies import Policy
 from dsim.render.files import write_summary_files
 from dsim.replay import ReplayParams, prepare
@@ -45,7 +57,10 @@ from dsim.tables import read_run
 
 @dataclass
 class RunPlan:
-    """One run: its arrays, keys per policy, and which policies still need computing."""
+    """One run: its arrays, keys per policy, and which policies still need computing.
+
+    ``todo`` is decided under the output directory's lock (``pending_policies``).
+    """
 
     name: str
     trace: dict[str, Any]
@@ -53,6 +68,7 @@ class RunPlan:
     keys: dict[Policy, str]
     todo: list[Policy]
     epochs: list[int]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,33 +93,53 @@ def replay_params(config: SimConfig) -> ReplayParams:
     )
 
 
-def plan_run(
-    name: str, run_dir: Path, config: SimConfig, params: ReplayParams, force: bool
-) -> RunPlan:
-    """Load one run and decide which of its policies are already done with the same key."""
+def plan_run(name: str, run_dir: Path, config: SimConfig, params: ReplayParams) -> RunPlan:
+    """Load and check one run and compute its cache keys; reads the trace, writes nothing."""
     tables = read_run(run_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     if arrays.n_iterations == 0:
-        raise InputError(
-            "no complete iteration to replay (every iteration lacks a fetch or training "
-            f"record for some GPU; dropped: {arrays.dropped or 'none'})",
-            run_dir,
-        )
+        raise InputError(_nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir)
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = trace_fingerprint(run_dir)
     keys = {policy: replay_key(fingerprint, params, policy) for policy in config.policies}
-    todo = [
+    return RunPlan(name, tables.info, arrays, keys, [], epochs, fingerprint)
+
+
+def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
+    """The policies without a finished replay of the same key (all of them with ``force``)."""
+    return [
         policy
-        for policy, key in keys.items()
-        if force or read_replay_key(replay_path(config.out, name, policy)) != key
+        for policy, key in plan.keys.items()
+        if force or read_replay_key(replay_path(out, plan.name, policy)) != key
     ]
-    return RunPlan(name, tables.info, arrays, keys, todo, epochs)
+
+
+def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
+    """Why no iteration of a run is complete, in words a user can act on."""
+    if train.num_rows == 0:
+        return (
+            "no training lines in this run: did you wrap your training loop with "
+            "dsim.instrument.TrainingTimer.iterate?"
+        )
+    no_fetch = dropped.get(MISSING_FETCH, 0) + dropped.get(MISSING_BOTH, 0)
+    no_train = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
+    text = (
+        f"no complete iteration to replay: {no_fetch} iterations lack a fetch record for "
+        f"some GPU, {no_train} lack a training record"
+    )
+    fetch_gpus = set(fetch["gpu"].to_pylist())
+    train_gpus = set(train["gpu"].to_pylist())
+    absent = [f"GPU {g} has no fetch records" for g in sorted(train_gpus - fetch_gpus)]
+    absent += [f"GPU {g} has no training records" for g in sorted(fetch_gpus - train_gpus)]
+    return "; ".join([text, *absent])
 
 
 def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict[str, Any]:
     return {
         "run": plan.name,
+        "model": MODEL,
+        "input": plan.fingerprint,
         "trace": plan.trace,
         "summary": {
             "epochs": plan.epochs,
@@ -112,10 +148,7 @@ def _result_info(plan: RunPlan, config: SimConfig, params: ReplayParams) -> dict
                 DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s
             ),
         },
-        "params": {
-            "stall_floor_s": params.stall_floor_s,
-            "stall_grow_min_s": params.stall_grow_min_s,
-        },
+        "params": params_document(params),
         "dropped": dict(plan.arrays.dropped),
         "iterations": plan.arrays.n_iterations,
         "gpus": [int(g) for g in plan.arrays.gpus],
@@ -129,14 +162,36 @@ def run_replays(
     force: bool = False,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     progress: ProgressFactory | None = None,
+    on_wait: lock.Notify | None = None,
 ) -> RunOutcome:
-    """Replay every run and policy of a validated config; see the module docstring."""
+    """Replay every run and policy of a validated config; see the module docstring.
+
+    ``on_wait`` is told (once) when another ``dsim run`` holds the output
+    directory and this one waits for it.
+    """
     began = time.perf_counter()
     params = replay_params(config)
     plans = [
-        plan_run(name, run_dir, config, params, force)
+        plan_run(name, run_dir, config, params)
         for name, run_dir in zip(config.runs, config.run_dirs, strict=True)
     ]
+    with lock.exclusive(config.out, on_wait):
+        remove_leftovers(config.out, recursive=True)  # of runs killed before us
+        for plan in plans:
+            plan.todo = pending_policies(plan, config.out, force)
+        outcome = _replay_and_summarize(config, plans, params, chunk_rows, progress)
+    outcome.seconds = time.perf_counter() - began
+    return outcome
+
+
+def _replay_and_summarize(
+    config: SimConfig,
+    plans: list[RunPlan],
+    params: ReplayParams,
+    chunk_rows: int,
+    progress: ProgressFactory | None,
+) -> RunOutcome:
+    """Compute what is pending, write replays, ``result.json`` files and the summary."""
     by_name = {plan.name: plan for plan in plans}
     written: list[Path] = []
 
@@ -151,6 +206,11 @@ def run_replays(
             run=plan.name,
             policy=result.policy,
             key=plan.keys[result.policy],
+            provenance={
+                "model": MODEL,
+                "input": plan.fingerprint,
+                "params": params_document(params),
+            },
         )
         written.append(write_replay(table, config.out))
 
@@ -186,7 +246,7 @@ def run_replays(
         executor=executor,
         computed=computed,
         cached=cached,
-        seconds=time.perf_counter() - began,
+        seconds=0.0,
         written=written,
         dropped={plan.name: dict(plan.arrays.dropped) for plan in plans if plan.arrays.dropped},
     )

@@ -31,8 +31,8 @@ def write_parquet_file(summary: pd.DataFrame, path: Path) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """JSON has no NaN: undefined statistics become null."""
-    if isinstance(value, float) and math.isnan(value):
+    """JSON has no NaN or infinity: undefined or unbounded statistics become null."""
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     if hasattr(value, "item"):  # NumPy scalar
         return _plain(value.item())

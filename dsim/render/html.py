@@ -8,7 +8,6 @@ replays; writing it (atomically) is the command's job.
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import math
 from collections.abc import Mapping, Sequence
@@ -292,7 +291,6 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             f"<div class='table-wrap'>{summary_table_html(data.summary)}</div>",
         ),
     ]
-    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     sources = ", ".join(html.escape(s) for s in data.sources)
     nav = "".join(
         f"<a href='#{a}'>{t}</a>"
@@ -314,7 +312,7 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
         "<header><h1>dsim what-if report</h1>"
         f"<p>{len(runs)} run{'s' if len(runs) != 1 else ''}; {html.escape(data.selection)}; "
         f"effective-delay threshold {html.escape(threshold)}.</p>"
-        f"<p>Results: {sources or '–'} · generated {html.escape(now)} by dsim {__version__}</p>"
+        f"<p>Results: {sources or '–'} · made by dsim {__version__}</p>"
         f"<nav>{nav}</nav></header><main>{''.join(sections)}</main>"
         "<footer>Replays follow the dsim design: each iteration is replayed on its own "
         "from the measured fetch and training times.</footer></body></html>\n"

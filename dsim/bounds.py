@@ -1,0 +1,51 @@
+"""Plausibility bounds on the values of a record, shared by both paths of the grammar.
+
+A number can be well-formed and still impossible: ``Time 1e300``, an
+iteration that waited longer for its data than the iteration lasted. Such a
+value would poison every statistic computed from it, so the line is rejected
+(and counted) instead of stored. The canonical fast path (``dsim.fastpath``)
+and the general path (``dsim.grammar``) call the same functions here, so they
+keep the same lines: a line the fast path does not vouch for goes to the
+general path, which names the reason.
+
+Bounds (documented in the README and the parse notes):
+
+- every duration (fetch ``at_time``, ``Time``, ``Data``) is finite, >= 0 and
+  at most ``max_duration`` seconds (default one day, ``--max-duration``);
+- ``Data`` (the stall) is at most ``Time`` (the iteration it is part of) plus
+  ``STALL_SLACK_S``, which absorbs the rounding of the printed values;
+- ``Throughput``, when present, is finite and >= 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_DURATION_S = 86_400.0  # one day: no fetch or iteration of a real run lasts longer
+STALL_SLACK_S = 1e-3  # printed Time and Data are rounded separately
+
+
+def over_max(what: str, max_duration: float) -> str:
+    """The reject reason for a duration above the bound; it names the field and the bound."""
+    return f"{what} above the maximum duration ({max_duration:g} s, --max-duration)"
+
+
+def stall_too_long(iteration_s: np.ndarray, stall_s: np.ndarray) -> np.ndarray:
+    """Rows whose stall exceeds their iteration time by more than the printing slack."""
+    return stall_s > iteration_s + STALL_SLACK_S
+
+
+def fetch_ok(fetch_s: np.ndarray, max_duration: float) -> np.ndarray:
+    """Fetch durations that pass every bound (NaN fails, as every comparison with it does)."""
+    return (fetch_s >= 0) & (fetch_s <= max_duration)
+
+
+def train_ok(
+    iteration_s: np.ndarray, stall_s: np.ndarray, throughput: np.ndarray, max_duration: float
+) -> np.ndarray:
+    """Training values that pass every bound; a NaN throughput means "absent" and passes."""
+    ok = (iteration_s >= 0) & (iteration_s <= max_duration)
+    ok &= (stall_s >= 0) & (stall_s <= max_duration)
+    ok &= ~stall_too_long(iteration_s, stall_s)
+    ok &= np.isnan(throughput) | ((throughput >= 0) & np.isfinite(throughput))
+    return ok

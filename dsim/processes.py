@@ -1,0 +1,145 @@
+"""Signals and worker processes: every way of stopping dsim ends on one clean path.
+
+Ctrl-C (SIGINT) and ``kill`` (SIGTERM) both raise ``KeyboardInterrupt`` in
+the main thread, so ``finally`` blocks run and temporary files are removed;
+the CLI then prints ``dsim: interrupted`` and exits with 128 + the signal
+number (130, 143). The signal is also recorded, because libraries may turn
+the ``KeyboardInterrupt`` into something else on its way up (Typer returns
+exit code 130, Click raises ``Abort``).
+
+Worker processes of ``dsim parse`` die with their parent, even when the
+parent is killed with SIGKILL and has no chance to stop them: on Linux the
+kernel sends them SIGKILL (``PR_SET_PDEATHSIG``); elsewhere a watchdog thread
+notices that the parent is gone. When the parent is interrupted, it stops
+them with SIGTERM, on which a worker abandons its run the clean way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+_received: int | None = None
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_WATCH_PERIOD_S = 0.5
+_STOP_GRACE_S = 10.0
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signum
+    raise KeyboardInterrupt
+
+
+def install_handlers() -> None:
+    """Turn SIGINT and SIGTERM into ``KeyboardInterrupt`` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+
+
+def handles(signum: int) -> bool:
+    """Whether ``install_handlers``'s handler is (still) the one for ``signum``."""
+    return signal.getsignal(signum) is _on_signal
+
+
+def ignore_further() -> None:
+    """Ignore SIGINT and SIGTERM from now on (the process is on its way out)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def received() -> int | None:
+    """The first SIGINT or SIGTERM this process received through ``install_handlers``."""
+    return _received
+
+
+def exit_code(signum: int) -> int:
+    """The shell's convention for a process ended by a signal."""
+    return 128 + signum
+
+
+# -- worker processes -------------------------------------------------------------------------
+
+
+class _Stop(BaseException):
+    """Raised in a busy worker on SIGTERM; not an ``Exception``, so nothing swallows it."""
+
+
+_busy = False
+
+
+def _on_worker_term(signum: int, frame: FrameType | None) -> None:
+    if _busy:
+        raise _Stop
+    os._exit(exit_code(signum))  # idle: nothing of ours to clean up
+
+
+def _set_parent_death_signal() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(_WATCH_PERIOD_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def worker_init(parent: int) -> None:
+    """``ProcessPoolExecutor`` initializer: die with ``parent``, leave Ctrl-C to it.
+
+    A terminal's Ctrl-C reaches the whole process group; workers ignore it
+    and the parent stops them (``stop_workers``), so that one message and one
+    exit code come out.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_worker_term)
+    if not _set_parent_death_signal():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+
+def in_worker(function, *args):
+    """Run ``function(*args)`` in a worker; SIGTERM unwinds it (cleaning up) and ends the worker."""
+    global _busy
+    _busy = True
+    try:
+        return function(*args)
+    except _Stop:
+        os._exit(exit_code(signal.SIGTERM))
+    finally:
+        _busy = False
+
+
+def stop_workers() -> None:
+    """SIGTERM every child process, wait for them to clean up, SIGKILL what is left."""
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            with contextlib.suppress(OSError):
+                child.kill()
+            child.join(1.0)

@@ -1,0 +1,393 @@
+"""Mutate raw logs while tracking where every line came from, and judge the parse of a mutant.
+
+A mutant is a copy of a log (a run directory of ``*.log`` files) with a few
+edits: lines dropped, duplicated or inserted, bytes flipped, digits changed,
+fields swapped, lines cut short. Every line of the mutant remembers the
+original line it came from (``origin``) and whether its text was changed, so
+that each record the parser keeps can be traced back to a line of the
+original log -- line numbers shift with every insertion and drop.
+
+The oracle (``check``) states what "a defect stays local" means:
+
+(b) every record kept from an *unchanged* line is that line's record in the
+    parse of the original log (same GPU, iteration and values; same epoch
+    too, unless both its old and its new iteration are touched, see below);
+(c) every iteration that no edit *touched* has exactly its original records,
+    fetch and training, no more and no fewer.
+
+An edit touches the iteration of the record its line held, and, for a
+changed line that still reads as a record, what that record can reach:
+its own iteration (for a fetch, in any epoch -- its epoch comes from its
+time, which may have changed; for a training line, in its epoch and the
+epochs next to it, whose same-numbered fetch it can relabel), and the
+iterations of the records within ``dsim.clock.K`` of its place in its clock
+group (the records the outlier rule may blame instead of it when the order
+alone cannot tell which one is wrong).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dsim import grammar
+from dsim.clock import K
+from dsim.discover import RunSource, rank_from_file_name
+from dsim.errors import InputError
+from dsim.parse import ParsedRun, parse_run
+
+
+@dataclass
+class Piece:
+    """One line of a mutant (it may hold newlines after an edit: then several lines)."""
+
+    text: bytes
+    origin: int | None  # 0-based line of the original file; None for inserted lines
+    changed: bool = False
+    copy: bool = False  # an exact copy of its origin line, inserted after it
+
+
+@dataclass
+class Mutant:
+    """A log under edit: per file, its pieces; and what was done, for messages."""
+
+    pieces: dict[str, list[Piece]]
+    final_newline: dict[str, bool]
+    dropped: set[tuple[str, int]] = field(default_factory=set)
+    edits: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, directory: Path) -> Mutant:
+        pieces, final = {}, {}
+        for path in sorted(directory.glob("*.log")):
+            data = path.read_bytes()
+            final[path.name] = data.endswith(b"\n")
+            lines = data.split(b"\n")
+            if final[path.name]:
+                lines.pop()
+            pieces[path.name] = [Piece(text, i) for i, text in enumerate(lines)]
+        return cls(pieces, final)
+
+    def write(self, directory: Path) -> dict[str, list[Piece]]:
+        """Write the files; return, per file, one piece per physical line (1-based: index + 1)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        physical: dict[str, list[Piece]] = {}
+        for name, pieces in self.pieces.items():
+            rows = []
+            for piece in pieces:
+                parts = piece.text.split(b"\n")
+                split = len(parts) > 1
+                rows += [Piece(p, piece.origin, piece.changed or split, piece.copy) for p in parts]
+            physical[name] = rows
+            text = b"\n".join(p.text for p in rows) + (b"\n" if self.final_newline[name] else b"")
+            (directory / name).write_bytes(text)
+        return physical
+
+    # -- edits ---------------------------------------------------------------------------
+
+    def _pick(self, rng: random.Random) -> tuple[str, int] | None:
+        """A random piece that still is an unchanged original line (each line is edited once)."""
+        names = list(self.pieces)
+        for _ in range(50):
+            name = rng.choice(names)
+            pieces = self.pieces[name]
+            if not pieces:
+                continue
+            k = rng.randrange(len(pieces))
+            p = pieces[k]
+            if p.origin is not None and not p.changed and not p.copy and not self._copied(name, k):
+                return name, k
+        return None
+
+    def _copied(self, name: str, k: int) -> bool:
+        pieces = self.pieces[name]
+        return k + 1 < len(pieces) and pieces[k + 1].copy
+
+    def _change(self, name: str, k: int, text: bytes, what: str) -> None:
+        piece = self.pieces[name][k]
+        self.edits.append(f"{what} {name}:{piece.origin + 1}")
+        self.pieces[name][k] = Piece(text, piece.origin, changed=True)
+
+    def drop(self, rng: random.Random) -> None:
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            piece = self.pieces[name].pop(k)
+            self.dropped.add((name, piece.origin))
+            self.edits.append(f"drop {name}:{piece.origin + 1}")
+
+    def duplicate(self, rng: random.Random) -> None:
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            piece = self.pieces[name][k]
+            self.pieces[name].insert(k + 1, Piece(piece.text, piece.origin, copy=True))
+            self.edits.append(f"duplicate {name}:{piece.origin + 1}")
+
+    def corrupt(self, rng: random.Random) -> None:
+        """Make a line unreadable: a run of its characters replaced by letters."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            i = rng.randrange(len(text) + 1)
+            junk = bytes(rng.choice(b"xyzq") for _ in range(rng.randint(1, 4)))
+            self._change(name, k, text[:i] + junk + text[i + len(junk) :], "corrupt")
+
+    def digit(self, rng: random.Random) -> None:
+        """Change one digit of a number (a time, a rank, an index, a value)."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            places = [m.start() for m in re.finditer(rb"\d", text)]
+            if places:
+                i = rng.choice(places)
+                new = rng.choice([d for d in b"0123456789" if d != text[i]])
+                self._change(name, k, text[:i] + bytes([new]) + text[i + 1 :], "digit")
+
+    def flip(self, rng: random.Random) -> None:
+        """Flip the bits of one byte (any byte may come out, newline and NUL included)."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            if text:
+                i = rng.randrange(len(text))
+                new = text[i] ^ rng.randint(1, 255)
+                self._change(name, k, text[:i] + bytes([new]) + text[i + 1 :], "flip")
+
+    def swap(self, rng: random.Random) -> None:
+        """Swap two whitespace-separated fields of a line."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            tokens = re.split(rb"(\s+)", self.pieces[name][k].text)
+            words = [i for i, t in enumerate(tokens) if t and not t.isspace()]
+            if len(words) >= 2:
+                a, b = rng.sample(words, 2)
+                tokens[a], tokens[b] = tokens[b], tokens[a]
+                self._change(name, k, b"".join(tokens), "swap")
+
+    def cut(self, rng: random.Random) -> None:
+        """Cut a line short (the line end stays)."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            self._change(name, k, text[: rng.randrange(len(text) + 1)], "cut")
+
+    def insert(self, rng: random.Random) -> None:
+        """Insert a line of garbage: text or binary, newlines and all."""
+        name = rng.choice(list(self.pieces))
+        alphabet = rng.choice([b"abc 0123456789:.-[]/\t", bytes(range(256))])
+        junk = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        k = rng.randint(0, len(self.pieces[name]))
+        self.pieces[name].insert(k, Piece(junk, None, changed=True))
+        self.edits.append(f"insert {name} before piece {k}")
+
+    def splice(self, rng: random.Random) -> None:
+        """Insert garbage bytes inside a line."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            i = rng.randrange(len(text) + 1)
+            junk = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+            self._change(name, k, text[:i] + junk + text[i:], "splice")
+
+    def truncate(self, rng: random.Random) -> None:
+        """Cut the file inside its last line: no line end, as after a crash."""
+        name = rng.choice(list(self.pieces))
+        pieces = self.pieces[name]
+        if pieces and pieces[-1].origin is not None and not pieces[-1].changed:
+            text = pieces[-1].text
+            self._change(name, len(pieces) - 1, text[: rng.randrange(len(text) + 1)], "truncate")
+            self.final_newline[name] = False
+
+
+PROPERTY_EDITS = ("drop", "duplicate", "corrupt", "digit")
+FUZZ_EDITS = (*PROPERTY_EDITS, "flip", "swap", "cut", "insert", "splice", "truncate")
+
+
+def mutate(directory: Path, rng: random.Random, count: int, kinds=FUZZ_EDITS) -> Mutant:
+    mutant = Mutant.of(directory)
+    for _ in range(count):
+        getattr(mutant, rng.choice(kinds))(rng)
+    return mutant
+
+
+# -- records, by where they came from ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rec:
+    kind: str  # "fetch" or "train"
+    epoch: int
+    iteration: int
+    gpu: int
+    values: tuple  # fetch: worker, end, start, fetch_s; train: start, time, data, throughput
+
+
+def _ns(column) -> list[int]:
+    return column.to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
+
+
+def records_by_line(parsed: ParsedRun, files: tuple[Path, ...]) -> dict[tuple[str, int], Rec]:
+    """(file name, line) -> the record the parse kept from that line."""
+    out = {}
+    fetch, train = parsed.tables.fetch, parsed.tables.train
+    f_file, f_line = parsed.lines["fetch"]
+    values = zip(
+        fetch["worker"].to_pylist(), _ns(fetch["end"]), _ns(fetch["start"]),
+        fetch["fetch_s"].to_pylist(), strict=True,
+    )  # fmt: skip
+    keys = zip(*(fetch[c].to_pylist() for c in ("epoch", "iteration", "gpu")), strict=True)
+    for f, line, (e, i, g), v in zip(f_file, f_line, keys, values, strict=True):
+        out[(files[f].name, int(line))] = Rec("fetch", e, i, g, v)
+    t_file, t_line = parsed.lines["train"]
+    values = zip(
+        _ns(train["start"]), train["iteration_s"].to_pylist(), train["stall_s"].to_pylist(),
+        train["throughput"].to_pylist(), strict=True,
+    )  # fmt: skip
+    keys = zip(*(train[c].to_pylist() for c in ("epoch", "iteration", "gpu")), strict=True)
+    for f, line, (e, i, g), v in zip(t_file, t_line, keys, values, strict=True):
+        out[(files[f].name, int(line))] = Rec("train", e, i, g, v)
+    return out
+
+
+def parse_dir(directory: Path) -> tuple[ParsedRun, tuple[Path, ...]]:
+    files = tuple(sorted(directory.glob("*.log")))
+    return parse_run(RunSource("run", files), keep_lines=True), files
+
+
+def _alone(text: bytes, name: str, single_file: bool):
+    """The record one line gives on its own: ("fetch", gpu, worker, idx) or ("train", gpu,
+    epoch, iteration), or None. Only what the grammar decides (a line at a time)."""
+    records = grammar.parse_lines(grammar.lines_of(text + b"\n"), 1, grammar.Rejects())
+    default = rank_from_file_name(Path(name))
+    if default is None and single_file:
+        default = 0
+    for kind, part in (("fetch", records.fetch), ("train", records.train)):
+        if len(part["line"]):
+            gpu = int(part["gpu"][0])
+            if gpu < 0:
+                if default is None:
+                    return None
+                gpu = default
+            if kind == "fetch":
+                return ("fetch", gpu, int(part["worker"][0]), int(part["idx"][0]))
+            return ("train", gpu, int(part["epoch"][0]), int(part["iteration"][0]))
+    return None
+
+
+# -- the oracle ------------------------------------------------------------------------------
+
+
+class Original:
+    """The parse of the unmutated log, indexed for the oracle."""
+
+    def __init__(self, directory: Path):
+        parsed, files = parse_dir(directory)
+        assert parsed.rejects.num_rows == 0, parsed.rejects.slice(0, 3).to_pylist()
+        self.by_line = records_by_line(parsed, files)
+        self.single_file = len(files) == 1
+        epochs = sorted({r.epoch for r in self.by_line.values()})
+        self.epochs = range(epochs[0] - 1, epochs[-1] + 2)
+        fetch_groups: dict[tuple, list] = {}
+        train_groups: dict[int, list] = {}
+        for (name, line), r in self.by_line.items():
+            if r.kind == "fetch":
+                fetch_groups.setdefault((name, r.gpu, r.values[0]), []).append((line, r))
+            else:
+                train_groups.setdefault(r.gpu, []).append(((r.epoch, r.iteration), r))
+        self.fetch_groups = {k: sorted(v, key=lambda x: x[0]) for k, v in fetch_groups.items()}
+        self.train_groups = {k: sorted(v, key=lambda x: x[0]) for k, v in train_groups.items()}
+
+    def _near(self, group: list, position) -> set[tuple[int, int]]:
+        keys = [k for k, _ in group]
+        at = _bisect(keys, position)
+        return {(r.epoch, r.iteration) for _, r in group[max(0, at - K) : at + K + 1]}
+
+    def touched(self, mutant: Mutant, physical: dict[str, list[Piece]]) -> set[tuple[int, int]]:
+        touched: set[tuple[int, int]] = set()
+        for name, origin in mutant.dropped:
+            if (r := self.by_line.get((name, origin + 1))) is not None:
+                touched.add((r.epoch, r.iteration))
+        for name, rows in physical.items():
+            last_origin = 0
+            for piece in rows:
+                if piece.origin is not None:
+                    last_origin = piece.origin
+                if not (piece.changed or piece.copy):
+                    continue
+                if piece.origin is not None and (r := self.by_line.get((name, piece.origin + 1))):
+                    touched.add((r.epoch, r.iteration))
+                if piece.copy:
+                    continue
+                new = _alone(piece.text, name, self.single_file)
+                if new is None:
+                    continue
+                if new[0] == "fetch":
+                    _, gpu, worker, idx = new
+                    touched |= {(e, idx) for e in self.epochs}
+                    group = self.fetch_groups.get((name, gpu, worker), [])
+                    touched |= self._near(group, last_origin + 1)
+                else:
+                    _, gpu, epoch, iteration = new
+                    touched |= {(e, iteration) for e in (epoch - 1, epoch, epoch + 1)}
+                    touched |= self._near(self.train_groups.get(gpu, []), (epoch, iteration))
+        return touched
+
+
+def _bisect(keys: list, position) -> int:
+    lo, hi = 0, len(keys)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[mid] < position:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def check(original: Original, mutant: Mutant, directory: Path) -> dict:
+    """Parse the mutant written to ``directory`` and assert (b) and (c); returns counts."""
+    physical = mutant.write(directory)
+    why = "; ".join(mutant.edits)
+    try:
+        parsed, files = parse_dir(directory)
+    except InputError as exc:  # only when nothing usable is left
+        assert "no fetch or training records" in str(exc) or "compressed" in str(exc), (exc, why)
+        return {"error": 1}
+    got = records_by_line(parsed, files)
+    touched = original.touched(mutant, physical)
+
+    for (name, line), rec in got.items():  # (b)
+        piece = physical[name][line - 1]
+        if piece.changed:
+            continue
+        assert piece.origin is not None, (name, line, why)
+        want = original.by_line.get((name, piece.origin + 1))
+        assert want is not None, (f"{name}:{line} was not a record", rec, why)
+        same = (want.kind, want.iteration, want.gpu, want.values)
+        assert (rec.kind, rec.iteration, rec.gpu, rec.values) == same, (rec, want, why)
+        moved = rec.epoch != want.epoch
+        assert not moved or {(rec.epoch, rec.iteration), (want.epoch, want.iteration)} <= touched, (
+            f"{name}:{line} moved from epoch {want.epoch} to {rec.epoch}",
+            why,
+        )
+
+    def by_iteration(records) -> dict:
+        out: dict = {}
+        for r in records:
+            out.setdefault((r.epoch, r.iteration), Counter())[(r.kind, r.gpu, r.values)] += 1
+        return out
+
+    before, after = by_iteration(original.by_line.values()), by_iteration(got.values())
+    for key in before.keys() | after.keys():  # (c)
+        if key not in touched:
+            assert before.get(key) == after.get(key), (
+                f"untouched iteration {key} changed",
+                sorted(before.get(key, {}).items()),
+                sorted(after.get(key, {}).items()),
+                why,
+            )
+    return {"touched": len(touched), "iterations": len(before), "rejected": parsed.rejects.num_rows}

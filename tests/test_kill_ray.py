@@ -1,0 +1,141 @@
+"""kill -9 of `dsim run --executor ray` leaves no Ray process behind, and a re-run finishes the job.
+
+Without dsim's watchdog, Ray's own fate-sharing stops only the processes the
+driver started itself; the raylet's workers and agents were orphaned (the
+agents for good).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import run_dsim
+from tracegen import write_synthetic
+
+pytestmark = pytest.mark.ray
+
+RUN = "kill_run"
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def _name(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return proc.name() + " " + " ".join(proc.cmdline()[:2])
+    return ""
+
+
+def _record(pid: int, seen: dict[int, psutil.Process], names: dict[int, str]) -> None:
+    """Note every descendant of ``pid`` and every name it has shown.
+
+    A process's name changes (after exec; an exited, unreaped one shows only
+    ``python``), so all of them are kept, joined by `` | ``.
+    """
+    for proc in _descendants(pid):
+        seen.setdefault(proc.pid, proc)
+        name, known = _name(proc), names.get(proc.pid, "")
+        if name and name not in known.split(" | "):
+            names[proc.pid] = f"{known} | {name}" if known else name
+
+
+def _running(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every visible output file (temp files of atomic writes start with a dot)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }
+
+
+def test_kill_9_mid_replay_leaves_no_ray_process(tmp_path: Path) -> None:
+    # Big enough that the replay tasks run for about a second on Ray.
+    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=100_000)
+    # The summary names its results directory: same relative name, separate working dirs.
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    killed_dir.mkdir()
+    whole_dir.mkdir()
+    common = ["--traces", "../traces", "--out", "results", "-q"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    for name in ("RAY_ADDRESS", "DSIM_DEBUG"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "dsim", "run", RUN, *common, "--executor", "ray"]
+    dsim = subprocess.Popen(
+        cmd, cwd=killed_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    seen: dict[int, psutil.Process] = {}
+    names: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while dsim.poll() is None and time.monotonic() < deadline:
+            _record(dsim.pid, seen, names)
+            if any("replay_rows" in name for name in names.values()):  # a task is running
+                break
+            time.sleep(0.02)
+        _record(dsim.pid, seen, names)
+        assert dsim.poll() is None, f"dsim ended before the kill: {dsim.stderr.read()}"  # type: ignore[union-attr]
+        assert any("replay_rows" in name for name in names.values()), names
+        assert any("raylet" in name for name in names.values()), names
+        dsim.send_signal(signal.SIGKILL)
+        dsim.wait(timeout=30)
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_running(p) for p in seen.values()):
+            time.sleep(0.2)
+        survivors = [names[p.pid] for p in seen.values() if _running(p)]
+        assert not survivors, survivors
+    finally:
+        for proc in seen.values():  # never leave our own mess behind, whatever happened
+            with contextlib.suppress(psutil.Error):
+                if _running(proc):
+                    proc.kill()
+        if dsim.poll() is None:
+            dsim.kill()
+            dsim.wait()
+
+    rerun = run_dsim("run", RUN, *common, "--executor", "ray", cwd=killed_dir)
+    assert rerun.returncode == 0, rerun.stderr
+    # Uninterrupted, in-process: every executor gives bit-identical replays.
+    whole = run_dsim("run", RUN, *common, "--executor", "local", cwd=whole_dir)
+    assert whole.returncode == 0, whole.stderr
+    killed, reference = _files(killed_dir / "results"), _files(whole_dir / "results")
+    assert sorted(killed) == sorted(reference)
+    assert len([name for name in killed if name.endswith(".parquet")]) == 10  # 9 policies + summary
+    for name, data in reference.items():
+        assert killed[name] == data, name
+
+
+def test_normal_run_leaves_no_ray_process_and_no_watchdog(tmp_path: Path) -> None:
+    write_synthetic(tmp_path / "traces", RUN, iterations=20)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "dsim", "run", RUN, "--executor", "ray", "-q"]
+    dsim = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, psutil.Process] = {}
+    names: dict[int, str] = {}
+    while dsim.poll() is None:
+        _record(dsim.pid, seen, names)
+        time.sleep(0.05)
+    err = dsim.stderr.read()  # type: ignore[union-attr]
+    assert dsim.returncode == 0, err
+    assert err == ""  # -q, and no Ray output
+    assert any("reaper.py" in name for name in names.values()), names
+    survivors = [names[p.pid] for p in seen.values() if _running(p)]
+    assert not survivors, survivors

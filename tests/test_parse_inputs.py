@@ -1,0 +1,268 @@
+"""Inputs `dsim parse` must read or refuse clearly: pipes, unreadable and compressed files,
+per-rank runs with repeated lines, stray ranks, logs cut short, runs without training lines."""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+import lzma
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_dsim
+from loglines import fetch_line, one_epoch, run_of, timed_lines
+
+from dsim import cli
+from dsim.discover import RunSource, discover_runs
+from dsim.errors import InputError
+from dsim.parse import STRAY_RANK, parse_run
+
+SAMPLE = REPO / "traces" / "raw" / "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
+
+
+def _per_rank_copy(tmp_path: Path) -> Path:
+    run = tmp_path / "r"
+    shutil.copytree(SAMPLE, run)
+    return run
+
+
+def test_per_rank_files_that_each_repeat_their_last_line(tmp_path):
+    """A job re-run into the same directory appends: once crashed with KeyError 'r/rank1.log'."""
+    run = _per_rank_copy(tmp_path)
+    for rank in (0, 1):
+        path = run / f"rank{rank}.log"
+        path.write_bytes(path.read_bytes() + path.read_bytes().splitlines(keepends=True)[-1])
+    result = run_dsim("parse", str(run), "--out", "t", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "t" / "r" / "rejects.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(Path(r["file"]).name, r["reason"]) for r in rows] == [
+        ("rank0.log", "duplicate training record"),
+        ("rank1.log", "duplicate training record"),
+    ]
+    assert all(r["text"].startswith("2026-") and "Epoch: [1][299/300]" in r["text"] for r in rows)
+
+
+def test_per_rank_files_with_a_clock_going_back_in_two_files(tmp_path):
+    run = _per_rank_copy(tmp_path)
+    for rank in (2, 0):
+        path = run / f"rank{rank}.log"
+        lines = path.read_text().splitlines(keepends=True)
+        lines[100] = lines[100].replace("2026-11-21 16:", "2026-11-21 15:", 1)
+        path.write_text("".join(lines))
+    parsed = parse_run(discover_runs([run])[0])
+    assert parsed.report["skipped"] == {"timestamp out of order (outlier)": 2}
+    rows = parsed.rejects.to_pylist()
+    assert [(Path(r["file"]).name, r["line"]) for r in rows] == [
+        ("rank0.log", 101),
+        ("rank2.log", 101),
+    ]
+    assert all(" 15:" in r["text"] for r in rows)
+
+
+def test_rejects_carry_the_text_of_their_line(tmp_path):
+    lines = [text for _, text in timed_lines(iters=60)]
+    lines.insert(5, lines[3])  # a training line written twice
+    k = next(n for n, line in enumerate(lines) if "GPU: 1 Epoch: [1][ 30/60]" in line)
+    lines[k] = lines[k].replace("GPU: 1", "GPU: 7").replace("\t", "  ")  # a stray rank
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}, newline="\r\n"))
+    texts = {r["reason"]: r["text"] for r in parsed.rejects.to_pylist()}
+    assert texts == {"duplicate training record": lines[5], STRAY_RANK: lines[k]}
+
+
+def test_a_log_cut_short_reports_the_iterations_it_holds(tmp_path):
+    lines = one_epoch(gpus=(0, 1), iters=3, epoch=0) + one_epoch(iters=2, epoch=1, base=20)
+    log = tmp_path / "cut" / "output.log"
+    log.parent.mkdir()
+    log.write_text("\n".join(lines) + "\n")
+    parsed = parse_run(discover_runs([log])[0])
+    assert parsed.tables.info["iterations_per_epoch"] == {"0": 3, "1": 2}
+    assert parsed.tables.info["declared_iterations_per_epoch"] == {"0": 3, "1": 3}
+    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "epochs 0,1, 3 iterations per epoch, epoch 1: 2 of 3 iterations;" in result.stdout
+
+
+def test_fetch_only_epochs_count_their_batches(tmp_path):
+    lines = [fetch_line(f"{10 + k}.0", 0, 0, "0.5", i) for k, i in enumerate([0, 1, 2, 0, 1])]
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    assert parsed.tables.info["iterations_per_epoch"] == {"0": 3, "1": 2}
+    assert "declared_iterations_per_epoch" not in parsed.tables.info
+    assert any("no training lines" in w for w in parsed.report["warnings"])
+
+
+def test_dev_null_is_an_empty_input_not_a_directory(tmp_path):
+    result = run_dsim("parse", "/dev/null", "--out", "t", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "/dev/null: no fetch or training records found (the input is empty)" in result.stderr
+
+
+def test_a_fifo_and_a_process_substitution_are_files(tmp_path):
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    text = (SAMPLE / "rank1.log").read_bytes()
+    writer = subprocess.Popen(["sh", "-c", f"cat '{SAMPLE / 'rank1.log'}' > '{fifo}'"])
+    try:
+        result = run_dsim("parse", str(fifo), "--name", "piped", "--out", "t", cwd=tmp_path)
+    finally:
+        writer.wait(timeout=30)
+    assert result.returncode == 0, result.stderr
+    info = json.loads((tmp_path / "t" / "piped" / "run.json").read_text())
+    assert info["gpus"] == 1 and info["report"]["lines"] == text.count(b"\n")
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is needed for a process substitution")
+    command = f"'{os.sys.executable}' -m dsim parse <(cat '{SAMPLE / 'rank1.log'}') --name sub"
+    done = subprocess.run([bash, "-c", command + " --out t"], cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "t" / "sub" / "fetch.parquet").exists()
+
+
+def test_unreadable_file_is_an_input_error_exit_3(tmp_path, monkeypatch, capsys):
+    """Root reads anything, so the refusal is simulated: click's check and open() both say no."""
+    log = tmp_path / "secret.log"
+    log.write_text("\n".join(one_epoch()) + "\n")
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if Path(path) == log:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", deny)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["parse", str(log), "--out", str(tmp_path / "t")])
+    assert done.value.code == 3
+    assert f"{log}: cannot read: Permission denied" in capsys.readouterr().err
+
+
+def test_unreadable_file_for_real_when_a_user_namespace_can_be_made(tmp_path):
+    """``unshare -U`` drops root's right to read any file (where the kernel allows it)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-U", "true"]).returncode != 0:
+        pytest.skip("no unprivileged user namespaces here")
+    log = tmp_path / "secret.log"
+    log.write_text("\n".join(one_epoch()) + "\n")
+    log.chmod(0)
+    done = subprocess.run(
+        [unshare, "-U", os.sys.executable, "-m", "dsim", "parse", str(log), "--out", "t"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    if "Permission denied" not in done.stderr and done.returncode == 0:
+        pytest.skip("the namespace could still read the file")
+    assert done.returncode == 3, done.stderr
+    assert f"{log}: cannot read: Permission denied" in done.stderr
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0)
+    done = subprocess.run(
+        [unshare, "-U", os.sys.executable, "-m", "dsim", "parse", str(closed), "--out", "t"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    closed.chmod(0o755)
+    assert done.returncode == 3, done.stderr
+    assert f"{closed}: cannot read: Permission denied" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("compress", "name", "tool", "cat"),
+    [
+        (gzip.compress, "gzip", "gunzip -k", "zcat"),
+        (bz2.compress, "bzip2", "bunzip2 -k", "bzcat"),
+        (lzma.compress, "xz", "unxz -k", "xzcat"),
+        (lambda b: b"\x28\xb5\x2f\xfd" + b"\x00" * 20, "zstd", "unzstd -k", "zstdcat"),
+    ],
+)
+def test_compressed_logs_are_refused_with_a_hint(tmp_path, compress, name, tool, cat):
+    log = tmp_path / "run.log"
+    log.write_bytes(compress(("\n".join(one_epoch()) + "\n").encode()))
+    with pytest.raises(InputError) as err:
+        parse_run(RunSource("run", (log,)))
+    assert str(err.value) == (
+        f"{log}: {name}-compressed log: decompress it first (e.g. `{tool} {log}`) "
+        f"or pass it through `<({cat} {log})`"
+    )
+    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
+    assert result.returncode == 3 and f"{name}-compressed log" in result.stderr
+
+
+def test_tiny_files_are_read_whole(tmp_path):
+    """The first bytes are read apart (for compression magic): short files must not suffer."""
+    one = (fetch_line("10.0", 0, 0, "0.5", 0) + "\n").encode()
+    for content, records in ((b"x\n", 0), (one, 1)):
+        log = tmp_path / "tiny.log"
+        log.write_bytes(content)
+        if records:
+            assert parse_run(RunSource("run", (log,))).report["fetch_records"] == records
+        else:
+            with pytest.raises(InputError):
+                parse_run(RunSource("run", (log,)))
+    log.write_bytes(b"a\nbc\n")
+    with pytest.raises(InputError, match=r"2 lines read"):
+        parse_run(RunSource("run", (log,)))
+
+
+def test_a_flipped_rank_digit_is_a_stray_rank(tmp_path):
+    """``GPU: 1`` -> ``GPU: 7`` on one line: 2 GPUs, not 3, and the stray is named."""
+    lines = [text for _, text in timed_lines(iters=60)]
+    k = next(n for n, line in enumerate(lines) if "GPU: 1 Epoch: [0][ 30/60]" in line)
+    lines[k] = lines[k].replace("GPU: 1", "GPU: 7")
+    log = tmp_path / "output.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = run_dsim("parse", str(log), "--name", "run", "--out", "t", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    info = json.loads((tmp_path / "t" / "run" / "run.json").read_text())
+    assert info["gpus"] == 2 and info["gpu_ids"] == [0, 1]
+    assert info["report"]["skipped"] == {STRAY_RANK: 1}
+    assert info["report"]["incomplete_iterations"]["count"] == 1
+    assert info["report"]["stray_ranks"] == [{"gpu": 7, "records": 1}]
+    message = (
+        f"GPU 7 appears in only 1 record (output.log:{k + 1}); left out as a stray rank "
+        "(--stray-rank-share 0 keeps it)"
+    )
+    assert f"warning: {message}" in result.stdout
+    result = run_dsim(
+        "parse", str(log), "--name", "run", "--stray-rank-share", "0", "--out", "t", cwd=tmp_path
+    )
+    info = json.loads((tmp_path / "t" / "run" / "run.json").read_text())
+    assert info["gpus"] == 3 and info["report"]["rejected"] == 0
+
+
+def test_run_without_training_lines_says_what_to_do(tmp_path):
+    log = tmp_path / "logs" / "fetchonly" / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(line for line in one_epoch() if "FETCH" in line) + "\n")
+    result = run_dsim("parse", str(log), "--out", "traces", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning: no training lines (did you wrap your loop with" in result.stdout
+    result = run_dsim("run", "fetchonly", "--traces", "traces", "--out", "res", cwd=tmp_path)
+    assert result.returncode == 3
+    assert (
+        "no training lines in this run: did you wrap your training loop with "
+        "dsim.instrument.TrainingTimer.iterate?" in result.stderr
+    )
+    assert "{" not in result.stderr
+
+
+def test_run_with_a_gpu_lacking_training_lines_names_it(tmp_path):
+    lines = [line for line in one_epoch(gpus=(0, 1)) if "GPU: 1 Epoch" not in line]
+    log = tmp_path / "logs" / "half" / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines) + "\n")
+    assert run_dsim("parse", str(log), "--out", "traces", cwd=tmp_path).returncode == 0
+    result = run_dsim("run", "half", "--traces", "traces", "--out", "res", cwd=tmp_path)
+    assert result.returncode == 3
+    assert (
+        "no complete iteration to replay: 0 iterations lack a fetch record for some GPU, "
+        "3 lack a training record; GPU 1 has no training records" in result.stderr
+    )
