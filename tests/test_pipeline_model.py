@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsim.pipeline_kernel import (
+from dsim.replay.models.pipeline_kernel import (
     Calibration,
     PipelineInputs,
     calibrate,

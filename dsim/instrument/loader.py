@@ -162,7 +162,9 @@ def _instrumented_loader_class() -> type:
 
             def __iter__(self):
                 if self._dsim_sink is not None:
-                    self._dsim_sink.write(loader_line(time.time(), self._dsim_rank, _settings(self)))
+                    self._dsim_sink.write(
+                        loader_line(time.time(), self._dsim_rank, _settings(self))
+                    )
                 return super().__iter__()
 
         _loader_class = InstrumentedDataLoader
