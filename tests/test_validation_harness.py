@@ -20,11 +20,7 @@ from dsim.summary import summarize_metrics
 from validation.compare import pairs
 from validation.indexing import Layout, TableSampler
 from validation.metrics import error, run_metrics
-from validation.predict import (
-    pipeline_arrays,
-    predict_per_iteration,
-    predict_pipeline,
-)
+from validation.predict import predict_per_iteration, predict_pipeline
 from validation.regimes import REGIMES, align_table, cost_table
 from validation.report import BEGIN, END, replace_block
 from validation.sweep import VARIANTS, plan
@@ -160,25 +156,6 @@ def test_run_metrics_select_like_dsims_summary() -> None:
     assert ours["delay_ms"] == pytest.approx(theirs["delay_s_mean"] * 1e3)
     assert ours["effective_delay_pct"] == pytest.approx(theirs["effective_delay_pct"])
     assert ours["epoch_s"] == pytest.approx((it[epoch == 1].sum() + it[epoch == 2].sum()) / 2)
-
-
-def test_pipeline_arrays_pivot_complete_iterations_in_order() -> None:
-    t0 = pd.Timestamp("2026-01-01 00:00:00")
-    ns = pd.to_timedelta
-    rows_f, rows_t = [], []
-    for e, i, g in [(1, 0, 1), (0, 1, 0), (0, 0, 1), (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 0)]:
-        start = t0 + ns(1000 * (100 * e + 10 * i + g) + 7, unit="us")
-        rows_f.append({"epoch": e, "iteration": i, "gpu": g, "worker": i % 2, "start": start,
-                       "fetch_s": 0.001 * (g + 1)})  # fmt: skip
-        rows_t.append({"epoch": e, "iteration": i, "gpu": g, "start": start + ns(5, unit="ms"),
-                       "iteration_s": 0.02, "stall_s": 0.003})  # fmt: skip
-    arrays = pipeline_arrays(pd.DataFrame(rows_f), pd.DataFrame(rows_t))
-    assert arrays["epoch"] == [0, 0, 1] and arrays["iteration"] == [0, 1, 0]  # (1, 1) lacks GPU 1
-    assert arrays["start"][0] == pytest.approx([0.0, 0.001])
-    assert arrays["start"][2] == pytest.approx([0.1, 0.101])
-    assert arrays["arrival"][1] == pytest.approx([0.015, 0.016])
-    assert arrays["fetch"][0] == pytest.approx([0.001, 0.002])
-    assert arrays["worker"] == [[0, 0], [1, 1], [0, 0]]
 
 
 def test_pipeline_adapter_reproduces_the_shipped_trace(tmp_path) -> None:

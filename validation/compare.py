@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsim.atomic import write_text
 from dsim.errors import DsimError, InputError
+from dsim.io.atomic import write_text
 from validation.machine import REPO, git_commit
 from validation.metrics import METRICS, error
 from validation.predict import predict_per_iteration, predict_pipeline

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsim.atomic import write_text
+from dsim.io.atomic import write_text
 from validation.metrics import ERROR_KIND, METRICS
 from validation.regimes import REGIMES
 from validation.targets import TARGETS
@@ -233,8 +233,8 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
         f"`{context['csv']}`",
         "- models: `per-iteration` is `dsim run` today (policy `min/actual` for align min, "
         "`avg/actual` for align mean; no loader what-ifs); `pipeline` is called through "
-        "`validation/predict.py`'s `predict_pipeline` (PROVISIONAL: the row-by-row reference "
-        "`tests/reference_pipeline.py` until `dsim run --model pipeline` lands)",
+        "`validation/predict.py`'s `predict_pipeline` (dsim's pipeline model, the code "
+        "`dsim run --model pipeline` runs)",
         "- metrics as in dsim's summary: every epoch but the first, iterations > 10; stall is "
         "the slowest GPU's per iteration, delay slowest - fastest, effective delay > 30 ms; "
         "epoch wall time sums all iterations of an epoch. Errors: % for times, ms for delay, "

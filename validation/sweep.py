@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dsim.atomic import write_json
 from dsim.errors import DsimError, InputError, UsageError
+from dsim.io.atomic import write_json
 from validation.machine import REPO, git_commit, load_average, machine_facts
 from validation.regimes import REGIMES
 

@@ -269,7 +269,7 @@ def _replay_and_summarize(
     progress: ProgressFactory | None,
 ) -> RunOutcome:
     """Compute what is pending, write replays, ``result.json`` files and the summary."""
-    by_name = {plan.name: plan for plan in plans}
+    by_name = {plan.directory: plan for plan in plans}  # a job's name is its directory
     written: list[Path] = []
 
     def on_result(result: PolicyResult) -> None:
@@ -294,7 +294,7 @@ def _replay_and_summarize(
 
     jobs = [
         Job(
-            plan.name,
+            plan.directory,
             model.prepare(plan.arrays, params),
             tuple(plan.todo),
             model=model.name,
