@@ -12,21 +12,18 @@ segment (a run of consecutive iterations of one epoch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dsim.errors import UsageError
 from dsim.replay.arrays import IterationArrays, LoaderSettings
 from dsim.replay.models.base import Replay, ReplayModel
-from dsim.replay.models.pipeline_kernel import (
-    Calibration,
-    PipelineInputs,
-    calibrate,
-    replay_pipeline,
-    segments_of,
-)
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
+
+if TYPE_CHECKING:  # the kernel imports numba (~0.3 s): only runs of this model load it
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
 
 #: Alignments the pipeline kernel knows (it aggregates start times inside the recurrence).
 SUPPORTED = ("actual", "min", "avg")
@@ -51,6 +48,8 @@ class PreparedPipeline:
         covered = int((segments[:, 1] - segments[:, 0]).sum()) if len(segments) else 0
         if covered != hi - lo:
             raise ValueError(f"rows [{lo}, {hi}) do not fall on segment bounds")
+        from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
         i, c = self.inputs, self.calibration
 
         def rows(a: np.ndarray) -> np.ndarray:
@@ -69,6 +68,7 @@ class PreparedPipeline:
 
 def pipeline_inputs(arrays: IterationArrays) -> PipelineInputs:
     """The kernel's row-major inputs from a run's [N, G] arrays."""
+    from dsim.replay.models.pipeline_kernel import PipelineInputs, segments_of
 
     def c(a: np.ndarray, dtype: type = np.float64) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype)
@@ -104,6 +104,8 @@ class PipelineModel(ReplayModel):
     uses_loader = True
 
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedPipeline:
+        from dsim.replay.models.pipeline_kernel import calibrate
+
         measured = measured_loader(arrays)
         inputs = pipeline_inputs(arrays)
         return PreparedPipeline(
@@ -117,6 +119,8 @@ class PipelineModel(ReplayModel):
                 f"the pipeline model cannot replay alignment {unsupported[0]!r} "
                 f"(it supports {', '.join(SUPPORTED)})"
             )
+        from dsim.replay.models.pipeline_kernel import replay_pipeline
+
         workers, prefetch = params.workers, params.prefetch_factor
         out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
         return Replay(
@@ -129,4 +133,6 @@ class PipelineModel(ReplayModel):
         )
 
     def cut_points(self, arrays: IterationArrays) -> np.ndarray | None:
+        from dsim.replay.models.pipeline_kernel import segments_of
+
         return segments_of(arrays.epoch, arrays.iteration)[:, 0]
