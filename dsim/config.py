@@ -39,10 +39,8 @@ EXECUTORS = ("auto", "local", "ray")
 LEGACY_KEYS = frozenset(
     {
         "IOFILE",
-        "WORKER_NUM",
         "TRAINING_TIME",
         "PADDING_TIME",
-        "PREFETCH_FACTOR",
         "FETCH_DELAY",
         "PREFETCH_DELAY",
     }
@@ -63,8 +61,14 @@ KNOWN_KEYS = frozenset(
         "num_cpus",
         "ray_address",
         "model",
+        "workers",
+        "prefetch_factor",
+        "WORKER_NUM",
+        "PREFETCH_FACTOR",
     }
 )
+#: The original analysis's names of the loader settings: the same meaning as dsim's keys.
+LOADER_KEY_ALIASES = {"workers": "WORKER_NUM", "prefetch_factor": "PREFETCH_FACTOR"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ class Overrides:
     num_cpus: int | None = None
     ray_address: str | None = None
     model: str | None = None
+    workers: int | None = None
+    prefetch_factor: int | None = None
     policies: tuple[Policy, ...] = ()
 
 
@@ -108,6 +114,8 @@ class SimConfig:
     num_cpus: int | None = None
     ray_address: str | None = None
     model: str = DEFAULT_MODEL
+    workers: int | None = None
+    prefetch_factor: int | None = None
     source: Path | None = None
     run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
@@ -268,6 +276,39 @@ def _model(overrides: Overrides, raw: dict[str, Any], problems: _Problems) -> st
     return str(value)
 
 
+def _loader_setting(
+    key: str, override: int | None, raw: dict[str, Any], model: str, problems: _Problems
+) -> int | None:
+    """A loader what-if (``--workers``/``--prefetch-factor``, or its config key or alias).
+
+    Only models that replay the loader read it: given on the command line to
+    another model it is an error (the user expects an effect); in a config
+    (the original analysis's ``WORKER_NUM`` in particular) it is ignored.
+    """
+    alias = LOADER_KEY_ALIASES[key]
+    flag = "--" + key.replace("_", "-")
+    if override is not None:
+        value: Any = override
+        where = flag
+    elif key in raw or alias in raw:
+        if key in raw and alias in raw and raw[key] != raw[alias]:
+            problems.add(f"{key} and {alias} disagree ({raw[key]!r} vs {raw[alias]!r})")
+            return None
+        where = key if key in raw else alias
+        value = raw[where]
+    else:
+        return None
+    lowest = 0 if key == "workers" else 1
+    if not _is_int(value) or value < lowest:
+        problems.add(f"{where} must be an integer >= {lowest}, got {value!r}")
+        return None
+    if not MODELS[model].uses_loader:
+        if override is not None:
+            problems.add(f"{flag} is a what-if of the pipeline model: add --model pipeline")
+        return None
+    return int(value)
+
+
 def _ray_address(
     overrides: Overrides, raw: dict[str, Any], executor: object, problems: _Problems
 ) -> str | None:
@@ -329,6 +370,8 @@ def validate_config(
     else:
         policies = _policies(raw, problems)
     model = _model(overrides, raw, problems)
+    workers = _loader_setting("workers", overrides.workers, raw, model, problems)
+    prefetch = _loader_setting("prefetch_factor", overrides.prefetch_factor, raw, model, problems)
 
     paths: dict[str, Path] = {}
     for key, override, default in (
@@ -408,6 +451,8 @@ def validate_config(
         num_cpus=num_cpus,
         ray_address=ray_address,
         model=model,
+        workers=workers,
+        prefetch_factor=prefetch,
         source=source,
         run_infos=run_infos,
     )

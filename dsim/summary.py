@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,9 @@ DEFAULT_WARMUP = 10
 DEFAULT_THRESHOLD_S = 0.030
 
 METADATA_COLUMNS = ["run", *RUN_NAME_FIELDS, "gpus"]
+#: Which replay model made a row, and the loader settings it assumed (pipeline model only).
+#: ("model" is taken: the run name's network, as in the original analysis.)
+MODEL_COLUMNS = ["replay_model", "loader_workers", "loader_prefetch_factor", "loader_changed"]
 STAT_COLUMNS = [
     "iterations",
     *(f"{metric}_{stat}" for metric in METRIC_COLUMNS[:3] for stat in ("mean", "std")),
@@ -45,6 +49,7 @@ WHAT_IF_COLUMNS = ["speedup", "stall_change_s", "effective_delay_change_pts"]
 SELECTION_COLUMNS = ["selected_epochs", "warmup", "threshold_s"]
 SUMMARY_COLUMNS: list[str] = [
     *METADATA_COLUMNS,
+    *MODEL_COLUMNS,
     "fetch_align",
     "start_align",
     *STAT_COLUMNS,
@@ -119,7 +124,16 @@ def summarize_metrics(
 
 
 def _group_keys(df: pd.DataFrame) -> list[str]:
-    return ["run", "results"] if "results" in df.columns else ["run"]
+    """Rows compared with one baseline: a run in one results directory, under one model.
+
+    Model variants of a run (``RUN@pipeline``, ``RUN@pipeline-w8-p2``) live in
+    sibling directories, so the results directory is the variant's parent.
+    """
+    keys = ["run", "replay_model"] if "replay_model" in df.columns else ["run"]
+    if "results" in df.columns:
+        df["__root"] = [str(Path(r).parent) for r in df["results"]]
+        keys.append("__root")
+    return keys
 
 
 def add_what_if(df: pd.DataFrame) -> pd.DataFrame:
@@ -131,6 +145,8 @@ def add_what_if(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     keys = _group_keys(df)
     is_base = (df["fetch_align"] == ACTUAL) & (df["start_align"] == ACTUAL)
+    if "loader_changed" in df.columns:  # a loader what-if is not the measured run
+        is_base &= ~df["loader_changed"].fillna(False).astype(bool)
     base = df.loc[is_base, [*keys, "iteration_s_mean", "stall_s_mean", "effective_delay_pct"]]
     base = base.drop_duplicates(subset=keys, keep="first")
     base = base.rename(columns=lambda c: c if c in keys else f"__base_{c}")
@@ -141,7 +157,7 @@ def add_what_if(df: pd.DataFrame) -> pd.DataFrame:
     df["effective_delay_change_pts"] = (
         df["effective_delay_pct"] - merged["__base_effective_delay_pct"]
     )
-    return df
+    return df.drop(columns=["__root"], errors="ignore")
 
 
 def run_metadata(run: str, trace: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -173,6 +189,18 @@ def summary_row(
         "selected_epochs": ",".join(str(e) for e in epochs),
         "warmup": int(warmup),
         "threshold_s": float(threshold_s),
+    }
+
+
+def model_fields(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The model columns of a run's rows, from its ``result.json``."""
+    loader = info.get("loader") or {}
+    assumed = loader.get("assumed") or {}
+    return {
+        "replay_model": info.get("model", "per-iteration"),
+        "loader_workers": assumed.get("workers"),
+        "loader_prefetch_factor": assumed.get("prefetch_factor"),
+        "loader_changed": bool(loader.get("changed", False)),
     }
 
 
@@ -269,6 +297,7 @@ def summarize_results(
                 warmup=run_warmup,
                 threshold_s=run_threshold,
             )
+            row.update(model_fields(run.info))
             row["results"] = str(run.directory)
             row["__shown"] = wanted is None or policy in wanted
             rows.append(row)

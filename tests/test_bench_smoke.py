@@ -57,3 +57,21 @@ def test_run_all_quick(tmp_path: Path) -> None:
     assert any(f.startswith("parse lines/s/core") for f in figures)
     assert any(f.startswith("speedup over the original") for f in figures)
     assert any(f.startswith("e2e growth exponent") for f in figures)
+
+
+def test_bench_pipeline_quick(tmp_path: Path) -> None:
+    """The pipeline benchmark measures both models side by side and the reference ratio."""
+    out = tmp_path / "pipeline.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_pipeline.py"), "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert {row["model"] for row in res["models"]} == {"per-iteration", "pipeline"}
+    assert all(row["per_policy_rate"] > 0 for row in res["models"])
+    assert res["reference"]["ratio"] > 0
+    assert "plain-Python reference" in done.stdout

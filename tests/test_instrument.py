@@ -36,10 +36,21 @@ TRAIN_RE = re.compile(
     r"\tData (?P<data>\d+\.\d+) \((?P<data_avg>\d+\.\d+)\)"
     r"(\tThroughput (?P<thr>\d+\.\d+) \((?P<thr_avg>\d+\.\d+)\))?$"
 )
+LOADER_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) GPU: (?P<gpu>\d+) LOADER"
+    r" num_workers (?P<num_workers>\d+) prefetch_factor (?P<prefetch_factor>\d+|none)"
+    r" batch_size (?P<batch_size>\d+|none) persistent_workers (?P<persistent_workers>[01])"
+    r" pin_memory (?P<pin_memory>[01])$"
+)
 
 
-def read_log(path: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Split a log into fetch and training records; any other line fails the test."""
+def read_log(
+    path: Path, loaders: list[dict[str, str]] | None = None
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Split a log into fetch and training records (loader lines into ``loaders``).
+
+    Any other line fails the test.
+    """
     fetches, trains = [], []
     if not path.exists():
         return fetches, trains
@@ -48,6 +59,9 @@ def read_log(path: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
             fetches.append(m.groupdict())
         elif m := TRAIN_RE.match(line):
             trains.append(m.groupdict())
+        elif m := LOADER_RE.match(line):
+            if loaders is not None:
+                loaders.append(m.groupdict())
         else:
             raise AssertionError(f"{path}:{number}: not a dsim line: {line!r}")
     return fetches, trains
@@ -253,8 +267,22 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
         pairs = list(zip(flat_expected, [b for epoch in got for b in epoch], strict=True))
         assert all(same(a, b) for a, b in pairs)
 
-        fetches, trains = read_log(log_dir / f"rank{rank}.log")
+        loaders: list[dict[str, str]] = []
+        fetches, trains = read_log(log_dir / f"rank{rank}.log", loaders)
         n = len(expected[0])
+        # One loader line per epoch (per iterator), before that epoch's batches, as configured.
+        workers = cfg["workers"]
+        settings = {
+            "gpu": str(rank),
+            "num_workers": str(workers),
+            "prefetch_factor": str(cfg["prefetch"]) if workers else "none",
+            "batch_size": str(cfg["batch"]) if cfg["batch"] else "none",
+            "persistent_workers": str(int(bool(workers and cfg["persistent"]))),
+            "pin_memory": "0",
+        }
+        assert [{k: v for k, v in r.items() if k != "ts"} for r in loaders] == [settings] * len(
+            expected
+        )
         assert {r["gpu"] for r in fetches + trains} <= {str(rank)}
         assert {int(r["worker"]) for r in fetches} <= set(range(max(cfg["workers"], 1)))
         # One fetch per batch and epoch: every index of the epoch once per epoch.
@@ -325,9 +353,10 @@ def test_rank_comes_from_the_environment_and_logger_output_works(
         logger.removeHandler(handler)
         handler.close()
     lines = (tmp_path / "out.log").read_text().splitlines()
-    assert len(lines) == 4
+    assert len(lines) == 5
     assert all(line.startswith("[rank3]: ") for line in lines)
     stripped = [line.removeprefix("[rank3]: ") for line in lines]
+    assert LOADER_RE.match(stripped[0])
     assert sum(bool(FETCH_RE.match(s)) for s in stripped) == 2
     assert sum(bool(TRAIN_RE.match(s)) for s in stripped) == 2
     assert all("GPU: 3 " in s for s in stripped)

@@ -27,8 +27,8 @@ RUN = "synth_run"
 def test_default_model_is_per_iteration_and_unknown_names_list_the_known() -> None:
     assert DEFAULT_MODEL == "per-iteration"
     assert isinstance(get_model(DEFAULT_MODEL), PerIterationModel)
-    with pytest.raises(UsageError, match="known models: per-iteration"):
-        get_model("pipeline")
+    with pytest.raises(UsageError, match="known models: per-iteration, pipeline"):
+        get_model("median")
 
 
 def test_chunk_bounds_split_only_at_the_models_cut_points() -> None:
@@ -105,9 +105,9 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_model_name_is_recorded_and_unknown_models_are_usage_errors(project: Path) -> None:
-    bad = run_dsim("run", "--conf", "sim_conf.json", "--model", "pipeline", cwd=project)
+    bad = run_dsim("run", "--conf", "sim_conf.json", "--model", "median", cwd=project)
     assert bad.returncode == 2, bad.stderr
-    assert "unknown replay model 'pipeline'; known models: per-iteration" in bad.stderr
+    assert "unknown replay model 'median'; known models: per-iteration, pipeline" in bad.stderr
     conf = json.loads((project / "sim_conf.json").read_text())
     (project / "bad.json").write_text(json.dumps({**conf, "model": "nope"}), encoding="utf-8")
     bad = run_dsim("run", "--conf", "bad.json", cwd=project)
@@ -126,7 +126,7 @@ def test_run_policy_and_run_options_select_pairs_and_runs(project: Path) -> None
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in (project / "results" / RUN).glob("*.parquet"))
     assert names == ["actual__actual.parquet", "avg__min.parquet", "min__min.parquet"]
-    assert set(MODELS) == {"per-iteration"}
+    assert set(MODELS) == {"per-iteration", "pipeline"}
 
 
 def test_arrays_carry_arrival_and_worker_for_models_that_need_them() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,10 @@ from dsim.replay.arrays import (
     MISSING_FETCH,
     MISSING_TRAIN,
     IterationArrays,
+    LoaderSettings,
     build_iteration_arrays,
 )
-from dsim.replay.models import ReplayModel, get_model
+from dsim.replay.models import DEFAULT_MODEL, ReplayModel, get_model
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import Policy
 from dsim.summary import (
@@ -70,6 +71,12 @@ class RunPlan:
     todo: list[Policy]
     epochs: list[int]
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    directory: str = ""  # under the output directory: the run's name, plus a model variant
+    params: ReplayParams = field(default_factory=ReplayParams)  # as this run replays them
+    loader: dict[str, Any] | None = None  # measured and assumed loader settings (result.json)
+
+    def __post_init__(self) -> None:
+        self.directory = self.directory or self.name
 
 
 @dataclass
@@ -90,8 +97,53 @@ ProgressFactory = Callable[[int], Callable[[int], None] | None]
 
 def replay_params(config: SimConfig) -> ReplayParams:
     return ReplayParams(
-        stall_floor_s=config.stall_floor_s, stall_grow_min_s=config.stall_grow_min_s
+        stall_floor_s=config.stall_floor_s,
+        stall_grow_min_s=config.stall_grow_min_s,
+        workers=config.workers,
+        prefetch_factor=config.prefetch_factor,
     )
+
+
+def logged_loader(info: dict[str, Any]) -> LoaderSettings | None:
+    """The loader settings a run's ``run.json`` recorded from its loader lines, if any."""
+    loader = info.get("loader")
+    if not isinstance(loader, dict) or loader.get("num_workers") is None:
+        return None
+    workers = int(loader["num_workers"])
+    prefetch = loader.get("prefetch_factor")
+    return LoaderSettings(workers, int(prefetch) if prefetch is not None else 2, "log")
+
+
+def variant_directory(name: str, model: ReplayModel, loader: dict[str, Any] | None) -> str:
+    """Where a run's replays under ``model`` go: ``RUN`` for the default model, else
+    ``RUN@MODEL``, and ``RUN@MODEL-wW-pP`` for a loader what-if, so that every
+    variant keeps its own ``result.json`` beside the others."""
+    if model.name == DEFAULT_MODEL:
+        return name
+    directory = f"{name}@{model.name}"
+    if loader is not None and loader["changed"]:
+        assumed = loader["assumed"]
+        directory += f"-w{assumed['workers']}-p{assumed['prefetch_factor']}"
+    return directory
+
+
+def _loader_plan(
+    model: ReplayModel, arrays: IterationArrays, params: ReplayParams
+) -> tuple[ReplayParams, dict[str, Any] | None]:
+    """This run's parameters with its loader what-if made concrete, and its record."""
+    if not model.uses_loader:
+        return params, None
+    measured = arrays.loader or LoaderSettings.implied(arrays.worker)
+    workers = measured.workers if params.workers is None else params.workers
+    prefetch = (
+        measured.prefetch_factor if params.prefetch_factor is None else params.prefetch_factor
+    )
+    record = {
+        "measured": measured.document(),
+        "assumed": {"workers": workers, "prefetch_factor": prefetch},
+        "changed": (workers, prefetch) != (measured.workers, measured.prefetch_factor),
+    }
+    return replace(params, workers=workers, prefetch_factor=prefetch), record
 
 
 def plan_run(
@@ -102,11 +154,20 @@ def plan_run(
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     if arrays.n_iterations == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir)
+    arrays = replace(arrays, loader=logged_loader(tables.info))
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = trace_fingerprint(run_dir)
-    keys = {policy: replay_key(fingerprint, model, params, policy) for policy in config.policies}
-    return RunPlan(name, tables.info, arrays, keys, [], epochs, fingerprint)
+    run_params, loader = _loader_plan(model, arrays, params)
+    if loader is not None:  # the measured settings shape the replay: they enter the key
+        fingerprint = {**fingerprint, "loader": loader["measured"]}
+    keys = {
+        policy: replay_key(fingerprint, model, run_params, policy) for policy in config.policies
+    }
+    directory = variant_directory(name, model, loader)
+    return RunPlan(
+        name, tables.info, arrays, keys, [], epochs, fingerprint, directory, run_params, loader
+    )
 
 
 def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
@@ -114,7 +175,7 @@ def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
     return [
         policy
         for policy, key in plan.keys.items()
-        if force or read_replay_key(replay_path(out, plan.name, policy)) != key
+        if force or read_replay_key(replay_path(out, plan.directory, policy)) != key
     ]
 
 
@@ -153,7 +214,8 @@ def _result_info(
                 DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s
             ),
         },
-        "params": params_document(model, params),
+        "params": params_document(model, plan.params),
+        **({"loader": plan.loader} if plan.loader is not None else {}),
         "dropped": dict(plan.arrays.dropped),
         "iterations": plan.arrays.n_iterations,
         "gpus": [int(g) for g in plan.arrays.gpus],
@@ -182,10 +244,13 @@ def run_replays(
     began = time.perf_counter()
     params = replay_params(config)
     model = get_model(config.model)
-    plans = [
-        plan_run(name, run_dir, config, model, params)
-        for name, run_dir in zip(config.runs, config.run_dirs, strict=True)
-    ]
+    plans = []
+    for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
+        plans.append(plan_run(name, run_dir, config, model, params))
+        if plans[-1].loader is not None and plans[-1].loader["changed"]:
+            # A loader what-if is compared with the same model under the measured settings.
+            measured = replace(params, workers=None, prefetch_factor=None)
+            plans.append(plan_run(name, run_dir, config, model, measured))
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in plans:
@@ -204,7 +269,7 @@ def _replay_and_summarize(
     progress: ProgressFactory | None,
 ) -> RunOutcome:
     """Compute what is pending, write replays, ``result.json`` files and the summary."""
-    by_name = {plan.name: plan for plan in plans}
+    by_name = {plan.directory: plan for plan in plans}  # a job's name is its directory
     written: list[Path] = []
 
     def on_result(result: PolicyResult) -> None:
@@ -221,18 +286,20 @@ def _replay_and_summarize(
             provenance={
                 "model": model.name,
                 "input": plan.fingerprint,
-                "params": params_document(model, params),
+                "params": params_document(model, plan.params),
             },
+            directory=plan.directory,
         )
         written.append(write_replay(table, config.out))
 
     jobs = [
         Job(
-            plan.name,
+            plan.directory,
             model.prepare(plan.arrays, params),
             tuple(plan.todo),
             model=model.name,
             cuts=_cuts(model, plan.arrays),
+            params=plan.params,
         )
         for plan in plans
         if plan.todo
@@ -252,9 +319,9 @@ def _replay_and_summarize(
         )
     for plan in plans:
         info = _result_info(plan, config, model, params)
-        written.append(write_result_info(info, config.out, plan.name))
+        written.append(write_result_info(info, config.out, plan.directory))
     summary = summarize_results(
-        find_result_runs([config.out / plan.name for plan in plans]),
+        find_result_runs([config.out / plan.directory for plan in plans]),
         epochs=config.epochs,
         warmup=config.warmup,
         threshold_s=config.threshold_s,

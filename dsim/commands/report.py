@@ -25,13 +25,20 @@ IMAGE_FORMATS = ("png", "svg")
 
 
 def _display_names(runs: list[ResultRun]) -> dict[str, str]:
-    """Run name per results directory, made unique when two directories hold the same run."""
+    """Run name per results directory, made unique when two directories hold the same run.
+
+    A model variant is named by its directory (``RUN@pipeline``); the same name in
+    two results directories gets the directory in brackets.
+    """
+    label = {
+        str(r.directory): r.directory.name if r.directory.name != r.name else r.name for r in runs
+    }
     counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
+    for name in label.values():
+        counts[name] = counts.get(name, 0) + 1
     return {
-        str(r.directory): r.name if counts[r.name] == 1 else f"{r.name} [{r.directory.parent}]"
-        for r in runs
+        str(r.directory): name if counts[name] == 1 else f"{name} [{r.directory.parent}]"
+        for r, name in ((r, label[str(r.directory)]) for r in runs)
     }
 
 

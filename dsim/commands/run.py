@@ -31,6 +31,7 @@ Examples:
   dsim run --conf sim_conf.json --epochs all --warmup 0 --threshold 0.05
   dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
   dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
+  dsim run myrun --model pipeline --workers 8     # as if the loader had 8 workers
 """
 
 # A progress bar is worth drawing only when the replay takes noticeable time.
@@ -110,7 +111,23 @@ def command(
         "config's FETCH_ALIGN x START_ALIGN (actual/actual is always added).",
     ),
     model: str | None = typer.Option(
-        None, "--model", help="Replay model (default: config 'model', else per-iteration)."
+        None,
+        "--model",
+        help="Replay model: per-iteration (the original analysis; default) or pipeline "
+        "(DataLoader pipelines across iterations). Default: config 'model'.",
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=0,
+        help="Pipeline model: replay as if each rank's DataLoader had N workers "
+        "(default: as measured).",
+    ),
+    prefetch_factor: int | None = typer.Option(
+        None,
+        "--prefetch-factor",
+        min=1,
+        help="Pipeline model: replay with this DataLoader prefetch_factor (default: as measured).",
     ),
     force: bool = typer.Option(False, "--force", help="Recompute replays even when cached."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
@@ -128,6 +145,8 @@ def command(
         runs=tuple(dict.fromkeys([*(runs or ()), *(run_globs or ())])),
         policies=policies,
         model=model,
+        workers=workers,
+        prefetch_factor=prefetch_factor,
         traces=traces,
         out=out,
         epochs=parse_epochs_option(epochs),

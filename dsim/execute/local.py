@@ -26,7 +26,9 @@ def run_local(
         for policy in job.policies:
             parts = []
             for lo, hi in chunk_bounds(job.rows, chunk_rows, job.cuts):
-                parts.append(replay_rows(job.model, job.prepared, policy, params, lo, hi))
+                parts.append(
+                    replay_rows(job.model, job.prepared, policy, job.params or params, lo, hi)
+                )
                 if on_progress is not None:
                     on_progress(hi - lo)
             on_result(join_chunks(job.run, policy, parts))

@@ -62,7 +62,7 @@ def run_ray(
             for policy in job.policies:
                 parts[(job.run, policy)] = [None] * len(bounds)
                 for k, (lo, hi) in enumerate(bounds):
-                    pending[task.remote(job.model, ref, policy, params, lo, hi)] = (
+                    pending[task.remote(job.model, ref, policy, job.params or params, lo, hi)] = (
                         job.run,
                         policy,
                         k,

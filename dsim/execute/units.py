@@ -36,6 +36,7 @@ class Job:
     policies: tuple[Policy, ...]
     model: str = "per-iteration"
     cuts: tuple[int, ...] | None = None
+    params: ReplayParams | None = None  # this run's own parameters (else the executor's)
 
     @property
     def rows(self) -> int:

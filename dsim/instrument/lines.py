@@ -1,4 +1,4 @@
-"""The two raw log lines dsim's parser reads (DESIGN.md §1), and where they go.
+"""The raw log lines dsim's parser reads (DESIGN.md §1), and where they go.
 
 Formatting is kept apart from timing so that the exact text is defined in one
 place and can be tested without PyTorch. Sinks write one complete line per
@@ -65,6 +65,23 @@ def training_line(
     if throughput is not None:
         line += f"\tThroughput {throughput[0]:.3f} ({throughput[1]:.3f})"
     return line + "\n"
+
+
+LOADER_FIELDS = ("num_workers", "prefetch_factor", "batch_size", "persistent_workers", "pin_memory")
+
+
+def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
+    """The loader's settings as an epoch's iterator is created: what a pipeline replay needs.
+
+    Integers as digits, booleans as 0/1, an unset value (``prefetch_factor``
+    without workers, ``batch_size`` with a custom batch sampler) as ``none``.
+    """
+    fields = []
+    for name in LOADER_FIELDS:
+        value = settings.get(name)
+        text = "none" if value is None else str(int(value))
+        fields.append(f"{name} {text}")
+    return f"{format_timestamp(wall)} GPU: {rank} LOADER {' '.join(fields)}\n"
 
 
 class LineSink(Protocol):

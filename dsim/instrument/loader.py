@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dsim.errors import UsageError
-from dsim.instrument.lines import LineSink, fetch_line, make_sink, resolve_rank
+from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 
 
 class _Tagged(NamedTuple):
@@ -147,14 +147,39 @@ def _instrumented_loader_class() -> type:
         from torch.utils.data import DataLoader
 
         class InstrumentedDataLoader(DataLoader):
-            """A DataLoader whose index sampler tags each batch with its position in the epoch."""
+            """A DataLoader whose index sampler tags each batch with its position in the epoch.
+
+            Every new iterator (one per epoch) first logs the loader's settings,
+            which the pipeline replay model needs and the fetch lines cannot show.
+            """
+
+            _dsim_sink: LineSink | None = None
+            _dsim_rank = 0
 
             @property
             def _index_sampler(self):
                 return _TaggingSampler(super()._index_sampler)
 
+            def __iter__(self):
+                if self._dsim_sink is not None:
+                    self._dsim_sink.write(
+                        loader_line(time.time(), self._dsim_rank, _settings(self))
+                    )
+                return super().__iter__()
+
         _loader_class = InstrumentedDataLoader
     return _loader_class
+
+
+def _settings(loader: Any) -> dict[str, object]:
+    workers = int(loader.num_workers)
+    return {
+        "num_workers": workers,
+        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
+        "batch_size": loader.batch_size,
+        "persistent_workers": bool(loader.persistent_workers),
+        "pin_memory": bool(loader.pin_memory),
+    }
 
 
 def instrument_loader(
@@ -213,4 +238,6 @@ def instrument_loader(
         )
     else:
         kwargs["batch_sampler"] = batch_sampler
-    return _instrumented_loader_class()(dataset, **kwargs)
+    instrumented = _instrumented_loader_class()(dataset, **kwargs)
+    instrumented._dsim_sink, instrumented._dsim_rank = sink, rank
+    return instrumented

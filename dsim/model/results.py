@@ -68,6 +68,7 @@ def replay_table(
     policy: Policy,
     key: str,
     provenance: dict[str, Any] | None = None,
+    directory: str | None = None,
 ) -> pa.Table:
     """Assemble a per-iteration replay table with its self-describing metadata.
 
@@ -90,13 +91,16 @@ def replay_table(
         "key": key,
         **(provenance or {}),
     }
+    if directory is not None and directory != run:  # a model variant (``RUN@MODEL...``)
+        meta["directory"] = directory
     table = pa.table(columns)
     return table.replace_schema_metadata({"dsim": json.dumps(meta)})
 
 
 def write_replay(table: pa.Table, out: str | Path) -> Path:
     meta = replay_metadata(table, Path("<memory>"))
-    path = replay_path(out, meta["run"], (meta["fetch_align"], meta["start_align"]))
+    directory = meta.get("directory", meta["run"])
+    path = replay_path(out, directory, (meta["fetch_align"], meta["start_align"]))
     write_parquet(table, path)
     return path
 
@@ -206,9 +210,10 @@ class ResultRun:
         return table
 
 
-def write_result_info(info: dict[str, Any], out: str | Path, run: str) -> Path:
-    path = Path(out) / run / RESULT_FILE
-    write_json({"format_version": RESULTS_FORMAT_VERSION, **info, "run": run}, path)
+def write_result_info(info: dict[str, Any], out: str | Path, directory: str) -> Path:
+    """``<out>/<directory>/result.json``; ``info["run"]`` names the run (default: the directory)."""
+    path = Path(out) / directory / RESULT_FILE
+    write_json({"format_version": RESULTS_FORMAT_VERSION, "run": directory, **info}, path)
     return path
 
 

@@ -50,6 +50,14 @@ def _run_title(row: dict[str, Any]) -> str:
         facts.append(f"{int(row['gpus'])} GPUs")
     if not _missing(row.get("iterations")):
         facts.append(f"{int(row['iterations'])} iterations")
+    model = row.get("replay_model")
+    if not _missing(model) and model != "per-iteration":
+        text = f"{model} model"
+        if not _missing(row.get("loader_workers")):
+            workers, prefetch = int(row["loader_workers"]), row.get("loader_prefetch_factor")
+            text += f", {workers} workers, prefetch {int(prefetch)}"
+            text += " (what-if)" if row.get("loader_changed") else " (as measured)"
+        facts.append(text)
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
 
 

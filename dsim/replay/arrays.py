@@ -32,6 +32,41 @@ MISSING_TRAIN = "missing training record"
 MISSING_BOTH = "missing fetch and training records"
 
 
+#: PyTorch's default ``prefetch_factor``: what a trace without loader lines is taken to have used.
+TORCH_DEFAULT_PREFETCH = 2
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """A run's DataLoader settings, and where dsim learnt them.
+
+    ``source`` is ``"log"`` (the instrumentation's loader lines) or
+    ``"implied"`` (workers from the fetch lines' worker ids, prefetch factor
+    PyTorch's default), so that a replay can say how sure it is.
+    """
+
+    workers: int
+    prefetch_factor: int
+    source: str = "log"
+
+    @classmethod
+    def implied(cls, worker: np.ndarray) -> LoaderSettings:
+        """What the fetch lines imply: as many workers as worker ids, PyTorch's prefetch default.
+
+        A loader without workers (``num_workers=0``) logs worker id 0, like one
+        worker: the two cannot be told apart from fetch lines alone.
+        """
+        workers = int(worker.max()) + 1 if worker.size else 1
+        return cls(workers, TORCH_DEFAULT_PREFETCH, "implied")
+
+    def document(self) -> dict[str, object]:
+        return {
+            "workers": self.workers,
+            "prefetch_factor": self.prefetch_factor,
+            "source": self.source,
+        }
+
+
 @dataclass(frozen=True)
 class IterationArrays:
     """One run as dense arrays, rows sorted by (epoch, iteration), columns by GPU rank."""
@@ -47,6 +82,7 @@ class IterationArrays:
     worker: np.ndarray  # int32 [N, G] DataLoader worker of the fetch
     origin_ns: int  # timestamp (ns since 1970, naive) that ``start`` is relative to
     dropped: dict[str, int] = field(default_factory=dict)  # dropped iterations by reason
+    loader: LoaderSettings | None = None  # as logged (run.json); None: not logged
 
     @property
     def n_iterations(self) -> int:
@@ -70,6 +106,7 @@ class IterationArrays:
             worker=self.worker[rows],
             origin_ns=self.origin_ns,
             dropped=dict(self.dropped),
+            loader=self.loader,
         )
 
 

@@ -22,6 +22,10 @@ class ReplayParams:
 
     stall_floor_s: float = DEFAULT_STALL_FLOOR_S
     stall_grow_min_s: float = DEFAULT_STALL_GROW_MIN_S
+    #: Loader what-ifs of the pipeline model: DataLoader workers and prefetch factor
+    #: to replay with; ``None`` keeps the run's measured settings.
+    workers: int | None = None
+    prefetch_factor: int | None = None
 
 
 #: The defaults, as a value (for default arguments).
@@ -31,6 +35,8 @@ DEFAULT_PARAMS = ReplayParams()
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ReplayParams))
 
 
-def params_document(params: ReplayParams, names: tuple[str, ...] = PARAM_NAMES) -> dict[str, float]:
+def params_document(
+    params: ReplayParams, names: tuple[str, ...] = PARAM_NAMES
+) -> dict[str, float | int | None]:
     """The parameters ``names`` as recorded in cache keys, replays and ``result.json``."""
     return {name: getattr(params, name) for name in names}

@@ -10,8 +10,11 @@ from __future__ import annotations
 from dsim.errors import UsageError
 from dsim.replay.models.base import Replay, ReplayModel
 from dsim.replay.models.per_iteration import PerIterationModel
+from dsim.replay.models.pipeline import PipelineModel
 
-MODELS: dict[str, ReplayModel] = {model.name: model for model in (PerIterationModel(),)}
+MODELS: dict[str, ReplayModel] = {
+    model.name: model for model in (PerIterationModel(), PipelineModel())
+}
 DEFAULT_MODEL = PerIterationModel.name
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "Replay", "ReplayModel", "get_model"]

@@ -64,6 +64,8 @@ class ReplayModel(ABC):
     name: ClassVar[str]
     #: The ``ReplayParams`` fields this model reads.
     params: ClassVar[tuple[str, ...]]
+    #: Whether the model reads the run's loader settings (then they enter its cache keys).
+    uses_loader: ClassVar[bool] = False
 
     @abstractmethod
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedRun:

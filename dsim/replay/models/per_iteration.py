@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dsim.replay.models.base import Replay, ReplayModel
-from dsim.replay.params import DEFAULT_PARAMS, PARAM_NAMES, ReplayParams
+from dsim.replay.params import DEFAULT_PARAMS, ReplayParams
 from dsim.replay.policies import REGISTRY, Policy
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ class PerIterationModel(ReplayModel):
     """Every iteration replayed on its own: today's kernel (docs/SPEC.md §3)."""
 
     name = "per-iteration"
-    params = PARAM_NAMES
+    params = ("stall_floor_s", "stall_grow_min_s")
 
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> Prepared:
         return prepare(arrays)

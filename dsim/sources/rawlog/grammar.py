@@ -51,14 +51,24 @@ TRAIN_PATTERN = (
     r"(?:\s+[A-Za-z][^\s()]*\s+" + _NUM + r"\s+\([^)]*\))*\s*$"
 )
 NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
+# The loader's settings, once per rank and epoch (dsim.instrument.lines.loader_line).
+LOADER_FIELDS = ("num_workers", "prefetch_factor", "batch_size", "persistent_workers", "pin_memory")
+LOADER_PATTERN = (
+    r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?LOADER"
+    r"\s+num_workers\s+(?P<num_workers>\d{1,6})\s+prefetch_factor\s+(?P<prefetch_factor>\d{1,6}|none)"
+    r"\s+batch_size\s+(?P<batch_size>\d{1,9}|none)\s+persistent_workers\s+(?P<persistent_workers>[01])"
+    r"\s+pin_memory\s+(?P<pin_memory>[01])\s*$"
+)
 
 FETCH_MARK = "END FETCH"
 TRAIN_MARK = "Epoch:"
 START_MARK = "START FETCH"
+LOADER_MARK = " LOADER "
 
 # Reasons a line is rejected; the parse report counts by these exact strings.
 MALFORMED_FETCH = "malformed fetch line"
 MALFORMED_TRAIN = "malformed training line"
+MALFORMED_LOADER = "malformed loader line"
 TRUNCATED = "truncated last line (no line end)"
 BINARY = "binary data (not UTF-8 text)"
 BAD_TIMESTAMP = "invalid timestamp"
@@ -115,6 +125,7 @@ class BlockRecords:
     fetch: dict[str, np.ndarray]
     train: dict[str, np.ndarray]
     counts: dict[str, int]
+    loader: list[dict[str, int | None]] = field(default_factory=list)  # a few per file
 
 
 def lines_of(block: bytes | memoryview) -> pa.LargeStringArray:
@@ -215,7 +226,13 @@ def parse_lines(
     if len(rest) == len(lines):
         return _general_records(lines, numbers, rejects, max_duration)
     if len(rest) == 0:
-        counts = {"lines": len(lines), "start_fetch_lines": 0, "blank_lines": 0, "other_lines": 0}
+        counts = {
+            "lines": len(lines),
+            "start_fetch_lines": 0,
+            "loader_lines": 0,
+            "blank_lines": 0,
+            "other_lines": 0,
+        }
         return BlockRecords(fetch=fast_fetch, train=fast_train, counts=counts)
     general = _general_records(lines.take(pa.array(rest)), numbers[rest], rejects, max_duration)
     general.counts["lines"] = len(lines)
@@ -223,6 +240,7 @@ def parse_lines(
         fetch=_merge_by_line(fast_fetch, general.fetch),
         train=_merge_by_line(fast_train, general.train),
         counts=general.counts,
+        loader=general.loader,
     )
 
 
@@ -260,13 +278,34 @@ def _general_records(
     rejects.add(nums[bad_fetch], MALFORMED_FETCH, text.filter(bad_fetch))
     bad_train = ~binary & ~bad_fetch & _np(pc.match_substring(text, TRAIN_MARK))
     rejects.add(nums[bad_train], MALFORMED_TRAIN, text.filter(bad_train))
-    ignored = ~binary & ~bad_fetch & ~bad_train
+    marked = ~binary & ~bad_fetch & ~bad_train & _np(pc.match_substring(text, LOADER_MARK))
+    loader = _loader_records(text.filter(marked), nums[marked], rejects) if marked.any() else []
+    ignored = ~binary & ~bad_fetch & ~bad_train & ~marked
     starts = ignored & _np(pc.match_substring(text, START_MARK))
     blank = ignored & _np(pc.equal(pc.utf8_trim_whitespace(text), ""))
     counts["start_fetch_lines"] = int(starts.sum())
+    counts["loader_lines"] = len(loader)
     counts["blank_lines"] = int(blank.sum())
     counts["other_lines"] = int((ignored & ~starts & ~blank).sum())
-    return BlockRecords(fetch=fetch, train=train, counts=counts)
+    return BlockRecords(fetch=fetch, train=train, counts=counts, loader=loader)
+
+
+def _loader_records(
+    lines: pa.Array, numbers: np.ndarray, rejects: Rejects
+) -> list[dict[str, int | None]]:
+    """Loader-settings lines as dicts (they are few: one per rank and epoch)."""
+    ok = _np(pc.match_substring_regex(lines, LOADER_PATTERN))
+    rejects.add(numbers[~ok], MALFORMED_LOADER, lines.filter(pa.array(~ok)))
+    parts = pc.extract_regex(lines.filter(pa.array(ok)), LOADER_PATTERN)
+    gpu = _ints(parts.field("gpu"))
+    out: list[dict[str, int | None]] = []
+    for row, line in enumerate(numbers[ok]):
+        record: dict[str, int | None] = {"line": int(line), "gpu": int(gpu[row])}
+        for name in LOADER_FIELDS:
+            text = parts.field(name)[row].as_py()
+            record[name] = None if text == "none" else int(text)
+        out.append(record)
+    return out
 
 
 def _np(mask: pa.Array) -> np.ndarray:

@@ -48,6 +48,7 @@ class FileRecords:
     sha256: str
     ends_with_newline: bool = True
     extra: dict[str, int] = field(default_factory=dict)
+    loader: list[dict[str, int | None]] = field(default_factory=list)
 
 
 class _Columns:
@@ -145,6 +146,7 @@ def read_log(
     rejects = grammar.Rejects()
     fetch, train = _Columns(), _Columns()
     counts: dict[str, int] = {}
+    loader: list[dict[str, int | None]] = []
     size = 0
     consumed = 0
     expected_size = 0
@@ -162,6 +164,7 @@ def read_log(
             columns.append(part, int((columns.rows + len(part["line"])) * scale) + 1)
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
+        loader.extend(records.loader)
         next_line += len(lines)
 
     try:
@@ -224,6 +227,7 @@ def read_log(
         size=size,
         sha256=digest.hexdigest(),
         ends_with_newline=ends_with_newline,
+        loader=loader,
     )
 
 
@@ -238,7 +242,9 @@ def _consume_tail(
     probe = grammar.Rejects()
     lines = grammar.lines_of(tail)
     records = grammar.parse_lines(lines, line_no, probe, max_duration=max_duration)
-    looks_like_record = len(records.fetch["line"]) or len(records.train["line"]) or probe.line
+    looks_like_record = (
+        len(records.fetch["line"]) or len(records.train["line"]) or records.loader or probe.line
+    )
     if looks_like_record:
         rejects.add(np.array([line_no]), grammar.TRUNCATED, lines)
         counts["lines"] = counts.get("lines", 0) + 1

@@ -36,7 +36,7 @@ from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.discover import RunSource, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
-from dsim.sources.rawlog.grammar import MAX_DURATION_S
+from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S
 from dsim.sources.rawlog.logfile import FileRecords, read_log
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
@@ -86,12 +86,16 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None, max_dura
     file_dtype = np.min_scalar_type(max(len(source.files) - 1, 0))
     counts: dict[str, int] = {}
     sources = []
+    loader: list[dict[str, Any]] = []
     for index, path in enumerate(source.files):
         records: FileRecords = read_log(path, progress, max_duration=max_duration)
         sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
         default = _default_rank(source.files, path)
+        for record in records.loader:
+            gpu = record["gpu"] if record["gpu"] >= 0 else default
+            loader.append({**record, "gpu": gpu, "file": str(path)})
         for part, out in ((records.fetch, fetch_parts), (records.train, train_parts)):
             missing = part["gpu"] < 0
             if missing.any():
@@ -110,7 +114,7 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None, max_dura
             rejected.append_column("file", pa.array([str(path)] * rejected.num_rows, pa.string()))
         )
     fetch, train = _join(fetch_parts), _join(train_parts)
-    return fetch, train, reject_parts, counts, sources
+    return fetch, train, reject_parts, counts, sources, loader
 
 
 def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -218,7 +222,7 @@ def parse_run(
     seconds. ``stray_rank_share``: see ``dsim.sources.rawlog.checks.stray_ranks`` (0 keeps
     every rank). ``keep_lines``: also return where each table row came from.
     """
-    fetch, train, reject_parts, counts, sources = _collect(source, progress, max_duration)
+    fetch, train, reject_parts, counts, sources, loader = _collect(source, progress, max_duration)
     files = source.files
     fetch, train, checked = _apply_rules(
         fetch, train, _Rejecter(files, reject_parts), files, stray_rank_share
@@ -260,9 +264,43 @@ def parse_run(
         for s in steps
     ]
     report["stray_ranks"] = [{"gpu": g, "records": c} for g, c in strays.items()]
+    settings, loader_warning = loader_settings(loader)
+    if loader_warning:
+        report.setdefault("warnings", []).append(loader_warning)
     info = _info(source, train, fetch_table, train_table, sources, report)
+    if settings is not None:
+        info["loader"] = settings
     tables = RunTables(source.name, fetch_table, train_table, info)
     return ParsedRun(tables, rejected, report, lines)
+
+
+def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """The run's DataLoader settings from its loader lines (``run.json``'s ``loader``).
+
+    One entry when every rank logged the same settings in every epoch (the
+    usual case); when they differ, the most common one (the first seen on a
+    tie), the number of lines that disagree, and a warning: the pipeline
+    model replays a run with one loader configuration.
+    """
+    if not records:
+        return None, None
+    keys = [tuple(r[name] for name in LOADER_FIELDS) for r in records]
+    common = max(dict.fromkeys(keys), key=keys.count)
+    settings: dict[str, Any] = dict(zip(LOADER_FIELDS, common, strict=True))
+    for flag in ("persistent_workers", "pin_memory"):
+        settings[flag] = bool(settings[flag])
+    settings["lines"] = len(records)
+    odd = [r for r, k in zip(records, keys, strict=True) if k != common]
+    if not odd:
+        return settings, None
+    settings["disagreeing_lines"] = len(odd)
+    first = odd[0]
+    warning = (
+        f"{len(odd)} of {len(records)} loader lines disagree with the most common settings "
+        f"(first: {Path(first['file']).name}:{first['line']}, GPU {first['gpu']}); "
+        "the pipeline model assumes the most common ones"
+    )
+    return settings, warning
 
 
 def _repeats_in_order(sort: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
@@ -485,6 +523,7 @@ def _report(
         "start_fetch_lines": counts.get("start_fetch_lines", 0),
         "blank_lines": counts.get("blank_lines", 0),
         "other_lines": counts.get("other_lines", 0),
+        **({"loader_lines": counts["loader_lines"]} if counts.get("loader_lines") else {}),
         "rejected": rejected.num_rows,
         "skipped": skipped,
         "incomplete_iterations": _incomplete_iterations(fetch, train, len(gpu_ids)),

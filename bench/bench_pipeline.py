@@ -1,0 +1,215 @@
+"""The pipeline replay model beside the per-iteration one, measured side by side in one run.
+
+On one core (the process is pinned), for 10^4..10^6 iterations x 8 GPUs:
+calibration (``prepare``), one replay, and "per policy" = (prepare + 9
+replays) / 9 for both models, in GPU-iterations per second. Also the
+pipeline kernel against the plain-Python row-by-row reference
+(``tests/reference_pipeline.py``) on the same small run: the reason the
+kernel is compiled (numba).
+
+Run from the repository root: ``python bench/bench_pipeline.py [--quick] [--out FILE.json]``.
+The first call of each compiled kernel pays numba's compilation (or loads its
+on-disk cache); every timing here is the best of several repeats after a
+warm-up call, so it measures the steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsim.replay.arrays import IterationArrays, LoaderSettings
+from dsim.replay.models import get_model
+from dsim.replay.params import ReplayParams
+
+PAIRS = list(itertools.product(("actual", "min", "avg"), repeat=2))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_arrays(n: int, g: int, workers: int = 4, seed: int = 0) -> IterationArrays:
+    """A physically plausible run: W workers per rank, fetches ending before their arrival."""
+    rng = np.random.default_rng(seed)
+    epoch = (np.arange(n) >= n // 2).astype(np.int32)
+    iteration = (np.arange(n) - np.where(epoch == 1, n // 2, 0)).astype(np.int32)
+    fetch = rng.lognormal(np.log(0.04), 0.5, (n, g))
+    compute = rng.uniform(0.008, 0.012, (n, 1)) + rng.uniform(0, 0.001, (n, g))
+    stall = rng.uniform(0, 0.01, (n, g)) * (rng.random((n, g)) < 0.5)
+    iteration_time = stall + compute
+    arrival = np.cumsum(iteration_time.max(axis=1))[:, None] + stall
+    start = arrival - stall - fetch - rng.uniform(0, 0.02, (n, g))
+    worker = np.repeat((iteration % workers)[:, None], g, axis=1).astype(np.int32)
+    return IterationArrays(
+        epoch=epoch,
+        iteration=iteration,
+        gpus=np.arange(g, dtype=np.int32),
+        start=np.asfortranarray(start),
+        fetch=np.asfortranarray(fetch),
+        iteration_time=np.asfortranarray(iteration_time),
+        stall=np.asfortranarray(stall),
+        arrival=np.asfortranarray(arrival),
+        worker=np.asfortranarray(worker),
+        origin_ns=0,
+        loader=LoaderSettings(workers, 2, "log"),
+    )
+
+
+def best_of(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up: compilation or cache load, first touch of memory
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def pin_one_core() -> int | None:
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def _all_policies(model: Any, arrays: IterationArrays, params: ReplayParams) -> None:
+    """What ``dsim run`` does for one run: prepare once, then every policy."""
+    prepared = model.prepare(arrays, params)
+    for pair in PAIRS:
+        model.replay(prepared, pair, params)
+
+
+def bench_models(sizes: list[int], gpus: int, repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    params = ReplayParams()
+    for n in sizes:
+        arrays = synthetic_arrays(n, gpus)
+        work = n * gpus
+        for name in ("per-iteration", "pipeline"):
+            model = get_model(name)
+            prepared = model.prepare(arrays, params)
+            t_prepare = best_of(lambda m=model, a=arrays: m.prepare(a, params), repeats)
+            t_replay = best_of(
+                lambda m=model, p=prepared: m.replay(p, ("min", "min"), params), repeats
+            )
+            t_all = best_of(
+                lambda m=model, a=arrays: _all_policies(m, a, params),
+                max(1, repeats // 2),
+            )
+            rows.append(
+                {
+                    "model": name,
+                    "iterations": n,
+                    "gpus": gpus,
+                    "prepare_s": t_prepare,
+                    "replay_s": t_replay,
+                    "per_policy_rate": work / (t_all / len(PAIRS)),
+                    "replay_rate": work / t_replay,
+                }
+            )
+    return rows
+
+
+def bench_reference(n: int, gpus: int) -> dict[str, Any]:
+    """The compiled kernel against the plain-Python reference, one policy, same inputs."""
+    spec = importlib.util.spec_from_file_location(
+        "reference_pipeline", REPO / "tests" / "reference_pipeline.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    arrays = synthetic_arrays(n, gpus)
+    model, params = get_model("pipeline"), ReplayParams()
+    lists = {
+        "epoch": arrays.epoch.tolist(),
+        "iteration": arrays.iteration.tolist(),
+        "start": arrays.start.tolist(),
+        "fetch": arrays.fetch.tolist(),
+        "arrival": arrays.arrival.tolist(),
+        "stall": arrays.stall.tolist(),
+        "iteration_time": arrays.iteration_time.tolist(),
+        "worker": arrays.worker.tolist(),
+    }
+
+    def reference() -> Any:
+        return module.reference_pipeline(
+            **lists, policy=("min", "min"), workers=4, prefetch=2, new_workers=None,
+            new_prefetch=None,
+        )  # fmt: skip
+
+    t_ref = best_of(reference, 1)
+    t_kernel = best_of(
+        lambda: model.replay(model.prepare(arrays, params), ("min", "min"), params), 5
+    )
+    return {"iterations": n, "gpus": gpus, "reference_s": t_ref, "kernel_s": t_kernel,
+            "ratio": t_ref / t_kernel}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numba
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run (< 30 s)")
+    parser.add_argument("--out", type=Path, help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
+    core = pin_one_core()
+    sizes = [1_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000]
+    repeats = 2 if args.quick else 3
+    res = {
+        "machine": machine(),
+        "pinned_core": core,
+        "models": bench_models(sizes, 8, repeats),
+        "reference": bench_reference(200 if args.quick else 2_000, 8),
+    }
+    print(f"one core ({res['machine']['cpu']}), load {res['machine']['load_1min']:.2f}")
+    print(f"{'model':<14}{'iterations':>11}{'prepare':>10}{'1 replay':>10}"
+          f"{'GPU-it/s per policy':>21}{'GPU-it/s replay':>17}")  # fmt: skip
+    for r in res["models"]:
+        print(
+            f"{r['model']:<14}{r['iterations']:>11,}{r['prepare_s']:>9.3f}s{r['replay_s']:>9.3f}s"
+            f"{r['per_policy_rate'] / 1e6:>19.1f} M{r['replay_rate'] / 1e6:>15.1f} M"
+        )
+    ref = res["reference"]
+    print(
+        f"pipeline kernel vs plain-Python reference ({ref['iterations']:,} x {ref['gpus']}, "
+        f"min/min): {ref['reference_s']:.2f} s vs {ref['kernel_s'] * 1e3:.2f} ms "
+        f"= {ref['ratio']:,.0f}x"
+    )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""The ``pipeline`` replay model: DataLoader pipelines and the all-reduce, across iterations.
+
+The per-iteration model replays every iteration on its own. Real loaders are
+pipelines, so a batch that is ready earlier or later moves every later one:
+this model re-simulates the mechanics of stock PyTorch per rank
+(``torch/utils/data/dataloader.py``) and couples the ranks by the all-reduce:
+
+* batch ``i`` of an epoch goes to worker ``i mod W`` (the worker cycle
+  restarts at 0 every epoch; the measured run's own worker ids are kept
+  when the loader settings are unchanged); the first ``P*W`` indices are sent when the
+  epoch's iterator is created, every later one when batch ``k - P*W`` is
+  handed to the training loop; a worker builds its batches in order, one at
+  a time, so batch ``k`` starts when its index was sent *and* the worker
+  finished batch ``k - W``;
+* the loop asks for batch ``k`` when iteration ``k - 1`` ended and gets it
+  ``d`` seconds after the fetch ended (if it had to wait) or ``h`` seconds
+  after asking (if the batch was already there: the hand-over cost);
+* an iteration ends on every rank a rank-specific time after the *last*
+  rank's batch arrived (the gradients' all-reduce waits for the slowest).
+
+Every term the logs do not show is calibrated per batch and rank from the
+measured run: the latency from an index being sent, or from the worker's
+previous batch, to the fetch's start; the delivery and hand-over latencies;
+each rank's time from the last arrival to the end of its iteration; the
+loop's own gap between iterations. Where two constraints meet in a ``max``
+(index sent vs worker free; fetch done vs loop asking), the measured
+latency belongs to the constraint that held the batch back, and the other
+side gets the typical latency of that constraint (the mean over all ranks,
+start-up batches left out), capped so that it
+never binds in the measured run. So ``actual/actual`` with the measured
+loader settings gives back the measured run to float precision (identity),
+and a what-if in which the other constraint binds pays that constraint's
+own typical latency instead of the first one's (a worker that goes from
+waiting for indices to being busy starts its fetches ~0.2 ms after the
+previous batch, not the ~0.7 ms an index takes to arrive). A what-if keeps
+these terms and changes only what it names: fetch durations and starts
+(the alignment policies) or the loader's ``W`` and ``P``.
+
+The recurrences are sequential in batches, so the kernels are compiled with
+numba (a plain NumPy loop over batches is ~100x slower, see bench/); they
+loop over batches and ranks of one policy. Segments -- runs of consecutive
+iterations of one epoch -- are replayed independently, each from its own
+measured start: the metrics are durations, so a segment's shift in absolute
+time does not matter, and an iteration missing for some rank only splits a
+segment instead of derailing the rest of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+ACTUAL, MIN, AVG = 0, 1, 2
+_CODES = {"actual": ACTUAL, "min": MIN, "avg": AVG}
+
+
+@dataclass(frozen=True)
+class PipelineInputs:
+    """One run as row-major [N, G] arrays (iterations x GPUs), rows sorted by (epoch, iteration).
+
+    ``start`` and ``arrival`` are seconds since a common origin; ``worker``
+    holds dense worker numbers per rank (0..W-1).
+    """
+
+    segments: np.ndarray  # int64 [S, 2]: row ranges [lo, hi) of consecutive iterations
+    iteration: np.ndarray  # int64 [N]: the batch index within its epoch
+    start: np.ndarray  # FS: fetch start
+    fetch: np.ndarray  # F: fetch duration
+    arrival: np.ndarray  # A: batch arrival in the loop (training line timestamp)
+    stall: np.ndarray  # ST
+    iteration_time: np.ndarray  # T
+    worker: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per batch and rank residuals of the measured run under its loader settings (W, P)."""
+
+    workers: int
+    prefetch: int
+    lat_sent: np.ndarray  # index sent -> fetch start, when the worker waited for the index
+    lat_free: np.ndarray  # worker's previous batch done -> fetch start, when it was busy
+    hand: np.ndarray  # hand-over latency when the batch was already there
+    deliver: np.ndarray  # delivery latency from fetch end to arrival when the loop waited
+    after: np.ndarray  # time from the last rank's arrival to this rank's iteration end
+    loop: np.ndarray  # the loop's gap between the end of iteration k-1 and asking for batch k
+
+
+def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
+    """Row ranges of consecutive iterations within one epoch (a gap or a new epoch cuts)."""
+    n = len(epoch)
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    cut = np.flatnonzero((np.diff(epoch) != 0) | (np.diff(iteration) != 1)) + 1
+    bounds = np.concatenate(([0], cut, [n])).astype(np.int64)
+    return np.stack([bounds[:-1], bounds[1:]], axis=1)
+
+
+@njit(cache=True)
+def _typical(samples, counts):  # pragma: no cover - compiled
+    """The typical latency: the mean over every rank's samples, the same for all ranks.
+
+    A mean, not a median, and pooled, not per rank: a rank that switches to a
+    constraint it rarely met in the measured run must drift at the same
+    average rate, hiccups included, as the ranks that met it all along. Its
+    own few samples of that constraint are a biased sample (they come from
+    unusual moments), and a bias of 0.05 ms a batch is enough to let it run
+    ahead of the others in every what-if.
+    """
+    g = samples.shape[0]
+    total = 0.0
+    n = 0
+    for r in range(g):
+        for j in range(counts[r]):
+            total += samples[r, j]
+        n += counts[r]
+    return np.full(g, total / n if n else 0.0)
+
+
+@njit(cache=True)
+def _calibrate(
+    segments, start, fetch, arrival, stall, itime, worker, workers, prefetch
+):  # pragma: no cover - compiled
+    n, g = start.shape
+    lat_sent = np.empty((n, g))
+    lat_free = np.empty((n, g))
+    hand = np.empty((n, g))
+    deliver = np.empty((n, g))
+    after = np.empty((n, g))
+    loop = np.zeros((n, g))
+    req = arrival - stall
+    end = req + itime
+    fe = start + fetch
+    sent = np.empty((n, g))
+    free = np.empty((n, g))
+    nworkers = max(int(worker.max()) + 1, 1) if n else 1
+    last_end = np.empty((g, nworkers))
+    # Per rank, the samples the typical latencies are the medians of.
+    index_bound = np.empty((g, n))  # fetch start - index sent, where the worker waited for it
+    busy_bound = np.empty((g, n))  # fetch start - previous batch done, where it was busy
+    ready = np.empty((g, n))  # stalls of batches that were there before the loop asked
+    waited = np.empty((g, n))  # arrival - fetch end of batches the loop waited for
+    counts = np.zeros((4, g), dtype=np.int64)
+    for s in range(segments.shape[0]):
+        lo, hi = segments[s, 0], segments[s, 1]
+        last_end[:, :] = -np.inf
+        counts[:, :] = 0
+        for i in range(lo, hi):
+            k = i - lo
+            last = arrival[i, 0]
+            for r in range(1, g):
+                last = max(last, arrival[i, r])
+            for r in range(g):
+                if workers == 0:  # loading in the main process, on request
+                    sent[i, r] = req[i, r]
+                elif k < prefetch * workers:  # the first indices go out with the iterator
+                    sent[i, r] = req[lo, r]
+                else:  # one more index each time a batch is handed to the loop
+                    sent[i, r] = arrival[i - prefetch * workers, r]
+                free[i, r] = -np.inf
+                if workers > 0:
+                    free[i, r] = last_end[r, worker[i, r]]
+                    last_end[r, worker[i, r]] = fe[i, r]
+                if k > 0:
+                    loop[i, r] = req[i, r] - end[i - 1, r]
+                after[i, r] = end[i, r] - last
+                if k < max(prefetch * workers, 1):
+                    continue  # start-up batches (sent with the iterator) are not typical
+                if sent[i, r] > free[i, r]:
+                    index_bound[r, counts[0, r]] = start[i, r] - sent[i, r]
+                    counts[0, r] += 1
+                else:
+                    busy_bound[r, counts[1, r]] = start[i, r] - free[i, r]
+                    counts[1, r] += 1
+                if fe[i, r] < req[i, r]:
+                    ready[r, counts[2, r]] = stall[i, r]
+                    counts[2, r] += 1
+                else:
+                    waited[r, counts[3, r]] = arrival[i, r] - fe[i, r]
+                    counts[3, r] += 1
+        s_hat = _typical(index_bound, counts[0])
+        f_hat = _typical(busy_bound, counts[1])
+        h_hat = _typical(ready, counts[2])
+        d_hat = _typical(waited, counts[3])
+        for i in range(lo, hi):
+            for r in range(g):
+                # Each measured latency goes to the constraint that held the fetch back; the
+                # other side gets its typical value (never more than the measurement allows).
+                if sent[i, r] + s_hat[r] >= free[i, r] + f_hat[r]:  # waited for the index
+                    lat_sent[i, r] = start[i, r] - sent[i, r]
+                    lat_free[i, r] = min(f_hat[r], start[i, r] - free[i, r])
+                else:  # busy with the previous batch
+                    lat_free[i, r] = start[i, r] - free[i, r]
+                    lat_sent[i, r] = min(s_hat[r], start[i, r] - sent[i, r])
+                if fe[i, r] + d_hat[r] <= req[i, r] + h_hat[r]:  # the batch was there
+                    hand[i, r] = stall[i, r]
+                    deliver[i, r] = min(d_hat[r], arrival[i, r] - fe[i, r])
+                else:  # the loop waited for the fetch: delivery binds
+                    deliver[i, r] = arrival[i, r] - fe[i, r]
+                    hand[i, r] = min(h_hat[r], stall[i, r])
+    return lat_sent, lat_free, hand, deliver, after, loop
+
+
+def calibrate(inputs: PipelineInputs, workers: int, prefetch: int) -> Calibration:
+    """Residuals of the measured run under loader settings (``workers``, ``prefetch``)."""
+    parts = _calibrate(
+        inputs.segments,
+        inputs.start,
+        inputs.fetch,
+        inputs.arrival,
+        inputs.stall,
+        inputs.iteration_time,
+        inputs.worker,
+        workers,
+        prefetch,
+    )
+    return Calibration(workers, prefetch, *parts)
+
+
+@njit(cache=True)
+def _replay(  # pragma: no cover - compiled
+    segments, iteration, start, fetch, arrival, stall, worker,
+    lat_sent, lat_free, hand, deliver, after, loop,
+    fetch_mode, start_mode, same_loader, new_w, new_p,
+):  # fmt: skip
+    n, g = start.shape
+    iteration_s = np.empty(n)
+    stall_s = np.empty(n)
+    delay_s = np.empty(n)
+    fetch_diff = np.empty(n)
+    start_diff = np.empty(n)
+    gpu_stall = np.empty((n, g))
+    end2 = np.empty((n, g))
+    req2 = np.empty((n, g))
+    arr2 = np.empty((n, g))
+    end_prev = np.empty(g)
+    natural = np.empty(g)
+    f_new = np.empty(g)
+    nslots = new_w
+    if same_loader:
+        nslots = max(int(worker.max()) + 1, 1) if n else 1
+    nslots = max(nslots, 1)
+    last_end = np.empty((g, nslots))
+    for s in range(segments.shape[0]):
+        lo, hi = segments[s, 0], segments[s, 1]
+        last_end[:, :] = -np.inf
+        for k in range(hi - lo):
+            i = lo + k
+            # Fetch durations of this batch under the fetch-align policy.
+            if fetch_mode == ACTUAL:
+                for r in range(g):
+                    f_new[r] = fetch[i, r]
+            else:
+                agg = fetch[i, 0]
+                if fetch_mode == MIN:
+                    for r in range(1, g):
+                        agg = min(agg, fetch[i, r])
+                else:
+                    for r in range(1, g):
+                        agg = agg + fetch[i, r]
+                    agg = agg / g
+                for r in range(g):
+                    f_new[r] = agg
+            # When each rank could start it: its index sent and its worker free, plus latencies.
+            for r in range(g):
+                if k == 0:
+                    req2[i, r] = arrival[lo, r] - stall[lo, r]
+                else:
+                    req2[i, r] = end_prev[r] + loop[i, r]
+                if new_w == 0:
+                    sent = req2[i, r]
+                elif k < new_p * new_w:
+                    sent = req2[lo, r]
+                else:
+                    sent = arr2[i - new_p * new_w, r]
+                free = -np.inf
+                if new_w > 0:
+                    slot = worker[i, r] if same_loader else iteration[i] % new_w
+                    free = last_end[r, slot]
+                natural[r] = max(sent + lat_sent[i, r], free + lat_free[i, r])
+            # Start-align: every rank starts as the policy says, from the ranks' natural starts.
+            lo_s = natural[0]
+            hi_s = natural[0]
+            for r in range(1, g):
+                lo_s = min(lo_s, natural[r])
+                hi_s = max(hi_s, natural[r])
+            if start_mode == MIN:
+                for r in range(g):
+                    natural[r] = lo_s
+            elif start_mode == AVG:
+                mid = hi_s - (hi_s - lo_s) / 2
+                for r in range(g):
+                    natural[r] = mid
+            last = -np.inf
+            for r in range(g):
+                done = natural[r] + f_new[r]
+                if new_w > 0:
+                    slot = worker[i, r] if same_loader else iteration[i] % new_w
+                    last_end[r, slot] = done
+                a = max(req2[i, r] + hand[i, r], done + deliver[i, r])
+                arr2[i, r] = a
+                last = max(last, a)
+            t_max = -np.inf
+            st_max = -np.inf
+            st_min = np.inf
+            for r in range(g):
+                e = last + after[i, r]
+                end_prev[r] = e
+                end2[i, r] = e
+                st = arr2[i, r] - req2[i, r]
+                gpu_stall[i, r] = st
+                t_max = max(t_max, e - req2[i, r])
+                st_max = max(st_max, st)
+                st_min = min(st_min, st)
+            iteration_s[i] = t_max
+            stall_s[i] = st_max
+            delay_s[i] = st_max - st_min
+            f_lo = f_new[0]
+            f_hi = f_new[0]
+            for r in range(1, g):
+                f_lo = min(f_lo, f_new[r])
+                f_hi = max(f_hi, f_new[r])
+            fetch_diff[i] = f_hi - f_lo
+            lo_s = natural[0]
+            hi_s = natural[0]
+            for r in range(1, g):
+                lo_s = min(lo_s, natural[r])
+                hi_s = max(hi_s, natural[r])
+            start_diff[i] = hi_s - lo_s
+    return iteration_s, stall_s, delay_s, fetch_diff, start_diff, gpu_stall, end2
+
+
+def replay_pipeline(
+    inputs: PipelineInputs,
+    calibration: Calibration,
+    policy: tuple[str, str],
+    workers: int | None = None,
+    prefetch: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Replay a calibrated run under ``policy`` and loader settings (default: as measured)."""
+    new_w = calibration.workers if workers is None else int(workers)
+    new_p = calibration.prefetch if prefetch is None else int(prefetch)
+    same = new_w == calibration.workers and new_p == calibration.prefetch
+    out = _replay(
+        inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
+        inputs.stall, inputs.worker,
+        calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
+        calibration.after, calibration.loop,
+        _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p,
+    )  # fmt: skip
+    names = (
+        *("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s"),
+        *("gpu_stall_s", "gpu_end_s"),
+    )
+    return dict(zip(names, out, strict=True))

@@ -1,0 +1,206 @@
+"""Row-by-row reference of the ``pipeline`` replay model (docs/SPEC.md, "The pipeline model").
+
+Plain Python over lists, one batch and one rank at a time, written to be
+read next to the specification rather than to be fast. The fast kernel
+(``dsim.replay.models.pipeline``) must agree with it to float precision on
+any trace; the property tests compare the two.
+
+Notation (all times in seconds, per rank r and batch k of one segment):
+``FS``/``FE`` fetch start/end, ``F`` fetch duration, ``A`` batch arrival
+(the training line's timestamp), ``ST`` stall, ``T`` iteration time,
+``req = A - ST`` when the loop asked for the batch, ``end = req + T``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BIG = math.inf
+
+
+@dataclass
+class RefResult:
+    iteration_s: list[float]
+    stall_s: list[float]
+    delay_s: list[float]
+    fetch_diff_s: list[float]
+    start_diff_s: list[float]
+    gpu_stall_s: list[list[float]]  # [N][G]
+    end_s: list[list[float]]  # [N][G] when each rank's iteration ended (seconds since the origin)
+
+
+def segments(epoch: list[int], iteration: list[int]) -> list[tuple[int, int]]:
+    """Row ranges [lo, hi) of consecutive iterations of one epoch."""
+    out = []
+    lo = 0
+    for k in range(1, len(epoch) + 1):
+        if k == len(epoch) or epoch[k] != epoch[k - 1] or iteration[k] != iteration[k - 1] + 1:
+            out.append((lo, k))
+            lo = k
+    return out if epoch else []
+
+
+def _typical(per_rank: list[list[float]]) -> list[float]:
+    """The typical latency: the mean over every rank's samples, the same for all ranks."""
+    pooled = [v for values in per_rank for v in values]
+    mean = math.fsum(pooled) / len(pooled) if pooled else 0.0
+    return [mean] * len(per_rank)
+
+
+def _aggregate(values: list[float], how: str) -> list[float]:
+    if how == "actual":
+        return list(values)
+    if how == "min":
+        return [min(values)] * len(values)
+    if how == "avg":
+        return [sum(values) / len(values)] * len(values)
+    raise ValueError(how)
+
+
+def _aggregate_start(values: list[float], how: str) -> list[float]:
+    if how == "actual":
+        return list(values)
+    if how == "min":
+        return [min(values)] * len(values)
+    if how == "avg":
+        hi, lo = max(values), min(values)
+        return [hi - (hi - lo) / 2] * len(values)
+    raise ValueError(how)
+
+
+def reference_pipeline(
+    epoch: list[int],
+    iteration: list[int],
+    start: list[list[float]],
+    fetch: list[list[float]],
+    arrival: list[list[float]],
+    stall: list[list[float]],
+    iteration_time: list[list[float]],
+    worker: list[list[int]],
+    policy: tuple[str, str],
+    workers: int,
+    prefetch: int,
+    new_workers: int | None = None,
+    new_prefetch: int | None = None,
+) -> RefResult:
+    """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
+    n = len(epoch)
+    g_count = len(start[0]) if n else 0
+    new_w = workers if new_workers is None else new_workers
+    new_p = prefetch if new_prefetch is None else new_prefetch
+    same_loader = new_w == workers and new_p == prefetch
+    out = RefResult([], [], [], [], [], [], [])
+    for lo, hi in segments(epoch, iteration):
+        m = hi - lo
+        rows = range(lo, hi)
+        fs = [[start[k][r] for r in range(g_count)] for k in rows]
+        f = [[fetch[k][r] for r in range(g_count)] for k in rows]
+        fe = [[fs[k][r] + f[k][r] for r in range(g_count)] for k in range(m)]
+        a = [[arrival[k][r] for r in range(g_count)] for k in rows]
+        st = [[stall[k][r] for r in range(g_count)] for k in rows]
+        t = [[iteration_time[k][r] for r in range(g_count)] for k in rows]
+        wk = [[worker[k][r] for r in range(g_count)] for k in rows]
+        req = [[a[k][r] - st[k][r] for r in range(g_count)] for k in range(m)]
+        end = [[req[k][r] + t[k][r] for r in range(g_count)] for k in range(m)]
+
+        # --- calibration: the unobserved terms, per rank, from the measured run
+        lat_sent = [[0.0] * g_count for _ in range(m)]  # index sent -> fetch start
+        lat_free = [[0.0] * g_count for _ in range(m)]  # worker's previous batch done -> start
+        hand = [[0.0] * g_count for _ in range(m)]
+        deliver = [[0.0] * g_count for _ in range(m)]
+        after = [[0.0] * g_count for _ in range(m)]
+        loop = [[0.0] * g_count for _ in range(m)]
+        sent = [[0.0] * g_count for _ in range(m)]
+        free = [[-BIG] * g_count for _ in range(m)]
+        samples: dict[str, list[list[float]]] = {
+            name: [[] for _ in range(g_count)] for name in ("sent", "free", "ready", "waited")
+        }
+        for r in range(g_count):
+            last_end: dict[int, float] = {}
+            for k in range(m):
+                if workers == 0:  # loading in the main process, on request
+                    sent[k][r] = req[k][r]
+                elif k < prefetch * workers:  # the first indices go out with the iterator
+                    sent[k][r] = req[0][r]
+                else:  # one more index each time a batch is handed to the loop
+                    sent[k][r] = a[k - prefetch * workers][r]
+                if workers > 0:
+                    free[k][r] = last_end.get(wk[k][r], -BIG)
+                    last_end[wk[k][r]] = fe[k][r]
+                if k:
+                    loop[k][r] = req[k][r] - end[k - 1][r]
+                if k < max(prefetch * workers, 1):
+                    continue  # start-up batches (sent with the iterator) are not typical
+                if sent[k][r] > free[k][r]:
+                    samples["sent"][r].append(fs[k][r] - sent[k][r])
+                else:
+                    samples["free"][r].append(fs[k][r] - free[k][r])
+                if fe[k][r] < req[k][r]:
+                    samples["ready"][r].append(st[k][r])
+                else:
+                    samples["waited"][r].append(a[k][r] - fe[k][r])
+        s_hat = _typical(samples["sent"])
+        f_hat = _typical(samples["free"])
+        h_hat = _typical(samples["ready"])
+        d_hat = _typical(samples["waited"])
+        for r in range(g_count):
+            for k in range(m):
+                if (
+                    sent[k][r] + s_hat[r] >= free[k][r] + f_hat[r]
+                ):  # the worker waited for the index
+                    lat_sent[k][r] = fs[k][r] - sent[k][r]
+                    lat_free[k][r] = min(f_hat[r], fs[k][r] - free[k][r])
+                else:  # the worker was busy with its previous batch
+                    lat_free[k][r] = fs[k][r] - free[k][r]
+                    lat_sent[k][r] = min(s_hat[r], fs[k][r] - sent[k][r])
+                if fe[k][r] + d_hat[r] <= req[k][r] + h_hat[r]:  # ready: the handover binds
+                    hand[k][r] = st[k][r]
+                    deliver[k][r] = min(d_hat[r], a[k][r] - fe[k][r])
+                else:  # the loop waited for the fetch: delivery binds
+                    deliver[k][r] = a[k][r] - fe[k][r]
+                    hand[k][r] = min(h_hat[r], st[k][r])
+        for k in range(m):
+            last = max(a[k])
+            for r in range(g_count):
+                after[k][r] = end[k][r] - last
+
+        # --- replay
+        fetch_new = [_aggregate(f[k], policy[0]) for k in range(m)]
+        a2 = [[0.0] * g_count for _ in range(m)]
+        end2 = [[0.0] * g_count for _ in range(m)]
+        req2 = [[0.0] * g_count for _ in range(m)]
+        fs2 = [[0.0] * g_count for _ in range(m)]
+        last_end2: list[dict[int, float]] = [{} for _ in range(g_count)]
+        for k in range(m):
+            natural = []
+            for r in range(g_count):
+                req2[k][r] = req[0][r] if k == 0 else end2[k - 1][r] + loop[k][r]
+                who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
+                if new_w == 0:
+                    sent = req2[k][r]
+                elif k < new_p * new_w:
+                    sent = req2[0][r]
+                else:
+                    sent = a2[k - new_p * new_w][r]
+                free = last_end2[r].get(who, -BIG) if new_w > 0 else -BIG
+                natural.append(max(sent + lat_sent[k][r], free + lat_free[k][r]))
+            fs2[k] = _aggregate_start(natural, policy[1])
+            for r in range(g_count):
+                who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
+                done = fs2[k][r] + fetch_new[k][r]
+                last_end2[r][who] = done
+                a2[k][r] = max(req2[k][r] + hand[k][r], done + deliver[k][r])
+            last = max(a2[k])
+            for r in range(g_count):
+                end2[k][r] = last + after[k][r]
+            stalls = [a2[k][r] - req2[k][r] for r in range(g_count)]
+            times = [end2[k][r] - req2[k][r] for r in range(g_count)]
+            out.iteration_s.append(max(times))
+            out.stall_s.append(max(stalls))
+            out.delay_s.append(max(stalls) - min(stalls))
+            out.fetch_diff_s.append(max(fetch_new[k]) - min(fetch_new[k]))
+            out.start_diff_s.append(max(fs2[k]) - min(fs2[k]))
+            out.gpu_stall_s.append(stalls)
+            out.end_s.append(list(end2[k]))
+    return out

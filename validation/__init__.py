@@ -1,0 +1,1 @@
+"""The fidelity harness: physical DDP re-runs that check dsim's what-if answers (issue #11)."""

@@ -1,0 +1,81 @@
+"""The five numbers the harness compares, with dsim's summary selection.
+
+Measured and predicted numbers must be computed by the same rule, or the
+comparison measures the bookkeeping instead of the model. So every number
+here — from a re-run's ``actual/actual`` replay, a per-iteration prediction
+or a pipeline prediction — comes from per-iteration rows through
+``run_metrics``, which selects iterations exactly as ``dsim summarize`` does
+(``dsim.summary``: every epoch but the first when there are several, skip
+iterations <= 10 of each epoch, delay strictly above 30 ms is effective).
+The comparison checks that it reproduces dsim's own summary of every run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, default_epochs, selection_mask
+
+METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
+LABELS = {
+    "iteration_ms": "mean iteration time (ms)",
+    "stall_ms": "mean stall (ms)",
+    "delay_ms": "mean delay (ms)",
+    "effective_delay_pct": "effective-delay share (%)",
+    "epoch_s": "epoch wall time (s)",
+}
+# How a prediction's error is expressed: relative % for times, absolute for the rest.
+ERROR_KIND = {
+    "iteration_ms": "rel_pct",
+    "stall_ms": "rel_pct",
+    "delay_ms": "abs_ms",
+    "effective_delay_pct": "abs_pts",
+    "epoch_s": "rel_pct",
+}
+
+
+def run_metrics(
+    epoch: np.ndarray,
+    iteration: np.ndarray,
+    iteration_s: np.ndarray,
+    stall_s: np.ndarray,
+    delay_s: np.ndarray,
+    *,
+    warmup: int = DEFAULT_WARMUP,
+    threshold_s: float = DEFAULT_THRESHOLD_S,
+) -> dict[str, float]:
+    """Per-iteration rows of one replay -> the five metrics.
+
+    ``epoch_s`` is the wall time of an epoch — the sum of *all* its iteration
+    times, warm-up included, since an epoch's wall time is what a user
+    waits — averaged over the selected epochs.
+    """
+    epoch = np.asarray(epoch)
+    iteration = np.asarray(iteration)
+    iteration_s = np.asarray(iteration_s, dtype=np.float64)
+    stall_s = np.asarray(stall_s, dtype=np.float64)
+    delay_s = np.asarray(delay_s, dtype=np.float64)
+    epochs = default_epochs(np.unique(epoch).tolist())
+    mask = selection_mask(epoch, iteration, epochs, warmup)
+    if not mask.any():
+        raise ValueError(f"no iteration selected (epochs {epochs}, iterations > {warmup})")
+    delay = delay_s[mask]
+    walls = [float(iteration_s[epoch == e].sum()) for e in epochs]
+    return {
+        "iteration_ms": float(iteration_s[mask].mean()) * 1e3,
+        "stall_ms": float(stall_s[mask].mean()) * 1e3,
+        "delay_ms": float(delay.mean()) * 1e3,
+        "effective_delay_pct": 100.0 * float((delay > threshold_s).sum()) / len(delay),
+        "epoch_s": float(np.mean(walls)),
+    }
+
+
+def error(metric: str, predicted: float | None, measured: float | None) -> float | None:
+    """Signed error of a prediction: % of the measured value for times, else absolute."""
+    if predicted is None or measured is None:
+        return None
+    if ERROR_KIND[metric] == "rel_pct":
+        return 100.0 * (predicted - measured) / measured if measured else math.nan
+    return predicted - measured
