@@ -128,8 +128,13 @@ def command(
         )
     if quiet:
         return
+    from dsim.render.insight import print_verdicts
     from dsim.render.terminal import print_summary
+    from dsim.results import find_result_runs
+    from dsim.verdict import run_verdicts
 
+    infos = {str(r.directory): r.info for r in find_result_runs(_run_dirs(config))}
+    print_verdicts(run_verdicts(outcome.summary, infos))
     print_summary(outcome.summary)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
@@ -144,6 +149,10 @@ def command(
         highlight=False,
     )
     sys.stdout.flush()
+
+
+def _run_dirs(config: Any) -> list[Path]:
+    return [Path(config.out) / name for name in config.runs]
 
 
 command.__doc__ = HELP

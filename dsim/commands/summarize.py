@@ -95,8 +95,11 @@ def command(
         return
     from rich.console import Console
 
+    from dsim.render.insight import print_verdicts
     from dsim.render.terminal import print_summary
+    from dsim.verdict import run_verdicts
 
+    print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}))
     print_summary(summary)
     for path in written:
         Console(stderr=True).print(f"wrote {path}", highlight=False)
