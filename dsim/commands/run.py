@@ -128,13 +128,15 @@ def command(
         )
     if quiet:
         return
-    from dsim.render.insight import print_verdicts
+    from dsim.attribution_files import read_attributions
+    from dsim.render.insight import attribution_lines, print_verdicts
     from dsim.render.terminal import print_summary
     from dsim.results import find_result_runs
     from dsim.verdict import run_verdicts
 
     infos = {str(r.directory): r.info for r in find_result_runs(_run_dirs(config))}
-    print_verdicts(run_verdicts(outcome.summary, infos))
+    blame = attribution_lines(read_attributions([config.out]), outcome.summary)
+    print_verdicts(run_verdicts(outcome.summary, infos), blame)
     print_summary(outcome.summary)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())

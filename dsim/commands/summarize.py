@@ -95,11 +95,13 @@ def command(
         return
     from rich.console import Console
 
-    from dsim.render.insight import print_verdicts
+    from dsim.attribution_files import read_attributions
+    from dsim.render.insight import attribution_lines, print_verdicts
     from dsim.render.terminal import print_summary
     from dsim.verdict import run_verdicts
 
-    print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}))
+    blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
+    print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}), blame)
     print_summary(summary)
     for path in written:
         Console(stderr=True).print(f"wrote {path}", highlight=False)

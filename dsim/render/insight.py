@@ -6,8 +6,8 @@ answer it before the full table (``dsim.render.terminal``) gives the detail.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -15,13 +15,43 @@ if TYPE_CHECKING:
     from dsim.verdict import Verdict
 
 
-def print_verdicts(verdicts: Sequence[Verdict], console: Console | None = None) -> None:
-    """One paragraph per run: its name (when there are several) and the verdict."""
+def print_verdicts(
+    verdicts: Sequence[Verdict],
+    blame: Mapping[str, Sequence[str]] | None = None,
+    console: Console | None = None,
+) -> None:
+    """One paragraph per run: its name (when there are several), the verdict, and the
+    attribution lines of that run (``blame``: run name → lines) below it."""
     from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
 
     console = console or Console()
+    blame = blame or {}
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
         console.print(f"{prefix}{v.text}", highlight=False, markup=False, style="bold")
+        for line in blame.get(v.run, ()):
+            console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
     if verdicts:
         console.print()
+
+
+def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
+    """Run → attribution lines, for runs whose recorded selection is the summary's own
+    (lines computed over other iterations than the table below would mislead)."""
+    from dsim.attribution import describe
+
+    if attributions is None or attributions.empty:
+        return {}
+    out: dict[str, list[str]] = {}
+    for run, rows in attributions.groupby("run", sort=False):
+        shown = summary[summary["run"] == run]
+        if shown.empty:
+            continue
+        same = str(shown["selected_epochs"].iloc[0]) == str(
+            rows["selected_epochs"].iloc[0]
+        ) and int(shown["warmup"].iloc[0]) == int(rows["warmup"].iloc[0])
+        if same:
+            out[str(run)] = describe(rows)
+    return out
