@@ -95,7 +95,11 @@ def command(
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="Join this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)."
     ),
-    force: bool = typer.Option(False, "--force", help="Recompute replays even when cached."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Recompute replays even when cached; also accept a --threshold of 1 s or more.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
     import contextlib
@@ -105,6 +109,7 @@ def command(
     from dsim.config import Overrides, load_config
     from dsim.execute.runner import run_replays
     from dsim.options import parse_epochs_option
+    from dsim.sanity import check_threshold, recorded_selections, selection_changes
 
     overrides = Overrides(
         runs=tuple(runs or ()),
@@ -118,6 +123,9 @@ def command(
         ray_address=ray_address,
     )
     config = load_config(conf, overrides)
+    source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
+    check_threshold(config.threshold_s, force=force, source=source)
+    before = recorded_selections(config.out, config.runs)
     err = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         outcome = run_replays(
@@ -128,6 +136,8 @@ def command(
         )
     if quiet:
         return
+    for note in selection_changes(before, recorded_selections(config.out, config.runs)):
+        _say(err, f"dsim: {note}")
     from dsim.attribution_files import read_attributions
     from dsim.render.insight import attribution_lines, print_verdicts
     from dsim.render.terminal import print_summary

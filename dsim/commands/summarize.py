@@ -62,6 +62,9 @@ def command(
         min=0.0,
         help="Effective-delay threshold in seconds (default: as recorded).",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Accept a --threshold of 1 s or more (it is in seconds)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
     from dsim import lock
@@ -69,9 +72,11 @@ def command(
     from dsim.options import parse_epochs_option, parse_policy_option, select_runs
     from dsim.render.files import parse_formats, write_summary_files
     from dsim.results import results_directories, scan_results
+    from dsim.sanity import check_threshold
     from dsim.summary import summarize_results
 
     format_names = parse_formats(formats)  # validate before any work
+    check_threshold(threshold, force=force)
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
     epoch_option = parse_epochs_option(epochs)
 
