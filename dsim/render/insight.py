@@ -55,3 +55,32 @@ def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
         if same:
             out[str(run)] = describe(rows)
     return out
+
+
+def print_comparison(comparison: Any, console: Console | None = None) -> None:
+    """The before/after table (measured means), the realised-gain sentence, and warnings."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    c = comparison
+    table = Table(
+        title=f"BEFORE {c.before_run} → AFTER {c.after_run} (measured, actual/actual)",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+    )
+    table.add_column("")
+    for name in ("before", "after", "change"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for d in c.deltas:
+        if d.unit == "%":
+            cells = (f"{d.before:.1f} %", f"{d.after:.1f} %", f"{d.change:+.1f} pts")
+        else:
+            rel = "" if d.change_pct != d.change_pct else f" ({d.change_pct:+.0f} %)"
+            cells = (f"{d.before:.4f} s", f"{d.after:.4f} s", f"{d.change:+.4f} s{rel}")
+        table.add_row(d.label, *(cell.replace("-", "−") for cell in cells))
+    console.print(table)
+    console.print(c.text, highlight=False, markup=False, style="bold")
+    for warning in c.warnings:
+        console.print(f"warning: {warning}", highlight=False, markup=False, style="yellow")
