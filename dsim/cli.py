@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
 from dsim import __version__, processes
+from dsim.commands import compare as compare_cmd
 from dsim.commands import parse as parse_cmd
 from dsim.commands import report as report_cmd
 from dsim.commands import run as run_cmd
@@ -65,6 +66,7 @@ app.command("parse")(parse_cmd.command)
 app.command("run")(run_cmd.command)
 app.command("summarize")(summarize_cmd.command)
 app.command("report")(report_cmd.command)
+app.command("compare")(compare_cmd.command)
 app.command("synth")(synth_cmd.command)
 
 

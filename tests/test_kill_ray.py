@@ -117,7 +117,8 @@ def test_kill_9_mid_replay_leaves_no_ray_process(tmp_path: Path) -> None:
     assert whole.returncode == 0, whole.stderr
     killed, reference = _files(killed_dir / "results"), _files(whole_dir / "results")
     assert sorted(killed) == sorted(reference)
-    assert len([name for name in killed if name.endswith(".parquet")]) == 10  # 9 policies + summary
+    parquet = [name for name in killed if name.endswith(".parquet")]
+    assert len(parquet) == 11  # 9 policies, summary, attribution
     for name, data in reference.items():
         assert killed[name] == data, name
 

@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 
 from dsim.model.results import replay_path
 from dsim.model.tables import read_run
-from dsim.replay.arrays import TORCH_DEFAULT_PREFETCH, LoaderSettings, build_iteration_arrays
+from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models.pipeline import PipelineModel
-from dsim.replay.params import ReplayParams
+from dsim.replay.params import TORCH_DEFAULT_PREFETCH, LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
 from validation.metrics import run_metrics
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from dsim.app.attribution import write_run_attributions
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
@@ -328,6 +329,9 @@ def _replay_and_summarize(
         policies=list(config.policies),
     )
     written.extend(write_summary_files(summary, config.out, ["parquet", "csv"], SUMMARY_STEM))
+    written.extend(
+        write_run_attributions(summary, zip(config.runs, config.run_dirs, strict=True), config.out)
+    )
     computed = sum(len(job.policies) for job in jobs)
     cached = sum(len(plan.keys) for plan in plans) - computed
     return RunOutcome(

@@ -160,10 +160,16 @@ def command(
             help="Also write each figure as png or svg next to the report (needs kaleido).",
         ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Accept a --threshold of 1 s or more (in seconds).")
+    ] = False,
 ) -> None:
     """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
+    from dsim.sanity import check_threshold
+
+    check_threshold(threshold, force=force)
     epoch_sel = parse_epochs_option(epochs)
     policies = [parse_policy_option(p) for p in policy or []] or None
     _check_output(out)

@@ -129,7 +129,11 @@ def command(
         min=1,
         help="Pipeline model: replay with this DataLoader prefetch_factor (default: as measured).",
     ),
-    force: bool = typer.Option(False, "--force", help="Recompute replays even when cached."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Recompute replays even when cached; also accept a --threshold of 1 s or more.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
     import contextlib
@@ -139,6 +143,7 @@ def command(
     from dsim.app.run import run_replays
     from dsim.config import Overrides, load_config
     from dsim.options import parse_epochs_option, parse_policy_option
+    from dsim.sanity import check_threshold, recorded_selections, selection_changes
 
     policies = tuple(parse_policy_option(p) for p in policy_specs or ())
     overrides = Overrides(
@@ -157,6 +162,9 @@ def command(
         ray_address=ray_address,
     )
     config = load_config(conf, overrides)
+    source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
+    check_threshold(config.threshold_s, force=force, source=source)
+    before = recorded_selections(config.out, config.runs)
     err = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         outcome = run_replays(
@@ -167,8 +175,17 @@ def command(
         )
     if quiet:
         return
+    for note in selection_changes(before, recorded_selections(config.out, config.runs)):
+        _say(err, f"dsim: {note}")
+    from dsim.app.attribution import read_attributions
+    from dsim.model.results import find_result_runs
+    from dsim.render.insight import attribution_lines, print_verdicts
     from dsim.render.terminal import print_summary
+    from dsim.verdict import run_verdicts
 
+    infos = {str(r.directory): r.info for r in find_result_runs(_run_dirs(config))}
+    blame = attribution_lines(read_attributions([config.out]), outcome.summary)
+    print_verdicts(run_verdicts(outcome.summary, infos), blame)
     print_summary(outcome.summary)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
@@ -183,6 +200,10 @@ def command(
         highlight=False,
     )
     sys.stdout.flush()
+
+
+def _run_dirs(config: Any) -> list[Path]:
+    return [Path(config.out) / name for name in config.runs]
 
 
 command.__doc__ = HELP

@@ -62,6 +62,9 @@ def command(
         min=0.0,
         help="Effective-delay threshold in seconds (default: as recorded).",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Accept a --threshold of 1 s or more (it is in seconds)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
 ) -> None:
     from dsim.io import lock
@@ -69,9 +72,11 @@ def command(
     from dsim.model.results import results_directories, scan_results
     from dsim.options import parse_epochs_option, parse_policy_option, select_runs
     from dsim.render.files import parse_formats, write_summary_files
+    from dsim.sanity import check_threshold
     from dsim.summary import summarize_results
 
     format_names = parse_formats(formats)  # validate before any work
+    check_threshold(threshold, force=force)
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
     epoch_option = parse_epochs_option(epochs)
 
@@ -95,8 +100,13 @@ def command(
         return
     from rich.console import Console
 
+    from dsim.app.attribution import read_attributions
+    from dsim.render.insight import attribution_lines, print_verdicts
     from dsim.render.terminal import print_summary
+    from dsim.verdict import run_verdicts
 
+    blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
+    print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}), blame)
     print_summary(summary)
     for path in written:
         Console(stderr=True).print(f"wrote {path}", highlight=False)

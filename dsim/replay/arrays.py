@@ -26,45 +26,11 @@ import numpy as np
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.replay.params import LoaderSettings
 
 MISSING_FETCH = "missing fetch record"
 MISSING_TRAIN = "missing training record"
 MISSING_BOTH = "missing fetch and training records"
-
-
-#: PyTorch's default ``prefetch_factor``: what a trace without loader lines is taken to have used.
-TORCH_DEFAULT_PREFETCH = 2
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """A run's DataLoader settings, and where dsim learnt them.
-
-    ``source`` is ``"log"`` (the instrumentation's loader lines) or
-    ``"implied"`` (workers from the fetch lines' worker ids, prefetch factor
-    PyTorch's default), so that a replay can say how sure it is.
-    """
-
-    workers: int
-    prefetch_factor: int
-    source: str = "log"
-
-    @classmethod
-    def implied(cls, worker: np.ndarray) -> LoaderSettings:
-        """What the fetch lines imply: as many workers as worker ids, PyTorch's prefetch default.
-
-        A loader without workers (``num_workers=0``) logs worker id 0, like one
-        worker: the two cannot be told apart from fetch lines alone.
-        """
-        workers = int(worker.max()) + 1 if worker.size else 1
-        return cls(workers, TORCH_DEFAULT_PREFETCH, "implied")
-
-    def document(self) -> dict[str, object]:
-        return {
-            "workers": self.workers,
-            "prefetch_factor": self.prefetch_factor,
-            "source": self.source,
-        }
 
 
 @dataclass(frozen=True)

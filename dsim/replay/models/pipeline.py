@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dsim.errors import UsageError
-from dsim.replay.arrays import IterationArrays, LoaderSettings
 from dsim.replay.models.base import Replay, ReplayModel
-from dsim.replay.params import ReplayParams
+from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
 
 if TYPE_CHECKING:  # the kernel imports numba (~0.3 s): only runs of this model load it
+    from dsim.replay.arrays import IterationArrays
     from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
 
 #: Alignments the pipeline kernel knows (it aggregates start times inside the recurrence).

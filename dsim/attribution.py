@@ -1,0 +1,261 @@
+"""Attribution: whose data loader is slow — which rank, how often, and which workers.
+
+In DDP a rank whose loader is late makes every other rank wait in the
+all-reduce, so its peers *look* slow; the measured stall alone does not say
+who is to blame. Attribution looks at the fetches themselves, per iteration:
+
+* **last to finish**: the rank whose fetch ended last (start + duration);
+* **largest stall**: the rank with the largest training stall;
+* **straggler**: *fixed* when one rank was last in at least
+  ``FIXED_STRAGGLER_SHARE`` (60 %) of the iterations, *wandering* otherwise,
+  *none* when no iteration had a single last rank (one GPU, or ties only);
+  the straggler rank is the one last most often (ties: the lowest rank);
+* **slowest workers**: per iteration, the part of each fetch above the median
+  fetch duration of that iteration across ranks (the excess); each (rank,
+  worker) is charged its fetches' excess, and its share of the total excess
+  ranks it.
+
+An iteration counts for a rank only when that rank is the *only* one at the
+maximum; ties (e.g. every stall 0) count for nobody, so the shares of the
+ranks add up to at most 100 % and an idle run blames no one. Only the
+iterations the summary selected (epochs, warm-up) count.
+
+Pure functions over ``IterationArrays`` plus a worker matrix; the table form
+(``attribution_table``) is what ``dsim run`` writes next to the summary and
+what the terminal lines (``describe``) are printed from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dsim.replay.arrays import IterationArrays
+
+FIXED_STRAGGLER_SHARE = 60.0  # % of iterations one rank must be last in to be "fixed"
+TOP_WORKERS = 3
+FIXED, WANDERING, NONE = "fixed", "wandering", "none"
+
+ATTRIBUTION_COLUMNS = [
+    "run",
+    "gpu",
+    "worker",
+    "fetches",
+    "fetch_s_mean",
+    "excess_s",
+    "excess_share_pct",
+    "gpu_last_pct",
+    "gpu_max_stall_pct",
+    "straggler",
+    "straggler_gpu",
+    "iterations",
+    "selected_epochs",
+    "warmup",
+]
+
+
+@dataclass(frozen=True)
+class RankShare:
+    gpu: int
+    last_pct: float  # % of iterations in which this rank alone finished its fetch last
+    max_stall_pct: float  # % of iterations in which this rank alone had the largest stall
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    gpu: int
+    worker: int
+    fetches: int
+    fetch_s_mean: float
+    excess_s: float  # total fetch time above the per-iteration median
+    excess_share_pct: float  # of the run's total excess; NaN when there is none
+
+
+@dataclass(frozen=True)
+class Attribution:
+    run: str
+    iterations: int
+    ranks: list[RankShare]
+    straggler: str  # FIXED, WANDERING or NONE
+    straggler_gpu: int | None  # the rank last most often (None when no rank ever was)
+    workers: list[WorkerShare]  # largest excess share first
+
+    def top_workers(self, k: int = TOP_WORKERS) -> list[WorkerShare]:
+        return [w for w in self.workers if w.excess_s > 0][:k]
+
+
+def _sole_max(values: np.ndarray) -> np.ndarray:
+    """Per row, the column of the single maximum, or -1 when several columns share it."""
+    if values.shape[1] == 0:
+        return np.full(values.shape[0], -1)
+    top = values.max(axis=1, keepdims=True)
+    at_top = values == top
+    return np.where(at_top.sum(axis=1) == 1, values.argmax(axis=1), -1)
+
+
+def worker_matrix(fetch: pa.Table, arrays: IterationArrays) -> np.ndarray:
+    """The worker id of every [iteration, GPU] fetch of ``arrays`` (-1 where unknown)."""
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(fetch.column(name).to_numpy(), dtype=np.int64)
+
+    keys = (arrays.epoch.astype(np.int64) << 32) + (arrays.iteration.astype(np.int64) + 2**31)
+    f_keys = (col("epoch") << 32) + (col("iteration") + 2**31)
+    row = np.searchsorted(keys, f_keys)
+    g = np.searchsorted(arrays.gpus, col("gpu"))
+    ok = (row < len(keys)) & (g < len(arrays.gpus))
+    ok[ok] &= (keys[row[ok]] == f_keys[ok]) & (arrays.gpus[g[ok]] == col("gpu")[ok])
+    out = np.full((arrays.n_iterations, arrays.n_gpus), -1, dtype=np.int64)
+    out[row[ok], g[ok]] = col("worker")[ok]
+    return out
+
+
+def attribute(
+    run: str, arrays: IterationArrays, workers: np.ndarray, mask: np.ndarray | None = None
+) -> Attribution:
+    """Attribution of one run over the iterations ``mask`` selects (all by default)."""
+    mask = np.ones(arrays.n_iterations, bool) if mask is None else np.asarray(mask, bool)
+    start, fetch = arrays.start[mask], arrays.fetch[mask]
+    stall, worker = arrays.stall[mask], workers[mask]
+    n, g = fetch.shape
+    if g >= 2:
+        last, most_stalled = _sole_max(start + fetch), _sole_max(stall)
+    else:  # a single GPU waits for no peer: nobody to blame
+        last = most_stalled = np.full(n, -1)
+    ranks = [
+        RankShare(
+            gpu=int(gpu),
+            last_pct=100.0 * int((last == j).sum()) / n if n else np.nan,
+            max_stall_pct=100.0 * int((most_stalled == j).sum()) / n if n else np.nan,
+        )
+        for j, gpu in enumerate(arrays.gpus)
+    ]
+    counted = [r for r in ranks if r.last_pct > 0]
+    if not counted:
+        straggler, straggler_gpu = NONE, None
+    else:
+        top = max(counted, key=lambda r: (r.last_pct, -r.gpu))
+        straggler = FIXED if top.last_pct >= FIXED_STRAGGLER_SHARE else WANDERING
+        straggler_gpu = top.gpu
+    return Attribution(
+        run=run,
+        iterations=n,
+        ranks=ranks,
+        straggler=straggler,
+        straggler_gpu=straggler_gpu,
+        workers=_worker_shares(arrays.gpus, fetch, worker) if n and g else [],
+    )
+
+
+def _worker_shares(gpus: np.ndarray, fetch: np.ndarray, worker: np.ndarray) -> list[WorkerShare]:
+    excess = np.maximum(fetch - np.median(fetch, axis=1, keepdims=True), 0.0)
+    total = float(excess.sum())
+    gpu_index = np.broadcast_to(np.arange(len(gpus)), fetch.shape)
+    frame = pd.DataFrame(
+        {
+            "gpu": gpus[gpu_index.ravel()],
+            "worker": worker.ravel(),
+            "fetch": fetch.ravel(),
+            "excess": excess.ravel(),
+        }
+    )
+    grouped = frame.groupby(["gpu", "worker"], sort=True).agg(
+        fetches=("fetch", "size"), fetch_s_mean=("fetch", "mean"), excess_s=("excess", "sum")
+    )
+    shares = [
+        WorkerShare(
+            gpu=int(gpu),
+            worker=int(w),
+            fetches=int(r.fetches),
+            fetch_s_mean=float(r.fetch_s_mean),
+            excess_s=float(r.excess_s),
+            excess_share_pct=100.0 * float(r.excess_s) / total if total > 0 else np.nan,
+        )
+        for (gpu, w), r in grouped.iterrows()
+    ]
+    return sorted(shares, key=lambda s: (-s.excess_s, s.gpu, s.worker))
+
+
+def attribution_table(
+    attributions: Sequence[Attribution], selections: Sequence[tuple[str, int]] | None = None
+) -> pd.DataFrame:
+    """One row per run, rank and worker (``ATTRIBUTION_COLUMNS``): the file ``dsim run`` writes.
+
+    Rank-level shares and the run's straggler repeat on every worker row of
+    their rank / run, so that the table stays one flat, filterable frame.
+    ``selections`` gives each run's (selected epochs "1,2", warm-up), as in
+    the summary.
+    """
+    rows: list[dict[str, Any]] = []
+    selections = selections or [("", 0)] * len(attributions)
+    for a, (epochs, warmup) in zip(attributions, selections, strict=True):
+        by_gpu = {r.gpu: r for r in a.ranks}
+        for w in a.workers:
+            rank = by_gpu[w.gpu]
+            rows.append(
+                {
+                    "run": a.run,
+                    "gpu": w.gpu,
+                    "worker": w.worker,
+                    "fetches": w.fetches,
+                    "fetch_s_mean": w.fetch_s_mean,
+                    "excess_s": w.excess_s,
+                    "excess_share_pct": w.excess_share_pct,
+                    "gpu_last_pct": rank.last_pct,
+                    "gpu_max_stall_pct": rank.max_stall_pct,
+                    "straggler": a.straggler,
+                    "straggler_gpu": a.straggler_gpu,
+                    "iterations": a.iterations,
+                    "selected_epochs": epochs,
+                    "warmup": warmup,
+                }
+            )
+    frame = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    frame["straggler_gpu"] = frame["straggler_gpu"].astype("Int64")
+    return frame
+
+
+def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
+    """A few plain lines on one run's rows of ``attribution_table``: straggler, workers."""
+    if table.empty:
+        return []
+    first = table.iloc[0]
+    ranks = table.drop_duplicates("gpu").sort_values(
+        ["gpu_last_pct", "gpu"], ascending=[False, True]
+    )
+    lines = []
+    if first["straggler"] == FIXED:
+        gpu = int(first["straggler_gpu"])
+        rank = ranks[ranks["gpu"] == gpu].iloc[0]
+        lines.append(
+            f"Straggler: GPU {gpu}'s loader, fixed — it finished its fetch last in "
+            f"{rank['gpu_last_pct']:.0f} % of iterations and had the largest stall in "
+            f"{rank['gpu_max_stall_pct']:.0f} %."
+        )
+    elif first["straggler"] == WANDERING:
+        shares = ", ".join(
+            f"GPU {int(r.gpu)} {r.gpu_last_pct:.0f} %" for r in ranks.itertuples() if r.gpu_last_pct
+        )
+        lines.append(
+            f"Straggler wanders between ranks (none is last in ≥ {FIXED_STRAGGLER_SHARE:.0f} % "
+            f"of iterations); last to finish its fetch: {shares}."
+        )
+    else:
+        lines.append("Straggler: none (no rank alone finished its fetch last).")
+    slow = table[table["excess_s"] > 0].sort_values(
+        ["excess_s", "gpu", "worker"], ascending=[False, True, True]
+    )
+    if len(slow):
+        named = ", ".join(
+            f"GPU {int(r.gpu)} worker {int(r.worker)} {r.excess_share_pct:.0f} %"
+            for r in slow.head(top).itertuples()
+        )
+        lines.append(
+            f"Slowest workers (share of fetch time above the iteration's median): {named}."
+        )
+    return lines

@@ -1,0 +1,86 @@
+"""The verdict (and, below it, whose loader is slow) as the first lines in the terminal.
+
+A user's first question is "what would help, and by how much"; these lines
+answer it before the full table (``dsim.render.terminal``) gives the detail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dsim.verdict import Verdict
+
+
+def print_verdicts(
+    verdicts: Sequence[Verdict],
+    blame: Mapping[str, Sequence[str]] | None = None,
+    console: Console | None = None,
+) -> None:
+    """One paragraph per run: its name (when there are several), the verdict, and the
+    attribution lines of that run (``blame``: run name → lines) below it."""
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
+
+    console = console or Console()
+    blame = blame or {}
+    for v in verdicts:
+        prefix = f"{v.run}: " if len(verdicts) > 1 else ""
+        console.print(f"{prefix}{v.text}", highlight=False, markup=False, style="bold")
+        for line in blame.get(v.run, ()):
+            console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+    if verdicts:
+        console.print()
+
+
+def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
+    """Run → attribution lines, for runs whose recorded selection is the summary's own
+    (lines computed over other iterations than the table below would mislead)."""
+    from dsim.attribution import describe
+
+    if attributions is None or attributions.empty:
+        return {}
+    out: dict[str, list[str]] = {}
+    for run, rows in attributions.groupby("run", sort=False):
+        shown = summary[summary["run"] == run]
+        if shown.empty:
+            continue
+        same = str(shown["selected_epochs"].iloc[0]) == str(
+            rows["selected_epochs"].iloc[0]
+        ) and int(shown["warmup"].iloc[0]) == int(rows["warmup"].iloc[0])
+        if same:
+            out[str(run)] = describe(rows)
+    return out
+
+
+def print_comparison(comparison: Any, console: Console | None = None) -> None:
+    """The before/after table (measured means), the realised-gain sentence, and warnings."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    c = comparison
+    table = Table(
+        title=f"BEFORE {c.before_run} → AFTER {c.after_run} (measured, actual/actual)",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+    )
+    table.add_column("")
+    for name in ("before", "after", "change"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for d in c.deltas:
+        if d.unit == "%":
+            cells = (f"{d.before:.1f} %", f"{d.after:.1f} %", f"{d.change:+.1f} pts")
+        else:
+            rel = "" if d.change_pct != d.change_pct else f" ({d.change_pct:+.0f} %)"
+            cells = (f"{d.before:.4f} s", f"{d.after:.4f} s", f"{d.change:+.4f} s{rel}")
+        table.add_row(d.label, *(cell.replace("-", "−") for cell in cells))
+    console.print(table)
+    console.print(c.text, highlight=False, markup=False, style="bold")
+    for warning in c.warnings:
+        console.print(f"warning: {warning}", highlight=False, markup=False, style="yellow")

@@ -1,0 +1,265 @@
+"""The verdict: one run's summary rows said in plain words, with absolute numbers.
+
+Nine policies × eight columns leave the answer to the reader; the verdict says
+it: which policy would help most, by how much (speed-up, stall, effective
+delay), and what that is worth in wall time per epoch. It is a pure function
+of the summary rows of one run (``dsim.summary.SUMMARY_COLUMNS``) and a few
+facts about the run (GPU count, iterations per epoch, replay model), so the
+terminal, the report and machine-readable outputs can share one
+``Verdict`` and one sentence.
+
+Rules (docs/notes/wt-12-verdict.md):
+
+* the measured run is ``actual/actual``; its numbers are taken from its own
+  row or, when the rows shown leave it out, recovered from any row's what-if
+  columns (they were computed against it);
+* no verdict when the rows hold no policy but ``actual/actual``;
+* the best policy is the one with the lowest mean iteration time among the
+  rows given; ties (equal within a relative 1e-9) go to the simpler policy:
+  fewer aligned sides first, then the order of ``dsim.replay.policies.POLICIES``;
+* a policy *helps* when it saves at least ``HELPS_MIN_SAVING`` (1 %) of the
+  measured mean iteration time; otherwise the verdict says nothing helps;
+* time saved per epoch = (measured − best mean iteration time) × iterations
+  per epoch (the epoch length the run declared), an extrapolation of the
+  selected iterations' means to a whole epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dsim.replay.policies import ACTUAL, BASELINE, POLICIES, Policy
+
+DEFAULT_MODEL = "per-iteration"
+HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
+_TIE_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What would help one run, as numbers and as a sentence (``text``)."""
+
+    run: str
+    model: str
+    helps: bool
+    best_fetch_align: str
+    best_start_align: str
+    speedup: float  # measured ÷ best mean iteration time
+    saving_pct: float  # 100 × (1 − best ÷ measured mean iteration time)
+    iteration_s_before: float
+    iteration_s_after: float
+    stall_s_before: float
+    stall_s_after: float
+    stall_change_pct: float  # 100 × (after − before) ÷ before; NaN when before is 0
+    effective_delay_pct_before: float
+    effective_delay_pct_after: float
+    saved_s_per_epoch: float | None  # None when the epoch length is unknown
+    iterations_per_epoch: int | None
+    gpus: int | None
+    text: str
+
+    @property
+    def best_policy(self) -> Policy:
+        return (self.best_fetch_align, self.best_start_align)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _simplicity(policy: Policy) -> tuple[int, int, int]:
+    """Sort key: fewer aligned sides first, then the order of ``POLICIES`` per side."""
+    aligned = sum(side != ACTUAL for side in policy)
+    return (aligned, POLICIES.index(policy[0]), POLICIES.index(policy[1]))
+
+
+def best_row(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The row with the lowest mean iteration time; ties to the simpler policy."""
+    usable = [r for r in rows if _finite(r.get("iteration_s_mean"))]
+    if not usable:
+        raise ValueError("no row with a mean iteration time")
+    lowest = min(float(r["iteration_s_mean"]) for r in usable)
+    tied = [
+        r
+        for r in usable
+        if math.isclose(float(r["iteration_s_mean"]), lowest, rel_tol=_TIE_RTOL, abs_tol=1e-15)
+    ]
+    return min(tied, key=lambda r: _simplicity((r["fetch_align"], r["start_align"])))
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _baseline(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
+    """Measured (iteration s, stall s, effective delay %) of the run."""
+    for r in rows:
+        if (r["fetch_align"], r["start_align"]) == BASELINE:
+            return (
+                float(r["iteration_s_mean"]),
+                float(r["stall_s_mean"]),
+                float(r["effective_delay_pct"]),
+            )
+    for r in rows:  # recovered from the what-if columns, computed against actual/actual
+        if _finite(r.get("speedup")) and _finite(r.get("iteration_s_mean")):
+            return (
+                float(r["iteration_s_mean"]) * float(r["speedup"]),
+                float(r["stall_s_mean"]) - float(r["stall_change_s"]),
+                float(r["effective_delay_pct"]) - float(r["effective_delay_change_pts"]),
+            )
+    raise ValueError("no actual/actual replay to compare with")
+
+
+def iterations_per_epoch(trace: Mapping[str, Any] | None, epochs: Sequence[int]) -> int | None:
+    """The epoch length the run declared (else had) for the selected epochs; their mean if
+    they differ; ``None`` when the trace does not say."""
+    trace = trace or {}
+    for key in ("declared_iterations_per_epoch", "iterations_per_epoch"):
+        per_epoch = trace.get(key)
+        if not isinstance(per_epoch, Mapping):
+            continue
+        counts = [per_epoch.get(str(e), per_epoch.get(e)) for e in epochs]
+        counts = [int(c) for c in counts if isinstance(c, int | float) and c > 0]
+        if counts:
+            return round(sum(counts) / len(counts))
+    return None
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person says it: ms, s, min or h, two or three significant digits."""
+    s = abs(seconds)
+    if s < 1:
+        return f"{seconds * 1000:.0f} ms" if s >= 0.0995 else f"{seconds * 1000:.2g} ms"
+    if s < 60:
+        return f"{seconds:.3g} s"
+    if s < 3600:
+        return f"{seconds / 60:.0f} min" if s >= 600 else f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_pair(before: float, after: float) -> str:
+    """``2.23 → 0.10 s``, or ``18.0 → 1.3 ms`` when both are below a second: one unit,
+    chosen by the larger value, so that the two numbers compare at a glance."""
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return f"{before} → {after} s"
+    if max(abs(before), abs(after)) < 1:
+        return f"{before * 1000:.1f} → {after * 1000:.1f} ms"
+    return f"{before:.2f} → {after:.2f} s"
+
+
+def _signed(value: float, digits: int = 0) -> str:
+    """``+5`` / ``−95``: a typographic minus, as in running text."""
+    return f"{value:+.{digits}f}".replace("-", "−")
+
+
+def _what(policy: Policy) -> str:
+    fetch, start = policy[0] != ACTUAL, policy[1] != ACTUAL
+    sides = "fetch and start" if fetch and start else "fetch" if fetch else "start"
+    return f"Aligning {sides} ({policy[0]}/{policy[1]})"
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1f} %"
+
+
+def verdict(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    trace: Mapping[str, Any] | None = None,
+    model: str = DEFAULT_MODEL,
+) -> Verdict:
+    """The verdict of one run from its summary rows (one per policy).
+
+    ``trace`` is the run's ``run.json`` (for the GPU count and the epoch
+    length); ``model`` names the replay model the rows come from.
+    """
+    if not rows:
+        raise ValueError("no summary rows")
+    if all((r["fetch_align"], r["start_align"]) == BASELINE for r in rows):
+        raise ValueError("no policy but actual/actual: nothing to compare")
+    run = str(rows[0]["run"])
+    base_iter, base_stall, base_eff = _baseline(rows)
+    best = best_row(rows)
+    policy: Policy = (str(best["fetch_align"]), str(best["start_align"]))
+    after_iter = float(best["iteration_s_mean"])
+    after_stall = float(best["stall_s_mean"])
+    after_eff = float(best["effective_delay_pct"])
+    saving = 1.0 - after_iter / base_iter if base_iter > 0 else 0.0
+    helps = policy != BASELINE and saving >= HELPS_MIN_SAVING
+    epochs = [int(e) for e in str(best.get("selected_epochs") or "").split(",") if e.strip()]
+    per_epoch = iterations_per_epoch(trace, epochs)
+    gpus_value = best.get("gpus")
+    if not _finite(gpus_value):
+        gpus_value = (trace or {}).get("gpus")
+    gpus = int(gpus_value) if _finite(gpus_value) else None
+    saved = (base_iter - after_iter) * per_epoch if per_epoch else None
+    stall_change = 100.0 * (after_stall - base_stall) / base_stall if base_stall > 0 else math.nan
+    speedup = base_iter / after_iter if after_iter > 0 else math.inf
+    if helps:
+        change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
+        text = (
+            f"{_what(policy)} would make iterations {speedup:.2f}× faster: "
+            f"stall {format_pair(base_stall, after_stall)}{change}, "
+            f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
+        )
+        where = f" on {gpus} GPUs" if gpus else ""
+        if saved is not None:
+            text += (
+                f"; ≈ {format_duration(saved)} saved per epoch of {per_epoch} iterations{where}."
+            )
+        else:
+            text += f"; {format_duration(base_iter - after_iter)} saved per iteration{where}."
+    else:
+        text = (
+            f"Loaders are already aligned: the best policy ({policy[0]}/{policy[1]}) saves "
+            f"< 1 % of the iteration time ({format_pair(base_iter, after_iter)}); "
+            f"effective delay {_pct(base_eff)} of iterations."
+        )
+    text += f" ({model} replay model)"
+    return Verdict(
+        run=run,
+        model=model,
+        helps=helps,
+        best_fetch_align=policy[0],
+        best_start_align=policy[1],
+        speedup=speedup,
+        saving_pct=100.0 * saving,
+        iteration_s_before=base_iter,
+        iteration_s_after=after_iter,
+        stall_s_before=base_stall,
+        stall_s_after=after_stall,
+        stall_change_pct=stall_change,
+        effective_delay_pct_before=base_eff,
+        effective_delay_pct_after=after_eff,
+        saved_s_per_epoch=saved,
+        iterations_per_epoch=per_epoch,
+        gpus=gpus,
+        text=text,
+    )
+
+
+def run_verdicts(
+    summary: Any, infos: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Verdict]:
+    """One ``Verdict`` per run (and results directory) of a summary DataFrame.
+
+    ``infos`` maps a results run directory (the summary's ``results`` column)
+    or a run name to that run's ``result.json``, whose ``trace`` and ``model``
+    the verdict uses; runs without one get the defaults.
+    """
+    infos = infos or {}
+    keys = [k for k in ("run", "results") if k in summary.columns]
+    out = []
+    for _, group in summary.groupby(keys, sort=False, dropna=False):
+        rows = group.to_dict("records")
+        first = rows[0]
+        info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
+        try:
+            out.append(
+                verdict(rows, trace=info.get("trace"), model=info.get("model") or DEFAULT_MODEL)
+            )
+        except ValueError:  # no policy, or no measured run, to compare: nothing to say
+            continue
+    return out

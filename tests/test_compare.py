@@ -1,0 +1,133 @@
+"""`dsim compare`: measured deltas and the realised share, on runs with known numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run_dsim
+
+from dsim.compare import compare
+from dsim.model.results import replay_table, write_replay, write_result_info
+
+EPOCH = np.array([1, 1], dtype=np.int32)
+ITERATION = np.array([1, 2], dtype=np.int32)
+
+
+def make_run(out: Path, run: str, iteration_s: dict, gpus: int = 4) -> Path:
+    """A results run whose replays have the given per-iteration times (2 iterations each);
+    stall = half the iteration time, delay = 0.05 s where the iteration takes > 2.5 s."""
+    for policy, values in iteration_s.items():
+        it = np.asarray(values, dtype=float)
+        metrics = {
+            "iteration_s": it,
+            "stall_s": it / 2,
+            "delay_s": np.where(it > 2.5, 0.05, 0.01),
+            "fetch_diff_s": np.zeros(2),
+            "start_diff_s": np.zeros(2),
+        }
+        table = replay_table(
+            EPOCH, ITERATION, metrics, np.arange(gpus), np.zeros((2, gpus)),
+            run=run, policy=policy, key="k",
+        )  # fmt: skip
+        write_replay(table, out)
+    info = {
+        "trace": {"gpus": gpus},
+        "summary": {"epochs": [1], "warmup": 0, "threshold_s": 0.03},
+        "policies": {f"{f}__{s}": "k" for f, s in iteration_s},
+    }
+    write_result_info(info, out, run)
+    return out / run
+
+
+# BEFORE: measured mean 3.0 s (2, 4); min/min predicts 1.0 s, avg/avg 2.0 s
+BEFORE = {("actual", "actual"): [2.0, 4.0], ("min", "min"): [1.0, 1.0], ("avg", "avg"): [2.0, 2.0]}
+# AFTER: measured mean 2.0 s (1, 3); min/min would still reach 1.5 s
+AFTER = {("actual", "actual"): [1.0, 3.0], ("min", "min"): [1.5, 1.5]}
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> tuple[Path, Path]:
+    return make_run(tmp_path / "results", "old", BEFORE), make_run(
+        tmp_path / "results", "new", AFTER
+    )
+
+
+def test_compare_text_with_known_deltas(runs) -> None:
+    proc = run_dsim("compare", *map(str, runs), env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "BEFORE old → AFTER new" in out
+    assert "iteration time 3.0000 s 2.0000 s −1.0000 s (−33 %)" in out
+    assert "stall 1.5000 s 1.0000 s −0.5000 s (−33 %)" in out
+    # delay 0.05 where > 2.5 s: before (0.01 + 0.05) / 2, after (0.01 + 0.05) / 2
+    assert "delay 0.0300 s 0.0300 s +0.0000 s (+0 %)" in out
+    assert "effective delay 50.0 % 50.0 % +0.0 pts" in out
+    # predicted by min/min (the best): 3 - 1 = 2 s; realised 3 - 2 = 1 s: 50 %
+    assert "AFTER realised 50 % of the gain BEFORE predicted for min/min (1 s of 2 s" in out
+    assert "min/min would still save 500 ms per iteration." in out
+
+
+def test_compare_json_and_csv(runs) -> None:
+    proc = run_dsim("compare", *map(str, runs), "--format", "json", "--policy", "avg/avg")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["policy"] == "avg/avg"
+    assert data["iteration_s_before"] == 3.0 and data["iteration_s_after"] == 2.0
+    assert data["iteration_s_change_pct"] == pytest.approx(-100 / 3)
+    assert data["predicted_gain_s"] == 1.0 and data["realised_gain_s"] == 1.0
+    assert data["realised_pct"] == 100.0
+    assert data["remaining_gain_s"] is None  # AFTER did not replay avg/avg
+    assert data["warnings"] == []
+    proc = run_dsim("compare", *map(str, runs), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    from io import StringIO
+
+    row = pd.read_csv(StringIO(proc.stdout)).iloc[0]
+    assert row["policy"] == "min/min" and row["realised_pct"] == 50.0
+
+
+def test_compare_refuses_what_it_cannot_answer(runs, tmp_path: Path) -> None:
+    proc = run_dsim("compare", str(runs[0].parent), str(runs[1]))
+    assert proc.returncode == 2 and "holds 2 runs" in proc.stderr
+    proc = run_dsim("compare", *map(str, runs), "--policy", "min/avg")
+    assert proc.returncode == 2 and "BEFORE has no replay of min/avg" in proc.stderr
+    proc = run_dsim("compare", *map(str, runs), "--format", "xml")
+    assert proc.returncode == 2
+    proc = run_dsim("compare", str(tmp_path / "nowhere"), str(runs[1]))
+    assert proc.returncode == 3
+
+
+def rows(run: str, table: dict, **extra) -> list[dict]:
+    return [
+        {
+            "run": run,
+            "fetch_align": f,
+            "start_align": s,
+            "iteration_s_mean": float(np.mean(v)),
+            "stall_s_mean": float(np.mean(v)) / 2,
+            "delay_s_mean": 0.0,
+            "effective_delay_pct": 0.0,
+            **extra,
+        }
+        for (f, s), v in table.items()
+    ]
+
+
+def test_shares_and_warnings() -> None:
+    c = compare(rows("a", BEFORE, gpus=4), rows("b", AFTER, gpus=8))
+    assert c.policy == ("min", "min") and c.realised_pct == 50.0
+    assert c.remaining_gain_s == 0.5
+    assert c.warnings == ["different GPU counts (4 before, 8 after)"]
+    # AFTER slower than BEFORE: a negative share
+    assert compare(rows("a", AFTER), rows("b", BEFORE)).realised_pct == pytest.approx(-200.0)
+    # nothing predicted: no share
+    flat = {("actual", "actual"): [1.0], ("min", "min"): [1.0]}
+    c = compare(rows("a", flat), rows("b", flat))
+    assert math.isnan(c.realised_pct) and "predicted no gain" in c.text
+    with pytest.raises(ValueError, match="actual/actual"):
+        compare(rows("a", {("min", "min"): [1.0]}), rows("b", flat))

@@ -1,0 +1,153 @@
+"""The verdict (dsim.verdict) against hand-computed numbers, and at the top of the CLI output."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import run_dsim
+
+from dsim.summary import add_what_if
+from dsim.verdict import format_duration, format_pair, run_verdicts, verdict
+
+TRACE = {"gpus": 4, "declared_iterations_per_epoch": {"0": 900, "1": 851}}
+
+
+def row(fetch: str, start: str, it: float, stall: float, eff: float) -> dict:
+    return {
+        "run": "r",
+        "fetch_align": fetch,
+        "start_align": start,
+        "iteration_s_mean": it,
+        "stall_s_mean": stall,
+        "effective_delay_pct": eff,
+        "selected_epochs": "1",
+        "gpus": 4,
+    }
+
+
+def rows(*specs: tuple) -> list[dict]:
+    """Rows with their what-if columns, as ``dsim.summary`` computes them."""
+    df = add_what_if(pd.DataFrame([row(*s) for s in specs]))
+    return df.to_dict("records")
+
+
+MEASURED = ("actual", "actual", 3.0, 2.23, 43.9)
+
+
+def test_best_policy_in_plain_words_with_absolute_numbers() -> None:
+    v = verdict(
+        rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9), ("min", "actual", 1.5, 0.9, 10.0)),
+        trace=TRACE,
+    )
+    assert v.helps and v.best_policy == ("min", "min")
+    assert v.speedup == pytest.approx(3.0 / 0.95)  # 3.157...
+    assert v.stall_change_pct == pytest.approx(100 * (0.10 - 2.23) / 2.23)  # -95.5
+    assert v.iterations_per_epoch == 851  # the selected epoch 1, as declared
+    assert v.saved_s_per_epoch == pytest.approx((3.0 - 0.95) * 851)  # 1744.55 s = 29.1 min
+    assert v.text == (
+        "Aligning fetch and start (min/min) would make iterations 3.16× faster: "
+        "stall 2.23 → 0.10 s (−96 %), effective delay 43.9 % → 2.9 % of iterations; "
+        "≈ 29 min saved per epoch of 851 iterations on 4 GPUs. (per-iteration replay model)"
+    )
+
+
+def test_one_side_and_sub_second_values_in_ms() -> None:
+    v = verdict(rows((*MEASURED[:2], 0.03, 0.016, 18.0), ("actual", "min", 0.02, 0.0057, 2.8)))
+    assert v.best_policy == ("actual", "min")
+    assert v.text.startswith(
+        "Aligning start (actual/min) would make iterations 1.50× faster: "
+        "stall 16.0 → 5.7 ms (−64 %), effective delay 18.0 % → 2.8 % of iterations; "
+    )
+    # no trace: the epoch length is unknown, the saving is per iteration
+    assert v.saved_s_per_epoch is None
+    assert "10 ms saved per iteration on 4 GPUs." in v.text
+
+
+def test_ties_go_to_the_simpler_policy() -> None:
+    v = verdict(
+        rows(MEASURED, ("min", "min", 1.0, 0.1, 0.0), ("min", "actual", 1.0, 0.1, 0.0)),
+        trace=TRACE,
+    )
+    assert v.best_policy == ("min", "actual")  # one aligned side beats two
+    v = verdict(
+        rows(MEASURED, ("min", "actual", 1.0, 0.1, 0.0), ("avg", "actual", 1.0, 0.1, 0.0)),
+        trace=TRACE,
+    )
+    assert v.best_policy == ("avg", "actual")  # then the order actual, avg, min
+
+
+def test_nothing_helps_below_one_percent() -> None:
+    # the best saves 0.9 % of 1.000 s: below the 1 % bar
+    v = verdict(rows(("actual", "actual", 1.0, 0.05, 1.0), ("min", "min", 0.991, 0.04, 0.5)))
+    assert not v.helps
+    assert v.saving_pct == pytest.approx(0.9)
+    assert v.text.startswith(
+        "Loaders are already aligned: the best policy (min/min) saves < 1 % of the "
+        "iteration time (1.00 → 0.99 s); effective delay 1.0 % of iterations."
+    )
+    # exactly 1 % helps
+    exactly = rows(("actual", "actual", 1.0, 0.05, 1.0), ("min", "min", 0.99, 0.04, 0.5))
+    assert verdict(exactly).helps
+
+
+def test_all_policies_slower_means_nothing_helps() -> None:
+    v = verdict(rows(("actual", "actual", 1.0, 0.0, 0.0), ("avg", "avg", 1.2, 0.1, 3.0)))
+    assert not v.helps and v.best_policy == ("actual", "actual")
+    assert v.speedup == 1.0
+
+
+def test_measured_numbers_recovered_when_actual_actual_is_filtered_out() -> None:
+    full = rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9))
+    v = verdict([r for r in full if r["fetch_align"] == "min"], trace=TRACE)
+    assert v.iteration_s_before == pytest.approx(3.0)
+    assert v.stall_s_before == pytest.approx(2.23)
+    assert v.effective_delay_pct_before == pytest.approx(43.9)
+
+
+def test_only_the_measured_run_gives_no_verdict() -> None:
+    with pytest.raises(ValueError):
+        verdict(rows(MEASURED))
+    assert run_verdicts(pd.DataFrame(rows(MEASURED))) == []
+
+
+def test_model_is_named_and_data_is_plain() -> None:
+    v = verdict(rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9)), model="pipeline")
+    assert v.text.endswith("(pipeline replay model)")
+    data = v.as_dict()
+    assert data["best_fetch_align"] == "min" and data["text"] == v.text
+    assert not math.isnan(data["speedup"])
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.0042, "4.2 ms"), (0.25, "250 ms"), (4.41, "4.41 s"), (95, "1.6 min"), (1800, "30 min")],
+)
+def test_durations(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert format_pair(2.234, 0.1) == "2.23 → 0.10 s"
+
+
+def test_verdict_is_the_first_thing_run_and_summarize_print(tmp_path: Path) -> None:
+    from tracegen import write_synthetic
+
+    write_synthetic(tmp_path / "traces", "synth_run", iterations=30)
+    env = {"COLUMNS": "300"}
+    proc = run_dsim("run", "synth_run", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.lstrip().splitlines()[0]
+    assert re.match(r"(Aligning .* would make iterations [\d.]+× faster|Loaders are)", first)
+    assert first.endswith("(per-iteration replay model)")
+    # the numbers are the summary's
+    summary = pd.read_csv(tmp_path / "results" / "summary.csv")
+    info = json.loads((tmp_path / "results" / "synth_run" / "result.json").read_text())
+    expected = run_verdicts(summary, {"synth_run": info})[0].text
+    assert "saved per epoch of 30 iterations on 4 GPUs" in expected
+    assert first == expected
+    proc = run_dsim("summarize", "results", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.lstrip().splitlines()[0] == expected
