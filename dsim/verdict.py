@@ -93,10 +93,23 @@ def _finite(value: Any) -> bool:
     return value is not None and isinstance(value, int | float) and math.isfinite(value)
 
 
+def _loader_change(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """``with 8 workers and prefetch 4`` when the rows are a loader what-if (pipeline model)."""
+    first = rows[0]
+    if not bool(first.get("loader_changed") or False):
+        return None
+    workers, prefetch = first.get("loader_workers"), first.get("loader_prefetch_factor")
+    return f"with {int(workers)} DataLoader workers and prefetch {int(prefetch)}"
+
+
 def _baseline(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
-    """Measured (iteration s, stall s, effective delay %) of the run."""
+    """Measured (iteration s, stall s, effective delay %) of the run.
+
+    A loader what-if's ``actual/actual`` row is not the measured run; its
+    what-if columns are computed against the measured run, so they give it.
+    """
     for r in rows:
-        if (r["fetch_align"], r["start_align"]) == BASELINE:
+        if (r["fetch_align"], r["start_align"]) == BASELINE and _loader_change(rows) is None:
             return (
                 float(r["iteration_s_mean"]),
                 float(r["stall_s_mean"]),
@@ -154,10 +167,13 @@ def _signed(value: float, digits: int = 0) -> str:
     return f"{value:+.{digits}f}".replace("-", "−")
 
 
-def _what(policy: Policy) -> str:
+def _what(policy: Policy, loader: str | None = None) -> str:
     fetch, start = policy[0] != ACTUAL, policy[1] != ACTUAL
+    if loader is not None and not (fetch or start):
+        return f"Running {loader}"
     sides = "fetch and start" if fetch and start else "fetch" if fetch else "start"
-    return f"Aligning {sides} ({policy[0]}/{policy[1]})"
+    what = f"Aligning {sides} ({policy[0]}/{policy[1]})"
+    return f"{what} {loader}" if loader is not None else what
 
 
 def _pct(value: float) -> str:
@@ -187,7 +203,8 @@ def verdict(
     after_stall = float(best["stall_s_mean"])
     after_eff = float(best["effective_delay_pct"])
     saving = 1.0 - after_iter / base_iter if base_iter > 0 else 0.0
-    helps = policy != BASELINE and saving >= HELPS_MIN_SAVING
+    loader = _loader_change(rows)
+    helps = (policy != BASELINE or loader is not None) and saving >= HELPS_MIN_SAVING
     epochs = [int(e) for e in str(best.get("selected_epochs") or "").split(",") if e.strip()]
     per_epoch = iterations_per_epoch(trace, epochs)
     gpus_value = best.get("gpus")
@@ -200,7 +217,7 @@ def verdict(
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         text = (
-            f"{_what(policy)} would make iterations {speedup:.2f}× faster: "
+            f"{_what(policy, loader)} would make iterations {speedup:.2f}× faster: "
             f"stall {format_pair(base_stall, after_stall)}{change}, "
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
@@ -211,6 +228,12 @@ def verdict(
             )
         else:
             text += f"; {format_duration(base_iter - after_iter)} saved per iteration{where}."
+    elif loader is not None:
+        text = (
+            f"Running {loader} saves < 1 % of the iteration time even with the best policy "
+            f"({policy[0]}/{policy[1]}: {format_pair(base_iter, after_iter)}); "
+            f"effective delay {_pct(base_eff)} of iterations."
+        )
     else:
         text = (
             f"Loaders are already aligned: the best policy ({policy[0]}/{policy[1]}) saves "

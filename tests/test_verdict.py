@@ -151,3 +151,27 @@ def test_verdict_is_the_first_thing_run_and_summarize_print(tmp_path: Path) -> N
     proc = run_dsim("summarize", "results", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.lstrip().splitlines()[0] == expected
+
+
+def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
+    """Its actual/actual row is the loader change alone, not the measured run."""
+    pipeline = {"replay_model": "pipeline", "loader_prefetch_factor": 2}
+    measured = {**row(*MEASURED), **pipeline, "loader_changed": False, "loader_workers": 2,
+                "results": "out/r@pipeline"}  # fmt: skip
+    changed = {**pipeline, "loader_changed": True, "loader_workers": 8,
+               "loader_prefetch_factor": 4, "results": "out/r@pipeline-w8-p4"}  # fmt: skip
+    specs = (("actual", "actual", 2.0, 1.2, 20.0), ("min", "min", 1.5, 0.2, 1.0))
+    what_if = [{**row(*spec), **changed} for spec in specs]
+    table = add_what_if(pd.DataFrame([measured, *what_if]))
+    rows_wi = table[table["loader_changed"]].to_dict("records")
+    v = verdict(rows_wi, trace=TRACE, model="pipeline")
+    assert v.iteration_s_before == pytest.approx(3.0)  # the measured run, from the what-if columns
+    assert v.best_policy == ("min", "min") and v.speedup == pytest.approx(2.0)
+    assert v.text.startswith(
+        "Aligning fetch and start (min/min) with 8 DataLoader workers and prefetch 4 would make "
+        "iterations 2.00× faster"
+    )
+    only_loader = verdict([*rows_wi[:1], {**rows_wi[0], "fetch_align": "avg"}], model="pipeline")
+    assert only_loader.text.startswith(
+        "Running with 8 DataLoader workers and prefetch 4 would make iterations 1.50× faster"
+    )

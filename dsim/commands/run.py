@@ -183,7 +183,8 @@ def command(
     from dsim.render.terminal import print_summary
     from dsim.verdict import run_verdicts
 
-    infos = {str(r.directory): r.info for r in find_result_runs(_run_dirs(config))}
+    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]  # with model variants
+    infos = {str(r.directory): r.info for r in find_result_runs(shown)}
     blame = attribution_lines(read_attributions([config.out]), outcome.summary)
     print_verdicts(run_verdicts(outcome.summary, infos), blame)
     print_summary(outcome.summary)
@@ -200,10 +201,6 @@ def command(
         highlight=False,
     )
     sys.stdout.flush()
-
-
-def _run_dirs(config: Any) -> list[Path]:
-    return [Path(config.out) / name for name in config.runs]
 
 
 command.__doc__ = HELP
