@@ -81,11 +81,11 @@ def test_two_runs_on_one_directory_take_turns(tmp_path: Path) -> None:
     # Hold the lock ourselves so that both really start together and wait for it.
     results = tmp_path / "results"
     results.mkdir()
-    fd = os.open(results / ".dsim.io.lock", os.O_RDWR | os.O_CREAT)
+    fd = os.open(results / ".dsim.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     procs = {conf: _dsim_popen("run", "--conf", conf, cwd=tmp_path) for conf in (a, b)}
-    _wait_for_waiters(results / ".dsim.io.lock", 2)
+    _wait_for_waiters(results / ".dsim.lock", 2)
     os.ftruncate(fd, 0)
     os.close(fd)
     outputs = {conf: proc.communicate(timeout=300) for conf, proc in procs.items()}
@@ -116,11 +116,11 @@ def test_two_runs_on_one_directory_take_turns(tmp_path: Path) -> None:
 def test_reader_waits_for_a_writer(tmp_path: Path) -> None:
     write_synthetic(tmp_path / "traces", RUN, iterations=30)
     assert run_dsim("run", RUN, "--quiet", cwd=tmp_path).returncode == 0
-    fd = os.open(tmp_path / "results" / ".dsim.io.lock", os.O_RDWR)
+    fd = os.open(tmp_path / "results" / ".dsim.lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.pwrite(fd, b"4242\n", 0)
     reader = _dsim_popen("summarize", "results", cwd=tmp_path)
-    _wait_for_waiters(tmp_path / "results" / ".dsim.io.lock", 1)
+    _wait_for_waiters(tmp_path / "results" / ".dsim.lock", 1)
     assert reader.poll() is None  # still waiting
     os.close(fd)
     _, err = reader.communicate(timeout=120)
