@@ -1,4 +1,4 @@
-"""``sim_conf.json`` (DESIGN.md §5): what ``dsim run`` replays, checked before any work.
+"""``sim_conf.json`` (docs/SPEC.md §6): what ``dsim run`` replays, checked before any work.
 
 A config names runs (``FILE``: names or globs under the traces directory) and
 the policies to replay (``FETCH_ALIGN`` x ``START_ALIGN``), plus optional
@@ -348,7 +348,7 @@ def validate_config(
     overrides: Overrides | None = None,
     source: Path | None = None,
 ) -> SimConfig:
-    """Check a config dict against DESIGN.md §5 and the traces it names.
+    """Check a config dict against docs/SPEC.md §6 and the traces it names.
 
     ``base`` is the directory config paths are relative to. Raises one
     ``UsageError`` listing every problem found.

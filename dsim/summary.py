@@ -1,4 +1,4 @@
-"""Summary statistics of replays (DESIGN.md §4) and the what-if comparison.
+"""Summary statistics of replays (docs/SPEC.md §5) and the what-if comparison.
 
 A replay table holds every complete iteration of every epoch; the summary
 decides which of them count. It keeps the selected epochs (default: all but
@@ -105,7 +105,7 @@ def _mean_std(values: np.ndarray) -> tuple[float, float]:
 def summarize_metrics(
     metrics: Mapping[str, np.ndarray], mask: np.ndarray, threshold_s: float
 ) -> dict[str, Any]:
-    """Statistics of one replay over the selected iterations (DESIGN.md §4).
+    """Statistics of one replay over the selected iterations (docs/SPEC.md §5).
 
     Means and sample standard deviations (ddof=1; NaN with fewer than two
     iterations), the count, and ``effective_delay_pct`` = share of iterations

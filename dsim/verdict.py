@@ -8,7 +8,7 @@ facts about the run (GPU count, iterations per epoch, replay model), so the
 terminal, the report and machine-readable outputs can share one
 ``Verdict`` and one sentence.
 
-Rules (docs/notes/wt-12-verdict.md):
+Rules (docs/SPEC.md §5.1):
 
 * the measured run is ``actual/actual``; its numbers are taken from its own
   row or, when the rows shown leave it out, recovered from any row's what-if

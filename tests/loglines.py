@@ -1,4 +1,4 @@
-"""Raw log lines in the format of DESIGN.md §1, written by hand for grammar tests."""
+"""Raw log lines in the format of docs/SPEC.md §1, written by hand for grammar tests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A small writer of valid raw DDP logs whose records are known, for parser tests.
 
 ``dsim.synth`` models the timing of a real run; this module does the opposite
-job: it exercises the *spelling* of the log format (DESIGN.md §1) as widely as
+job: it exercises the *spelling* of the log format (docs/SPEC.md §1) as widely as
 the format allows -- prefixes, tabs or spaces, CRLF, 1 to 9 fraction digits,
 optional ``GPU:`` fields, START FETCH and unrelated lines, per-rank files,
 training lines printed late -- while keeping every record that the parser must
@@ -11,7 +11,7 @@ Lines are produced by per-process streams (one per DataLoader worker and one
 per training loop) and merged the way a shared terminal or log file merges
 them: each stream keeps its own order, streams interleave by jittered write
 time. Times are chosen so that the records are unambiguous under the rules of
-DESIGN.md §1: fetch ends strictly increase per (rank, worker) but not with the
+docs/SPEC.md §1: fetch ends strictly increase per (rank, worker) but not with the
 batch index, training starts strictly increase per rank, a training line
 starts after its batch's fetch ended, ``Data`` is at most ``Time``, and a
 rank's next epoch fetches start ``EPOCH_GAP_NS`` after its previous epoch's

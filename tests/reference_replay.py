@@ -1,7 +1,7 @@
-"""A deliberately plain, row-by-row implementation of DESIGN.md §3 for testing the kernel.
+"""A deliberately plain, row-by-row implementation of docs/SPEC.md §4.1 for testing the kernel.
 
 Python floats, one loop over iterations and one over GPUs, read straight off
-the DESIGN text with no attempt at speed, so that it can be checked by eye.
+the text of docs/SPEC.md §4.1 with no attempt at speed, so that it can be checked by eye.
 The iteration time is evaluated literally, ``max ST' + max_g pure[g]``.
 """
 

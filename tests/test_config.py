@@ -1,4 +1,4 @@
-"""sim_conf.json validation (DESIGN.md §5): every problem reported at once, before any work."""
+"""sim_conf.json validation (docs/SPEC.md §6): every problem reported at once, before any work."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from dsim.instrument import FileSink, fetch_line, training_line
 
 pytestmark = pytest.mark.torch
 
-# The two line kinds of DESIGN.md §1, written independently of dsim's grammar module.
+# The two line kinds of docs/SPEC.md §1, written independently of dsim's grammar module.
 FETCH_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) DEBUG:\tGPU: (?P<gpu>\d+) "
     r"worker_id: (?P<worker>\d+), END FETCH at_time (?P<secs>\d+\.\d+) data idx(?P<idx>\d+)$"

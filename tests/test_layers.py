@@ -40,3 +40,16 @@ def test_execution_workers_do_not_load_parquet_io() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_input_formats_are_found_through_the_registry() -> None:
+    from dsim.errors import UsageError
+    from dsim.sources import DEFAULT_SOURCE, get_source
+
+    assert get_source().name == DEFAULT_SOURCE == "rawlog"
+    try:
+        get_source("profiler")
+    except UsageError as exc:
+        assert "known formats: rawlog" in str(exc)
+    else:
+        raise AssertionError("an unknown format must be a usage error")

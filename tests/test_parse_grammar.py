@@ -1,4 +1,4 @@
-"""Every grammar variant and every bad-input case of DESIGN.md §1, with exact counts."""
+"""Every grammar variant and every bad-input case of docs/SPEC.md §1, with exact counts."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def _check_round_trip(written: WrittenLog) -> None:
             strict=True,
         )
     )
-    # DESIGN.md: fetch start = end - at_time, at nanosecond resolution.
+    # docs/SPEC.md §2.1: fetch start = end - at_time, at nanosecond resolution.
     want_fetch = sorted((*r, r[4] - round(r[5] * 1e9)) for r in written.fetch)
     assert got_fetch == want_fetch
 

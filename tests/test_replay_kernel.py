@@ -188,7 +188,7 @@ def test_results_do_not_depend_on_block_size():
         )
 
 
-# Two GPUs, values exact in binary, worked out by hand from DESIGN.md §3:
+# Two GPUs, values exact in binary, worked out by hand from docs/SPEC.md §4.1:
 #   GPU0: S=0.0 F=1.0 (D=1.0) T=1.5 ST=0.5
 #   GPU1: S=0.5 F=2.0 (D=2.5) T=1.5 ST=1.25
 #   max T = 1.5, max ST = 1.25, pure = [0.25, 0.25]

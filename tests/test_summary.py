@@ -1,4 +1,4 @@
-"""Summary statistics (DESIGN.md §4) against hand-computed values on tiny result directories."""
+"""Summary statistics (docs/SPEC.md §5) against hand-computed values on tiny result directories."""
 
 from __future__ import annotations
 

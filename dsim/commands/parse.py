@@ -59,14 +59,14 @@ def command(
     ),
 ) -> None:
     from dsim.io.atomic import remove_leftovers
-    from dsim.sources.rawlog.discover import discover_runs
+    from dsim.sources import get_source
 
     if not math.isfinite(max_duration) or max_duration <= 0:
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
     if not 0 <= stray_rank_share <= 1:
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
     limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
-    runs = discover_runs(paths, name=name)
+    runs = get_source().discover(paths, name=name)
     remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
@@ -159,7 +159,7 @@ def _runs_bar(show: bool):
 
 def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: dict) -> dict:
     from dsim.model.tables import write_run
-    from dsim.sources.rawlog.parse import parse_run
+    from dsim.sources import get_source
 
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -173,11 +173,11 @@ def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: 
         )
         with Progress(*columns, transient=True) as bar:
             task = bar.add_task(f"parsing {run.name}", total=total)
-            parsed = parse_run(
+            parsed = get_source().parse(
                 run, strict=strict, progress=lambda n: bar.advance(task, n), **limits
             )
     else:
-        parsed = parse_run(run, strict=strict, **limits)
+        parsed = get_source().parse(run, strict=strict, **limits)
     directory = write_run(parsed.tables, out / run.name, parsed.rejects)
     return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
 

@@ -59,7 +59,7 @@ def command(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
 ) -> None:
-    """Write synthetic raw DDP training logs (DESIGN.md §1) from a queueing model.
+    """Write synthetic raw DDP training logs (docs/SPEC.md §1) from a queueing model.
 
     Same parameters and seed give byte-identical logs. Example:
 

@@ -1,4 +1,4 @@
-"""The raw log lines dsim's parser reads (DESIGN.md §1), and where they go.
+"""The raw log lines dsim's parser reads (docs/SPEC.md §1), and where they go.
 
 Formatting is kept apart from timing so that the exact text is defined in one
 place and can be tested without PyTorch. Sinks write one complete line per

@@ -4,7 +4,7 @@
 ::
 
     <out>/
-      summary.parquet, summary.csv        one row per run x policy (DESIGN.md §4)
+      summary.parquet, summary.csv        one row per run x policy (docs/SPEC.md §5)
       <run>/
         result.json                       run metadata, replay parameters, cache keys
         <fetch>__<start>.parquet          one row per replayed iteration

@@ -1,4 +1,4 @@
-"""Metadata carried by a run's name (DESIGN.md §2).
+"""Metadata carried by a run's name (docs/SPEC.md §1.1, §2.3).
 
 The original analysis named runs
 ``{logtype}_{dataset}_{augmentation}_{model}_epoch{E}_b{B}_worker{W}_thread{T}``;

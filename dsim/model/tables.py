@@ -1,4 +1,4 @@
-"""The per-run tables every step after parsing reads (DESIGN.md §2).
+"""The per-run tables every step after parsing reads (docs/SPEC.md §2).
 
 A parsed run is a directory holding ``fetch.parquet``, ``train.parquet`` and
 ``run.json``. This module owns their schemas and is the only place that

@@ -314,6 +314,6 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
         f"effective-delay threshold {html.escape(threshold)}.</p>"
         f"<p>Results: {sources or '–'} · made by dsim {__version__}</p>"
         f"<nav>{nav}</nav></header><main>{''.join(sections)}</main>"
-        "<footer>Replays follow the dsim design: each iteration is replayed on its own "
-        "from the measured fetch and training times.</footer></body></html>\n"
+        "<footer>Replays follow docs/SPEC.md §4.1 of dsim: each iteration is replayed on its "
+        "own from the measured fetch and training times.</footer></body></html>\n"
     )

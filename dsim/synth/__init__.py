@@ -3,7 +3,7 @@
 Tests, benchmarks and demos need raw logs of any size whose ground truth is
 known exactly; real logs are few, small and cannot be shipped. This package
 models what produces the timing in a real log and prints it in the raw log
-format of DESIGN.md §1, so that every later step (parse, replay, summary) can
+format of docs/SPEC.md §1, so that every later step (parse, replay, summary) can
 be exercised on it. One module per step, data flowing one way:
 
 - ``params``: what determines a run, and which parameters are refused;

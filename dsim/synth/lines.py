@@ -1,4 +1,4 @@
-"""The two raw line layouts of DESIGN.md §1, formatted and merged by time.
+"""The two raw line layouts of docs/SPEC.md §1, formatted and merged by time.
 
 The layouts are written here once, field by field, so that the text dsim
 synth prints and the grammar dsim parse reads can be compared side by side;

@@ -54,7 +54,7 @@ class SynthParams:
 
     @property
     def run_name(self) -> str:
-        """The run directory's name; the default follows the naming scheme of DESIGN.md §2."""
+        """The run directory's name; the default follows the naming scheme of docs/SPEC.md §1.1."""
         if self.name is not None:
             return self.name
         return (

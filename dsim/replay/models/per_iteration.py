@@ -1,4 +1,4 @@
-"""The replay kernel: DESIGN.md §3 as pure NumPy functions over [iterations × GPUs] arrays.
+"""The replay kernel: docs/SPEC.md §4.1 as pure NumPy functions over [iterations × GPUs] arrays.
 
 Contract: ``replay(arrays, policy, params) -> Replay``. No I/O, no pandas, no
 Python loop over iterations. Every iteration is replayed on its own, so the
@@ -33,7 +33,7 @@ quantity that drives a decision:
 * ``ST + |gap|`` equals ``ST - gap`` in IEEE arithmetic when ``gap < 0``, so one
   subtraction serves both branches.
 
-Iteration time. DESIGN.md defines it as ``max ST' + max_g (T[g] - max ST)``.
+Iteration time. docs/SPEC.md §4.1 defines it as ``max ST' + max_g (T[g] - max ST)``.
 Literally evaluated, ``actual/actual`` gives ``max ST + (max T - max ST)``,
 which can differ from the measured ``max T`` in the last bit. The kernel
 evaluates the algebraically equal ``max T + (max ST' - max ST)`` instead:
@@ -217,7 +217,7 @@ def _check_policy(policy: Policy) -> None:
 def replay_prepared(
     prep: Prepared, policy: Policy, params: ReplayParams = DEFAULT_PARAMS
 ) -> Replay:
-    """Replay every iteration of a prepared run under ``policy`` (DESIGN.md §3)."""
+    """Replay every iteration of a prepared run under ``policy`` (docs/SPEC.md §4.1)."""
     _check_policy(policy)
     fetch_align, start_align = policy
     n, g_count = prep.shape

@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from dsim.errors import InputError, UsageError
+from dsim.sources.base import RunSource
 
 LOG_GLOB = "*.log"
 _GENERIC_STEM = re.compile(
@@ -32,14 +32,6 @@ _GENERIC_STEM = re.compile(
 )
 _RANK_IN_NAME = re.compile(r"(?:rank|gpu)[_-]?(\d+)", re.IGNORECASE)
 _TREE_TAIL = [re.compile(p) for p in (r"epoch\d+", r"b\d+", r"worker\d+", r"thread\d+")]
-
-
-@dataclass(frozen=True)
-class RunSource:
-    """A run to parse: its name and its files, in a stable order."""
-
-    name: str
-    files: tuple[Path, ...]
 
 
 def rank_from_file_name(path: Path) -> int | None:

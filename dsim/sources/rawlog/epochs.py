@@ -1,4 +1,4 @@
-"""Which epoch each fetch belongs to (DESIGN.md §1).
+"""Which epoch each fetch belongs to (docs/SPEC.md §1).
 
 Fetch lines carry no epoch. A fetch of rank g, batch index i, that ended at
 E takes its epoch from the *last training line of rank g (any iteration)

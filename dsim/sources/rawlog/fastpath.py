@@ -2,7 +2,7 @@
 
 RE2 inside Arrow costs about 150 ns a line before it reads a byte, and the
 general patterns (a lazy prefix, optional groups) about 1 µs. Nearly every
-real line is spelled exactly as DESIGN.md §1 shows it: no prefix, single
+real line is spelled exactly as docs/SPEC.md §1 shows it: no prefix, single
 separators. Such a line is a fixed sequence of literals and bounded runs of
 digits, so it can be checked and cut by position over the whole block at
 once, one field after the other, each step one vector operation over all

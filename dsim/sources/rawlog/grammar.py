@@ -1,4 +1,4 @@
-"""The raw log grammar of DESIGN.md §1, applied to whole blocks of text at once.
+"""The raw log grammar of docs/SPEC.md §1, applied to whole blocks of text at once.
 
 Logs of long runs hold millions of lines, so nothing here loops over lines in
 Python: a block of bytes becomes one Arrow string array (zero-copy, split at
@@ -213,7 +213,7 @@ def parse_lines(
 ) -> BlockRecords:
     """Dissect lines numbered ``first_line``, ``first_line + 1``, ...; rejects go to ``rejects``.
 
-    Lines written exactly as DESIGN.md §1 shows them (the canonical spelling)
+    Lines written exactly as docs/SPEC.md §1 shows them (the canonical spelling)
     are cut by position in NumPy (``dsim.sources.rawlog.fastpath``); all others -- prefixes,
     extra white space, odd numbers, bad records -- take the general regular
     expressions. ``fast=False`` sends every line the general way (tests compare).

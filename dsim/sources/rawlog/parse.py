@@ -1,4 +1,4 @@
-"""From the raw logs of one run to its tables (DESIGN.md §1 and §2).
+"""From the raw logs of one run to its tables (docs/SPEC.md §1 and §2).
 
 The grammar (``dsim.sources.rawlog.grammar``) finds records line by line; this module
 applies the rules that need the whole run, in this order (each one sees only
@@ -22,7 +22,7 @@ rejects and a report; writing them is the caller's business.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,9 @@ import pyarrow as pa
 from dsim.errors import InputError
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
+from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
-from dsim.sources.rawlog.discover import RunSource, rank_from_file_name
+from dsim.sources.rawlog.discover import rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S
 from dsim.sources.rawlog.logfile import FileRecords, read_log
@@ -52,20 +53,6 @@ APPENDED_RUNS_SHARE = 0.10  # conflicts above this share of a file's training li
 
 _FETCH_VALUES = ["gpu", "worker", "idx", "end", "fetch_s"]
 _TRAIN_VALUES = ["gpu", "epoch", "iteration", "start", "iteration_s", "stall_s", "throughput"]
-
-
-@dataclass
-class ParsedRun:
-    """A parsed run, its rejected lines (file, line, reason, text) and its report.
-
-    ``lines`` (only with ``parse_run(..., keep_lines=True)``): for "fetch" and
-    "train", the (file index, line number) of each table row, in table order.
-    """
-
-    tables: RunTables
-    rejects: pa.Table
-    report: dict[str, Any]
-    lines: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def _default_rank(files: tuple, path) -> int | None:
