@@ -57,3 +57,21 @@ def test_run_all_quick(tmp_path: Path) -> None:
     assert any(f.startswith("parse lines/s/core") for f in figures)
     assert any(f.startswith("speedup over the original") for f in figures)
     assert any(f.startswith("e2e growth exponent") for f in figures)
+
+
+def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
+    """bench_compressed.py and bench_profiler_read.py on tiny inputs: they run and report."""
+    for script, args in (
+        ("bench_compressed.py", ["--lines", "2e3", "--repeats", "1"]),
+        ("bench_profiler_read.py", ["--mb", "0.5", "--repeats", "1", "--readers", "json,dsim"]),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "bench" / script), *args, "--work", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "failed" not in done.stdout, done.stdout
+        assert done.stdout.count("\n") >= 4, done.stdout
