@@ -10,6 +10,10 @@ directory, ready for ``dsim parse``:
     python examples/ddp_cpu.py --ranks 2 --epochs 2 --iterations 50 --out logs
     dsim parse logs/cpuDDP_synthetic_none_mlp_epoch2_b64_worker2_thread0
 
+With ``--profile DIR`` each rank also records ``torch.profiler`` traces (CPU
+activities, Chrome-trace JSON, gzip'd) of a window of steps into DIR, one
+file per rank, as ``tensorboard_trace_handler`` writes them.
+
 Starts its ranks with ``torch.multiprocessing`` (default) or under ``torchrun``
 (which sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
 """
@@ -17,6 +21,7 @@ Starts its ranks with ``torch.multiprocessing`` (default) or under ``torchrun``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import socket
@@ -101,20 +106,43 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         loss_fn = nn.CrossEntropyLoss()
-        for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)
-            for x, y in timer.iterate(loader, epoch=epoch):
-                optimizer.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()  # all-reduce: the ranks wait for each other here
-                optimizer.step()
-                if args.step_ms:
-                    time.sleep(args.step_ms / 1000)  # stands in for a bigger model's compute
+        with _profiler(args, rank) as prof:
+            for epoch in range(args.epochs):
+                sampler.set_epoch(epoch)
+                for x, y in timer.iterate(loader, epoch=epoch):
+                    optimizer.zero_grad()
+                    loss = loss_fn(model(x), y)
+                    loss.backward()  # all-reduce: the ranks wait for each other here
+                    optimizer.step()
+                    if args.step_ms:
+                        time.sleep(args.step_ms / 1000)  # stands in for a bigger model's compute
+                    if prof is not None:
+                        prof.step()
         del loader  # stop the persistent workers now, not at interpreter exit
         if rank == 0:
             print(f"logs written to {log_dir}", flush=True)
     finally:
         dist.destroy_process_group()
+
+
+def _profiler(args: argparse.Namespace, rank: int):
+    """``torch.profiler`` on CPU writing ``rank<N>.<time>.pt.trace.json.gz`` under ``--profile``.
+
+    Steps ``--profile-skip`` + 1 onwards are recorded (one warm-up step before
+    them), ``--profile-steps`` of them. The file name carries the rank, and the
+    trace its ``distributedInfo``: either one tells dsim the rank.
+    """
+    if not args.profile:
+        return contextlib.nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    return profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=args.profile_skip, warmup=1, active=args.profile_steps, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(
+            args.profile, worker_name=f"rank{rank}", use_gzip=True
+        ),
+    )
 
 
 def _spawned(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -142,6 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="logs", help="parent of the run directory")
     p.add_argument("--name", default=None, help="run directory name (default: from settings)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default=None, metavar="DIR", help="also write profiler traces")
+    p.add_argument("--profile-skip", type=int, default=5, help="steps before the profiled ones")
+    p.add_argument("--profile-steps", type=int, default=30, help="steps profiled")
     args = p.parse_args(argv)
     if args.ranks < 1 or args.epochs < 1 or args.iterations < 1 or args.batch_size < 1:
         p.error("--ranks, --epochs, --iterations and --batch-size must be >= 1")

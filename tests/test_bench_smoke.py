@@ -75,3 +75,21 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
     assert all(row["per_policy_rate"] > 0 for row in res["models"])
     assert res["reference"]["ratio"] > 0
     assert "plain-Python reference" in done.stdout
+
+
+def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
+    """bench_compressed.py and bench_profiler_read.py on tiny inputs: they run and report."""
+    for script, args in (
+        ("bench_compressed.py", ["--lines", "2e3", "--repeats", "1"]),
+        ("bench_profiler_read.py", ["--mb", "0.5", "--repeats", "1", "--readers", "json,dsim"]),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "bench" / script), *args, "--work", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "failed" not in done.stdout, done.stdout
+        assert done.stdout.count("\n") >= 4, done.stdout

@@ -1,13 +1,10 @@
-"""Inputs `dsim parse` must read or refuse clearly: pipes, unreadable and compressed files,
+"""Inputs `dsim parse` must read or refuse clearly: pipes, unreadable files,
 per-rank runs with repeated lines, stray ranks, logs cut short, runs without training lines."""
 
 from __future__ import annotations
 
-import bz2
 import csv
-import gzip
 import json
-import lzma
 import os
 import shutil
 import subprocess
@@ -174,30 +171,11 @@ def test_unreadable_file_for_real_when_a_user_namespace_can_be_made(tmp_path):
     assert f"{closed}: cannot read: Permission denied" in done.stderr
 
 
-@pytest.mark.parametrize(
-    ("compress", "name", "tool", "cat"),
-    [
-        (gzip.compress, "gzip", "gunzip -k", "zcat"),
-        (bz2.compress, "bzip2", "bunzip2 -k", "bzcat"),
-        (lzma.compress, "xz", "unxz -k", "xzcat"),
-        (lambda b: b"\x28\xb5\x2f\xfd" + b"\x00" * 20, "zstd", "unzstd -k", "zstdcat"),
-    ],
-)
-def test_compressed_logs_are_refused_with_a_hint(tmp_path, compress, name, tool, cat):
-    log = tmp_path / "run.log"
-    log.write_bytes(compress(("\n".join(one_epoch()) + "\n").encode()))
-    with pytest.raises(InputError) as err:
-        parse_run(RunSource("run", (log,)))
-    assert str(err.value) == (
-        f"{log}: {name}-compressed log: decompress it first (e.g. `{tool} {log}`) "
-        f"or pass it through `<({cat} {log})`"
-    )
-    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
-    assert result.returncode == 3 and f"{name}-compressed log" in result.stderr
-
-
 def test_tiny_files_are_read_whole(tmp_path):
-    """The first bytes are read apart (for compression magic): short files must not suffer."""
+    """The first bytes are read apart (for compression magic): short files must not suffer.
+
+    Compressed files: tests/test_parse_compressed.py.
+    """
     one = (fetch_line("10.0", 0, 0, "0.5", 0) + "\n").encode()
     for content, records in ((b"x\n", 0), (one, 1)):
         log = tmp_path / "tiny.log"

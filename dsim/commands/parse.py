@@ -20,15 +20,18 @@ STRAY_RANK_SHARE = 0.01
 HELP = """Parse raw PyTorch DDP logs into per-run Parquet tables (fetch.parquet,
 train.parquet, run.json) under --out.
 
-PATH is a log file (or a pipe: `<(zcat log.gz)`), a directory holding one
-run's logs (one interleaved file or one *.log file per rank), or a tree of
-runs. Bad lines -- malformed, impossible values, repeated or conflicting
-records, timestamps out of order, stray GPU ranks -- are skipped, counted by
-reason and listed in <out>/<run>/rejects.csv; --strict stops at the first.
+PATH is a log file (or a pipe), a directory holding one run's logs (one
+interleaved file or one *.log file per rank, rotated files like rank0.log.1
+read oldest first), or a tree of runs. Logs compressed with gzip, bzip2, xz
+or zstd (*.log.gz, .bz2, .xz, .zst) are read as they are. Bad lines --
+malformed, impossible values, repeated or conflicting records, timestamps
+out of order, stray GPU ranks -- are skipped, counted by reason and listed in
+<out>/<run>/rejects.csv; --strict stops at the first.
 
 \b
 Examples:
   dsim parse logs/output.log
+  dsim parse logs/output.log.gz
   dsim parse logs/myrun/ --name myrun --out traces
   dsim parse log/ --quiet          # a whole tree of runs, in parallel
 """

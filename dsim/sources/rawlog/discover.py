@@ -3,9 +3,12 @@
 * A file is one run (anything that is not a directory: a FIFO, ``/dev/null``
   or a process substitution ``<(zcat log.gz)`` is a file to read).
 * A directory holding ``*.log`` files is one run: one interleaved file or
-  one file per rank.
-* A directory without ``*.log`` files of its own is a tree of runs: every
-  directory below it that holds ``*.log`` files is a run.
+  one file per rank. Compressed (``*.log.gz``, ``.bz2``, ``.xz``, ``.zst``)
+  and rotated files (``rank0.log.1``, ``rank0.log.2.gz``,
+  ``rank0.log-20261101``, ``rank0.log.2026-11-01``) count as logs too; the
+  files of one log are read oldest first (see ``log_files``).
+* A directory without such files of its own is a tree of runs: every
+  directory below it that holds them is a run.
 
 Names: the original analysis's tree
 ``.../<logtype>/<dataset>/<aug>/<model>/epoch<E>/b<B>/worker<W>/thread<T>/output.log``
@@ -16,6 +19,7 @@ name of its own (not ``output.log``, ``rank0.log``...), after the file stem.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -30,8 +34,71 @@ _GENERIC_STEM = re.compile(
     r"|rank[_-]?\d+|^gpu[_-]?\d+$|^\d+$",
     re.IGNORECASE,
 )
+# ``<base>.log``, then a rotation suffix (a logrotate number, or a date with an optional
+# hour, minute and second), then a compression suffix; each part optional but the base.
+_LOG_NAME = re.compile(
+    r"^(?P<base>.+\.log)"
+    r"(?:\.(?P<number>\d{1,6})"
+    r"|[.-](?P<date>\d{4}-?\d{2}-?\d{2}(?:[T_.-]?\d{2}(?:[:-]?\d{2}){0,2})?))?"
+    r"(?P<compressed>\.(?:gz|bz2|xz|zst))?$"
+)
 _RANK_IN_NAME = re.compile(r"(?:rank|gpu)[_-]?(\d+)", re.IGNORECASE)
 _TREE_TAIL = [re.compile(p) for p in (r"epoch\d+", r"b\d+", r"worker\d+", r"thread\d+")]
+
+
+def log_base(path: Path) -> str:
+    """The log a file belongs to: ``rank0.log.2.gz`` -> ``rank0.log`` (its name, otherwise)."""
+    match = _LOG_NAME.match(path.name)
+    if match:
+        return match.group("base")
+    return _strip_compression(path.name)
+
+
+def _strip_compression(name: str) -> str:
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _age(path: Path) -> tuple:
+    """Sort key of one file of a log, oldest first.
+
+    Dated files come first, by date (ascending); then logrotate's numbered
+    files, highest number first (``.2`` is older than ``.1``); the live file,
+    without a suffix, is the newest. A log rotated both ways at once has no
+    order to recover; this one is at least stable.
+    """
+    match = _LOG_NAME.match(path.name)
+    if match is None:
+        return (3, path.name)
+    if match.group("date"):
+        return (0, re.sub(r"\D", "", match.group("date")))
+    if match.group("number"):
+        return (1, -int(match.group("number")))
+    return (2, 0)
+
+
+def log_files(paths: list[Path]) -> tuple[Path, ...]:
+    """Log files in reading order: by log (``log_base``), each log's files oldest first.
+
+    Two files that are the same rotation of one log (``rank0.log.1`` and
+    ``rank0.log.1.gz``: a copy left beside its compressed twin) would repeat
+    every record, so they are refused.
+    """
+    keyed = sorted(((log_base(p), _age(p)), p) for p in paths)
+    for (key, first), (other, second) in itertools.pairwise(keyed):
+        if key == other:
+            raise InputError(
+                f"{first.name} and {second.name} are the same file of one log, "
+                "compressed and not: keep one of them",
+                first.parent,
+            )
+    return tuple(p for _, p in keyed)
+
+
+def _is_log_name(name: str) -> bool:
+    return _LOG_NAME.match(name) is not None
 
 
 def rank_from_file_name(path: Path) -> int | None:
@@ -56,13 +123,14 @@ def _directory_run_name(directory: Path) -> str:
 
 
 def _file_run_name(path: Path) -> str:
-    if _GENERIC_STEM.search(path.stem):
+    stem = Path(log_base(path)).stem
+    if _GENERIC_STEM.search(stem):
         return _directory_run_name(path.parent)
-    return path.stem
+    return stem
 
 
-def _logs_in(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob(LOG_GLOB) if p.is_file())
+def _logs_in(directory: Path) -> tuple[Path, ...]:
+    return log_files([p for p in directory.iterdir() if _is_log_name(p.name) and p.is_file()])
 
 
 def _is_dir(path: Path) -> bool:
@@ -87,12 +155,16 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
             continue
         logs = _logs_in(path)
         if logs:
-            runs.append(RunSource(_directory_run_name(path), tuple(logs)))
+            runs.append(RunSource(_directory_run_name(path), logs))
             continue
-        leaves = sorted({p.parent for p in path.rglob(LOG_GLOB) if p.is_file()})
+        leaves = sorted({p.parent for p in path.rglob("*") if _is_log_name(p.name) and p.is_file()})
         if not leaves:
-            raise InputError(f"no log files (*{LOG_GLOB[1:]}) in this directory or below", path)
-        runs.extend(RunSource(_directory_run_name(leaf), tuple(_logs_in(leaf))) for leaf in leaves)
+            raise InputError(
+                f"no log files ({LOG_GLOB}, or rotated or compressed: *.log.1, "
+                "*.log.gz, .bz2, .xz, .zst) in this directory or below",
+                path,
+            )
+        runs.extend(RunSource(_directory_run_name(leaf), _logs_in(leaf)) for leaf in leaves)
 
     if name is not None:
         if len(runs) != 1:

@@ -16,18 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from dsim.errors import InputError
+from dsim.io import compression
 from dsim.sources.rawlog import grammar
 
 BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
-
-# Magic numbers at the start of compressed files: (magic, format, decompress, stream through).
-_COMPRESSED = (
-    (b"\x1f\x8b", "gzip", "gunzip -k", "zcat"),
-    (b"BZh", "bzip2", "bunzip2 -k", "bzcat"),
-    (b"\xfd7zXZ\x00", "xz", "unxz -k", "xzcat"),
-    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd -k", "zstdcat"),
-)
-_MAGIC_BYTES = max(len(m) for m, *_ in _COMPRESSED)
 
 # Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
 # them keeps the records of a long run close to the size of its tables.
@@ -47,6 +39,7 @@ class FileRecords:
     size: int
     sha256: str
     ends_with_newline: bool = True
+    compression: str | None = None  # the format the file was stored in, if compressed
     extra: dict[str, int] = field(default_factory=dict)
     loader: list[dict[str, int | None]] = field(default_factory=list)
 
@@ -93,6 +86,7 @@ class _Columns:
         return {k: v[: self.rows] for k, v in self.columns.items()}
 
 
+_HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
 
 
@@ -102,22 +96,6 @@ def _dtype(key: str, values: np.ndarray) -> np.dtype:
     if key == "line":
         return np.dtype(np.uint32)
     return values.dtype
-
-
-def compressed_format(head: bytes, path: Path) -> str | None:
-    """Why ``head`` (a file's first bytes) cannot be read as text, if it is a compressed stream.
-
-    Compressed logs are not decompressed (yet): one clear message beats
-    thousands of lines rejected as binary. Returns the message, or ``None``
-    for anything else. The one place a later change would pick a decompressor.
-    """
-    for magic, name, decompress, cat in _COMPRESSED:
-        if head.startswith(magic):
-            return (
-                f"{name}-compressed log: decompress it first (e.g. `{decompress} {path}`) "
-                f"or pass it through `<({cat} {path})`"
-            )
-    return None
 
 
 def _read_head(handle, size: int) -> bytes:
@@ -159,7 +137,8 @@ def read_log(
         lines = grammar.lines_of(block)
         records = grammar.parse_lines(lines, next_line, rejects, max_duration=max_duration)
         consumed += len(block)
-        scale = max(expected_size, consumed) / max(consumed, 1) * _SPARE
+        at = size if fmt is not None else consumed  # how far into the file as stored
+        scale = max(expected_size, at) / max(at, 1) * _SPARE
         for part, columns in ((records.fetch, fetch), (records.train, train)):
             columns.append(part, int((columns.rows + len(part["line"])) * scale) + 1)
         for key, value in records.counts.items():
@@ -167,13 +146,27 @@ def read_log(
         loader.extend(records.loader)
         next_line += len(lines)
 
+    def stored(data: memoryview) -> None:
+        """Bytes of a compressed file as stored: hashed, counted, shown as progress."""
+        nonlocal size
+        digest.update(data)
+        size += len(data)
+        if progress is not None:
+            progress(len(data))
+
+    fmt: compression.Format | None = None
+    text_head = b""
     try:
         with open(path, "rb", buffering=0) as handle:
             expected_size = os.fstat(handle.fileno()).st_size  # 0 for pipes: columns then double
-            carry = _read_head(handle, _MAGIC_BYTES)
-            compressed = compressed_format(carry, path)
-            if compressed is not None:
-                raise InputError(compressed, path)
+            carry = _read_head(handle, compression.MAGIC_BYTES)
+            fmt = compression.detect(carry)
+            reader = handle
+            if fmt is not None:
+                # The same block loop reads the text; hash, size and progress follow the file.
+                reader = compression.open_stored(handle, carry, fmt, stored)
+                carry = b""
+            text_head = carry
             digest.update(carry)
             size += len(carry)
             if carry:
@@ -186,7 +179,7 @@ def read_log(
                 buf = bytearray(len(carry) + block_bytes)
                 buf[: len(carry)] = carry
                 view = memoryview(buf)
-                got = handle.readinto(view[len(carry) :])
+                got = reader.readinto(view[len(carry) :])
                 if not got:
                     cut = carry.rfind(b"\n")  # only a file of a few bytes ends with lines here
                     if cut >= 0:
@@ -194,8 +187,11 @@ def read_log(
                         carry = carry[cut + 1 :]
                     break
                 filled = len(carry) + got
-                digest.update(view[len(carry) : filled])
-                size += got
+                if len(text_head) < _HEAD_BYTES:
+                    text_head += bytes(view[len(carry) : filled][: _HEAD_BYTES - len(text_head)])
+                if fmt is None:
+                    digest.update(view[len(carry) : filled])
+                    size += got
                 last_byte = bytes(view[filled - 1 : filled])
                 cut = buf.rfind(b"\n", len(carry), filled)
                 if cut < 0:
@@ -203,8 +199,10 @@ def read_log(
                     continue
                 carry = bytes(view[cut + 1 : filled])
                 consume(view[: cut + 1])
-                if progress is not None:
+                if progress is not None and fmt is None:
                     progress(got)
+    except compression.StreamError as exc:
+        raise InputError(str(exc), path) from None
     except IsADirectoryError:
         raise InputError("is a directory, expected a log file", path) from None
     except OSError as exc:
@@ -213,6 +211,10 @@ def read_log(
     ends_with_newline = last_byte == b"\n"
     if carry:
         _consume_tail(carry, next_line, rejects, consume, counts, max_duration)
+    if not (fetch.rows or train.rows) and compression.looks_binary(text_head):
+        # One clear line instead of every line rejected as binary data.
+        what = compression.describe_binary(text_head, fmt)
+        raise InputError(f"no fetch or training records: {what}", path)
     if not fetch.columns:
         empty = grammar.parse_lines(grammar.lines_of(b""), 1, grammar.Rejects())
         fetch.append(empty.fetch, 0)
@@ -228,6 +230,7 @@ def read_log(
         sha256=digest.hexdigest(),
         ends_with_newline=ends_with_newline,
         loader=loader,
+        compression=fmt.name if fmt is not None else None,
     )
 
 

@@ -35,7 +35,7 @@ from dsim.model.runname import parse_run_name
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
-from dsim.sources.rawlog.discover import rank_from_file_name
+from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S
 from dsim.sources.rawlog.logfile import FileRecords, read_log
@@ -56,10 +56,14 @@ _TRAIN_VALUES = ["gpu", "epoch", "iteration", "start", "iteration_s", "stall_s",
 
 
 def _default_rank(files: tuple, path) -> int | None:
+    """The rank of lines without ``GPU:``: from the file name, else 0 for a run of one log.
+
+    A log rotated into several files (``output.log``, ``output.log.1.gz``) is one log.
+    """
     from_name = rank_from_file_name(path)
     if from_name is not None:
         return from_name
-    return 0 if len(files) == 1 else None
+    return 0 if len({log_base(f) for f in files}) == 1 else None
 
 
 def _collect(source: RunSource, progress: Callable[[int], None] | None, max_duration: float):
@@ -77,6 +81,8 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None, max_dura
     for index, path in enumerate(source.files):
         records: FileRecords = read_log(path, progress, max_duration=max_duration)
         sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
+        if records.compression is not None:
+            sources[-1]["compression"] = records.compression
         for key, value in records.counts.items():
             counts[key] = counts.get(key, 0) + value
         default = _default_rank(source.files, path)

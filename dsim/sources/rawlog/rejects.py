@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim.io import compression
+
 SCHEMA = pa.schema(
     [
         ("file", pa.string()),
@@ -83,7 +85,7 @@ def _read_lines(path: Path, numbers: set[int]) -> dict[int, str]:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return {}
-        handle = open(path, "rb")  # noqa: SIM115 - closed below
+        handle = compression.open_text(path)  # decompressed, if it is compressed
     except OSError:
         return {}
     out: dict[int, str] = {}
@@ -93,7 +95,10 @@ def _read_lines(path: Path, numbers: set[int]) -> dict[int, str]:
     pending = b""
     with handle:
         while k < len(wanted):
-            block = handle.read(_BLOCK)
+            try:
+                block = handle.read(_BLOCK)
+            except (OSError, compression.StreamError):  # changed since the first read
+                break
             data = pending + block
             cut = data.rfind(b"\n") + 1 if block else len(data)
             whole, pending = data[:cut], data[cut:]

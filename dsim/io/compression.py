@@ -1,0 +1,273 @@
+"""Compressed logs read as the text they hold: gzip, bzip2, xz and zstd, streamed.
+
+A compressed file is recognised by its first bytes (its magic number), never
+by its name, so ``rank0.log`` that is really gzip, or ``output.log.gz`` that
+is really text, are both read for what they are. The decompressed text is
+handed to the same block reader as a plain file (``dsim.sources.rawlog.logfile``), in blocks
+of the same size, so the tables and the line numbers of rejects are those of
+the plain text, and memory stays bounded by the block size: no file is ever
+decompressed whole.
+
+What the readers hash and count is the file as stored (its compressed
+bytes): ``run.json`` then lists each source with the size and sha256 a user
+gets from ``ls -l`` and ``sha256sum``.
+
+gzip, bzip2 and xz come with Python. zstd needs the ``zstandard`` package
+(a dependency of dsim; the standard library has ``compression.zstd`` only
+from Python 3.14), imported only when a zstd file is met.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+
+@dataclass(frozen=True)
+class Format:
+    """A compression format: its name, its magic number and its usual file suffix."""
+
+    name: str
+    magic: bytes
+    suffix: str
+
+
+FORMATS = (
+    Format("gzip", b"\x1f\x8b", ".gz"),
+    Format("bzip2", b"BZh", ".bz2"),
+    Format("xz", b"\xfd7zXZ\x00", ".xz"),
+    Format("zstd", b"\x28\xb5\x2f\xfd", ".zst"),
+)
+SUFFIXES = tuple(f.suffix for f in FORMATS)
+MAGIC_BYTES = max(len(f.magic) for f in FORMATS)
+KNOWN = "gzip, bzip2, xz or zstd"
+
+# Binary formats that are not a log and not a compression dsim reads: named, so the
+# user learns what the file is rather than that it is not text.
+_OTHER_BINARY = (
+    (b"PK\x03\x04", "a zip archive, not a text log (unpack it first)"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive, not a text log (unpack it first)"),
+    (b"\x04\x22\x4d\x18", "lz4-compressed, which dsim does not read (`lz4 -d` it first)"),
+    (b"\x89\x4c\x5a\x4f", "lzop-compressed, which dsim does not read (`lzop -d` it first)"),
+    (b"PAR1", "a Parquet file, not a raw log (dsim run reads parsed runs)"),
+)
+
+ZSTD_INPUT_BYTES = 32 << 10  # compressed bytes fed to zstd at once: bounds one step's output
+
+
+class StreamError(Exception):
+    """The compressed data ends early or is corrupt (the caller names the file)."""
+
+
+def detect(head: bytes) -> Format | None:
+    """The compression of a file whose first bytes are ``head``, or ``None`` for anything else."""
+    for fmt in FORMATS:
+        if head.startswith(fmt.magic):
+            return fmt
+    return None
+
+
+def describe_binary(head: bytes, inside: Format | None = None) -> str:
+    """What a file whose text starts with ``head`` is, when it holds no log, if dsim knows.
+
+    ``inside``: the compression the text came out of, if any.
+    """
+    shown = " ".join(f"{b:02x}" for b in head[:8])
+    if inside is not None:
+        return f"{inside.name}-compressed, but binary inside, not a text log ({shown})"
+    for magic, what in _OTHER_BINARY:
+        if head.startswith(magic):
+            return what
+    return f"a binary file, not a text log nor {KNOWN}-compressed (first bytes: {shown})"
+
+
+def looks_binary(head: bytes) -> bool:
+    """Whether a file's first bytes are not text: a NUL byte, or not UTF-8.
+
+    A multi-byte character cut by the end of ``head`` is still text.
+    """
+    if b"\x00" in head:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start < len(head) - 3 or exc.reason != "unexpected end of data"
+    return False
+
+
+class _Stored(io.RawIOBase):
+    """The file as stored: ``head`` (already read) then the rest; hashed and counted as read."""
+
+    def __init__(self, raw: BinaryIO, head: bytes, seen: Callable[[memoryview], None]):
+        self.raw = raw
+        self.head = head
+        self.seen = seen
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self.head:
+            n = min(len(self.head), len(view))
+            view[:n] = self.head[:n]
+            self.head = self.head[n:]
+        else:
+            n = self.raw.readinto(view) or 0
+        if n:
+            self.seen(view[:n])
+        return n
+
+
+class _Zstd(io.RawIOBase):
+    """zstd frames, one after the other, decompressed a small input step at a time.
+
+    ``zstandard``'s stream reader takes a file cut short for a complete one;
+    its decompression object says whether a frame ended (``eof``), so a
+    truncated file is an error here, as it is for the other formats.
+    """
+
+    def __init__(self, stored: io.RawIOBase):
+        import zstandard
+
+        self.zstd = zstandard
+        self.stored = stored
+        self.decoder = zstandard.ZstdDecompressor().decompressobj()
+        self.in_frame = False  # bytes of an unfinished frame were fed
+        self.pending = b""
+        self.done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self.pending and not self.done:
+            self._step()
+        n = min(len(self.pending), len(view))
+        view[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def _step(self) -> None:
+        data = self.stored.read(ZSTD_INPUT_BYTES)
+        if not data:
+            if self.in_frame:
+                raise StreamError("zstd data ends in the middle of a frame (file cut short?)")
+            self.done = True
+            return
+        out = []
+        while data:
+            try:
+                out.append(self.decoder.decompress(data))
+            except self.zstd.ZstdError as exc:
+                raise StreamError(f"corrupt zstd data ({exc})") from None
+            self.in_frame = not self.decoder.eof
+            if not self.decoder.eof:
+                break
+            data = self.decoder.unused_data  # the next frame starts here
+            self.decoder = self.zstd.ZstdDecompressor().decompressobj()
+            self.in_frame = bool(data)
+        self.pending = b"".join(out)
+
+
+class _Checked(io.RawIOBase):
+    """A decompressing reader whose errors become ``StreamError``; reads fill the buffer."""
+
+    def __init__(self, reader: Any, fmt: Format):
+        self.reader = reader
+        self.fmt = fmt
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(view):  # blocks as large as the plain path's, not the codec's
+            try:
+                n = self.reader.readinto(view[filled:])
+            except StreamError:
+                raise
+            except EOFError:
+                raise StreamError(f"{self.fmt.name} data ends early (file cut short?)") from None
+            except (OSError, lzma.LZMAError, zlib.error, ValueError) as exc:
+                raise StreamError(f"corrupt {self.fmt.name} data ({exc})") from None
+            if not n:
+                break
+            filled += n
+        return filled
+
+
+def open_stored(
+    raw: BinaryIO, head: bytes, fmt: Format, seen: Callable[[memoryview], None]
+) -> io.RawIOBase:
+    """The text of a compressed file, from its raw handle and the ``head`` already read from it.
+
+    ``seen`` gets every stored (compressed) byte as it is read: to hash it
+    and to report progress. Works on pipes (nothing is read twice).
+    """
+    stored = _Stored(raw, head, seen)
+    if fmt.name == "gzip":
+        reader: Any = gzip.GzipFile(fileobj=stored, mode="rb")
+    elif fmt.name == "bzip2":
+        reader = bz2.BZ2File(stored, mode="rb")
+    elif fmt.name == "xz":
+        reader = lzma.LZMAFile(stored, mode="rb")  # noqa: SIM115 - closed with the raw file
+    else:
+        reader = _Zstd(stored)
+    return _Checked(reader, fmt)
+
+
+def open_text(path: Any) -> BinaryIO:
+    """A binary handle on the text of ``path``, decompressed when it is compressed.
+
+    For reading a file a second time (the texts of rejected lines).
+    """
+    raw = open(path, "rb", buffering=0)  # noqa: SIM115 - the returned reader owns it
+    head = b""
+    while len(head) < MAGIC_BYTES:
+        chunk = raw.read(MAGIC_BYTES - len(head))
+        if not chunk:
+            break
+        head += chunk
+    fmt = detect(head)
+    if fmt is None:
+        raw.seek(0)
+        return io.BufferedReader(raw)  # type: ignore[arg-type]
+    return _Owning(open_stored(raw, head, fmt, lambda _: None), raw)
+
+
+class _Owning(io.BufferedReader):
+    """A buffered reader that also closes the file under its decompressor."""
+
+    def __init__(self, reader: io.RawIOBase, raw: BinaryIO):
+        super().__init__(reader)
+        self._file = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._file.close()
+
+
+__all__ = [
+    "FORMATS",
+    "KNOWN",
+    "MAGIC_BYTES",
+    "SUFFIXES",
+    "Format",
+    "StreamError",
+    "describe_binary",
+    "detect",
+    "looks_binary",
+    "open_stored",
+    "open_text",
+]
