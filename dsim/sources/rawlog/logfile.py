@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +47,6 @@ class FileRecords:
     size: int
     sha256: str
     ends_with_newline: bool = True
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class _Columns:
