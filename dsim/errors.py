@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EXIT_OK = 0
 EXIT_FAILURE = 1  # internal error: a bug in dsim
 EXIT_USAGE = 2  # bad command line or config (typer/click use 2 as well)
 EXIT_INPUT = 3  # bad input data: logs, tables, results

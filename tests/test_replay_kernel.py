@@ -280,4 +280,4 @@ def test_empty_run():
 
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="unknown policy"):
-        replay(HAND, ("median", "actual"))
+        replay(HAND, ("no-such-policy", "actual"))

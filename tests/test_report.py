@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -332,3 +333,21 @@ def test_existing_report_is_replaced_whole(results: Path, tmp_path: Path) -> Non
     assert dsim("report", results, "--out", out, "--run", RUN_B).returncode == 0
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left over
+
+
+def test_short_flags_quiet_and_a_timeline_glob(tmp_path: Path) -> None:
+    """-r/-p/-q as on the other commands; --timeline-run takes a glob like --run."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_synthetic_run(first, RUN_A, seed=3, policies=[("actual", "actual"), ("min", "min")])
+    write_synthetic_run(second, RUN_B, gpus=8, seed=4, iterations=40)
+    out = tmp_path / "r.html"
+    glob = "*openimage*"
+    assert not fnmatch.fnmatchcase(RUN_A, glob)
+    proc = dsim(
+        "report", first, second, "-r", "*", "-p", "min/min", "-q", "--out", out,
+        "--timeline-run", glob,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+    html = read_report(out)
+    assert f"Per-iteration timeline — {RUN_B}" in html

@@ -7,6 +7,7 @@ the command so that ``dsim --help`` stays fast.
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -118,18 +119,19 @@ def command(
     ),
     run: Annotated[
         list[str] | None,
-        typer.Option("--run", help="Only runs whose name matches this glob (repeatable)."),
+        typer.Option("--run", "-r", help="Only runs whose name matches this glob (repeatable)."),
     ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            "--policy", help="Only this policy, FETCH/START such as avg/min (repeatable)."
+            "--policy", "-p", help="Only this policy, FETCH/START such as avg/min (repeatable)."
         ),
     ] = None,
     timeline_run: Annotated[
         str | None,
         typer.Option(
-            "--timeline-run", help="Run shown in the timeline and delay CDF (default: the first)."
+            "--timeline-run",
+            help="Run (name or glob) shown in the timeline and delay CDF (default: the first).",
         ),
     ] = None,
     epochs: Annotated[
@@ -163,6 +165,7 @@ def command(
     force: Annotated[
         bool, typer.Option("--force", help="Accept a --threshold of 1 s or more (in seconds).")
     ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
 ) -> None:
     """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
     if images is not None and images.lower() not in IMAGE_FORMATS:
@@ -180,7 +183,8 @@ def command(
     from dsim.render.html import render_report, report_figures
 
     def say(text: str) -> None:
-        typer.echo(f"dsim: {text}", err=True)
+        if not quiet:
+            typer.echo(f"dsim: {text}", err=True)
 
     with lock.shared(results_directories(list(results)), say):  # read, then render unlocked
         data, notes = _read_results(
@@ -193,6 +197,10 @@ def command(
     write_text(render_report(data, figs), out)
     shown = list(dict.fromkeys(data.summary["run"]))
     size_mb = out.stat().st_size / 1e6
+    if quiet:
+        if images is not None:
+            _write_images(figs, out, images.lower())
+        return
     typer.echo(
         f"wrote {out} ({len(shown)} run{'s' if len(shown) != 1 else ''}, "
         f"{len(data.summary)} policy rows, {size_mb:.1f} MB)"
@@ -247,7 +255,12 @@ def _read_results(
     if timeline_run is None:
         chosen = shown[0]
     else:
-        matches = [n for n in shown if n == timeline_run or by_name[n].name == timeline_run]
+        matches = [
+            n
+            for n in shown
+            if fnmatch.fnmatchcase(n, timeline_run)
+            or fnmatch.fnmatchcase(by_name[n].name, timeline_run)
+        ]
         if not matches:
             raise UsageError(
                 f"--timeline-run {timeline_run}: not among the runs shown: {', '.join(shown)}"

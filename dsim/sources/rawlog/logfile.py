@@ -40,7 +40,6 @@ class FileRecords:
     sha256: str
     ends_with_newline: bool = True
     compression: str | None = None  # the format the file was stored in, if compressed
-    extra: dict[str, int] = field(default_factory=dict)
     loader: list[dict[str, int | None]] = field(default_factory=list)
 
 
