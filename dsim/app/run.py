@@ -182,6 +182,12 @@ def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
 
 def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     """Why no iteration of a run is complete, in words a user can act on."""
+    if fetch.num_rows == 0 and train.num_rows > 0:
+        return (
+            "no fetch records in this run (profiler traces, or a loader without "
+            "dsim.instrument): every policy replays fetch starts and durations, which only "
+            "the fetch lines of dsim.instrument.instrument_loader record (docs/SPEC.md §1.8)"
+        )
     if train.num_rows == 0:
         return (
             "no training lines in this run: did you wrap your training loop with "

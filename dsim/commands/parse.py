@@ -48,6 +48,12 @@ def command(
     name: str | None = typer.Option(None, "--name", help="Name of the run (one run only)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Runs parsed at once (0: one per core)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    input_format: str = typer.Option(
+        "auto",
+        "--format",
+        help="Input format: rawlog (dsim's fetch and training lines), kineto (PyTorch "
+        "profiler traces, *.pt.trace.json[.gz]) or auto (kineto when every path holds traces).",
+    ),
     max_duration: float = typer.Option(
         MAX_DURATION_S,
         "--max-duration",
@@ -62,14 +68,15 @@ def command(
     ),
 ) -> None:
     from dsim.io.atomic import remove_leftovers
-    from dsim.sources import get_source
+    from dsim.sources import detect_source, get_source
 
     if not math.isfinite(max_duration) or max_duration <= 0:
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
     if not 0 <= stray_rank_share <= 1:
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
     limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
-    runs = get_source().discover(paths, name=name)
+    fmt = detect_source(paths) if input_format == "auto" else input_format
+    runs = get_source(fmt).discover(paths, name=name)
     remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
@@ -77,13 +84,13 @@ def command(
     if workers <= 1:
         for run in runs:
             try:
-                _report(_parse_and_write(run, out, strict, show_progress, limits), quiet)
+                _report(_parse_and_write(run, out, strict, show_progress, limits, fmt), quiet)
             except InputError as exc:
                 failures.append(exc)
                 if strict:
                     break
     else:
-        _parse_in_parallel(runs, out, strict, limits, workers, quiet, show_progress, failures)
+        _parse_in_parallel(runs, out, strict, limits, workers, quiet, show_progress, failures, fmt)
     if failures:
         for failure in failures[:-1]:
             typer.echo(f"dsim: error: {failure}", err=True)
@@ -91,7 +98,7 @@ def command(
 
 
 def _parse_in_parallel(
-    runs, out: Path, strict: bool, limits: dict, workers: int, quiet, show, failures
+    runs, out: Path, strict: bool, limits: dict, workers: int, quiet, show, failures, fmt: str
 ) -> None:
     """One run per worker process; workers die with this process, however it ends.
 
@@ -108,7 +115,9 @@ def _parse_in_parallel(
     try:
         with _runs_bar(show) as bar:
             futures = [
-                pool.submit(processes.in_worker, _parse_and_write, run, out, strict, False, limits)
+                pool.submit(
+                    processes.in_worker, _parse_and_write, run, out, strict, False, limits, fmt
+                )
                 for run in runs
             ]
             task = bar.add_task("parsing runs", total=len(futures)) if bar else None
@@ -160,7 +169,9 @@ def _runs_bar(show: bool):
     return rp.Progress(*columns, rp.TimeRemainingColumn(), transient=True)
 
 
-def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: dict) -> dict:
+def _parse_and_write(
+    run, out: Path, strict: bool, show_progress: bool, limits: dict, fmt: str = "rawlog"
+) -> dict:
     from dsim.model.tables import write_run
     from dsim.sources import get_source
 
@@ -176,11 +187,11 @@ def _parse_and_write(run, out: Path, strict: bool, show_progress: bool, limits: 
         )
         with Progress(*columns, transient=True) as bar:
             task = bar.add_task(f"parsing {run.name}", total=total)
-            parsed = get_source().parse(
+            parsed = get_source(fmt).parse(
                 run, strict=strict, progress=lambda n: bar.advance(task, n), **limits
             )
     else:
-        parsed = get_source().parse(run, strict=strict, **limits)
+        parsed = get_source(fmt).parse(run, strict=strict, **limits)
     directory = write_run(parsed.tables, out / run.name, parsed.rejects)
     return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
 
@@ -197,15 +208,17 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
     info, rep = result["info"], result["info"]["report"]
+    unit = "trace events" if info.get("format") == "kineto" else "lines"
+    read = rep.get("events", 0) if info.get("format") == "kineto" else rep["lines"]
     echo(
         f"{result['name']}: {info['gpus']} GPUs, epochs {_span(info['epochs'])}, "
         f"{_iterations(info)}; {rep['fetch_records']} fetch and "
-        f"{rep['train_records']} training records from {rep['lines']} lines "
+        f"{rep['train_records']} training records from {read} {unit} "
         f"-> {result['directory']}"
     )
     if rep["rejected"]:
         echo(
-            f"  skipped {rep['rejected']} bad lines (listed in {result['directory']}/rejects.csv):"
+            f"  skipped {rep['rejected']} bad {unit} (listed in {result['directory']}/rejects.csv):"
         )
         for reason, count in rep["skipped"].items():
             echo(f"    {count:>8}  {reason}")
@@ -214,6 +227,11 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
         echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
     for warning in rep.get("warnings", []):
         echo(f"  warning: {warning}")
+    if info.get("format") == "kineto":
+        echo(
+            "  note: profiler traces have no fetch records: the tables hold every rank's "
+            "iterations and stalls; alignment replays need dsim.instrument's fetch lines"
+        )
 
 
 def _iterations(info: dict) -> str:

@@ -1,0 +1,50 @@
+"""Profiler traces through `dsim parse` (the kineto source) and what `dsim run` says of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from conftest import run_dsim
+
+from dsim.sources import SOURCES, detect_source
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "traces" / "profiler" / "cpuDDP_synthetic_none_mlp_epoch1_b128_worker2_thread0"
+RUN = SHIPPED.name
+
+
+def test_the_registry_knows_both_formats_and_detects_traces(tmp_path: Path) -> None:
+    assert set(SOURCES) == {"rawlog", "kineto"}
+    assert detect_source([SHIPPED]) == "kineto"
+    assert detect_source([REPO / "traces" / "raw"]) == "rawlog"
+    assert detect_source([SHIPPED, REPO / "traces" / "raw"]) == "rawlog"  # mixed: raw logs
+
+
+def test_dsim_parse_reads_the_shipped_traces(tmp_path: Path) -> None:
+    proc = run_dsim("parse", str(SHIPPED), "--out", "traces", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "from 20336 trace events" in proc.stdout and "no fetch records" in proc.stdout
+    run_dir = tmp_path / "traces" / RUN
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["format"] == "kineto" and info["gpus"] == 4 and info["gpu_ids"] == [0, 1, 2, 3]
+    assert info["iterations_per_epoch"] == {"0": 30}
+    assert pq.read_table(run_dir / "fetch.parquet").num_rows == 0
+    train = pq.read_table(run_dir / "train.parquet")
+    assert train.num_rows == 120 and set(train["epoch"].to_pylist()) == {0}
+    explicit = run_dsim(
+        "parse", str(SHIPPED), "--format", "kineto", "--out", "t2", "--name", "p", cwd=tmp_path
+    )
+    assert explicit.returncode == 0, explicit.stderr
+    assert (tmp_path / "t2" / "p" / "train.parquet").read_bytes() == (
+        run_dir / "train.parquet"
+    ).read_bytes()
+
+
+def test_dsim_run_says_why_a_trace_cannot_be_replayed(tmp_path: Path) -> None:
+    assert run_dsim("parse", str(SHIPPED), "-q", cwd=tmp_path).returncode == 0
+    proc = run_dsim("run", RUN, "--executor", "local", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "no fetch records in this run (profiler traces" in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
