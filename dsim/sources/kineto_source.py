@@ -27,10 +27,13 @@ def holds_traces(path: Path) -> bool:
     """Whether a path is a profiler trace, or a directory of them (and of no raw log)."""
     from dsim.sources.kineto import find_traces, is_trace_name
 
-    if path.is_dir():
-        if any(p.name.endswith(".log") for p in path.iterdir()):
-            return False
-        return bool(find_traces(path))
+    try:
+        if path.is_dir():
+            if any(p.name.endswith(".log") for p in path.iterdir()):
+                return False
+            return bool(find_traces(path))
+    except OSError:  # unreadable: the raw-log reader says so, naming the path
+        return False
     return is_trace_name(path)
 
 
