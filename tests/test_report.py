@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dsim.model.results import replay_table, write_replay, write_result_info
+from dsim.render.figures import short_labels
 from dsim.replay.policies import KNOWN, Policy
 
 ALL_KNOWN: list[Policy] = [(f, s) for f in KNOWN for s in KNOWN]
@@ -130,13 +131,18 @@ def test_report_has_every_figure_and_table(report: str) -> None:
         "fig-bars",
         "fig-timeline",
         "fig-cdf",
+        "fig-timeline-1",
+        "fig-cdf-1",
     }
+    short = short_labels([RUN_A, RUN_B])
     for title in (
-        f"What-if grid — {RUN_A}",
-        f"What-if grid — {RUN_B}",
-        "Iteration time and training stall by policy",
-        f"Per-iteration timeline — {RUN_A}",  # the first run by default
-        f"Distribution of per-iteration delay — {RUN_A}",
+        f"What-if grid — {short[RUN_A]}",
+        f"What-if grid — {short[RUN_B]}",
+        "Time per iteration, relative to each run",
+        "÷ the run's measured mean iteration time; whiskers p10–p90 of iterations",
+        f"Per-iteration timeline — {short[RUN_A]}",  # RUN_A has the larger predicted gain
+        f"Distribution of per-iteration delay — {short[RUN_A]}",
+        f"Per-iteration timeline — {short[RUN_B]}",  # in the switcher
         "effective-delay threshold 0.03 s",
     ):
         assert title in report
@@ -150,7 +156,7 @@ def test_report_has_every_figure_and_table(report: str) -> None:
 
 def test_timeline_dropdown_offers_every_other_policy(report: str) -> None:
     timeline = report.split('id="fig-timeline"')[1].split("</script>")[0]
-    labels = set(re.findall(r"\"label\":\"(fetch \w+ / start \w+)\"", timeline))
+    labels = set(re.findall(r"\"label\":\"replayed: (fetch \w+ / start \w+)\"", timeline))
     assert len(labels) == 8
     assert "fetch actual / start actual" not in labels
 
@@ -178,6 +184,7 @@ def test_filters_run_policy_timeline(results: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     html = read_report(out)
     assert figure_ids(html) == {"fig-whatif-0", "fig-bars", "fig-timeline", "fig-cdf"}
+    assert "<select class='run-switch'" not in html  # one run: nothing to switch
     assert RUN_A not in html
     body = html.split("id='summary-table'")[1].split("</table>")[0]
     assert body.count("<tr class='policy") == 2
@@ -191,10 +198,11 @@ def test_timeline_run_and_several_directories(tmp_path: Path) -> None:
     write_synthetic_run(first, RUN_A, seed=3, policies=[("actual", "actual"), ("min", "min")])
     write_synthetic_run(second, RUN_B, gpus=8, seed=4, iterations=40)
     out = tmp_path / "r.html"
-    proc = dsim("report", first, second / RUN_B, "--out", out, "--timeline-run", RUN_B)
+    proc = dsim("report", first, second / RUN_B, "--out", out, "--timeline-run", "*openimage*")
     assert proc.returncode == 0, proc.stderr
     html = read_report(out)
-    assert f"Per-iteration timeline — {RUN_B}" in html
+    assert f"Per-iteration timeline — {short_labels([RUN_A, RUN_B])[RUN_B]}" in html
+    assert "fig-timeline-1" not in html  # only the runs --timeline-run names
     body = html.split("id='summary-table'")[1].split("</table>")[0]
     assert body.count("<tr class='policy") == 2 + 9
 
@@ -297,7 +305,7 @@ def test_run_without_replays(tmp_path: Path) -> None:
     ("args", "needle"),
     [
         (["--run", "nothing*"], "matches no run"),
-        (["--policy", "min/avg", "--run", "*openimage*", "--timeline-run", RUN_A], "not among"),
+        (["--policy", "min/avg", "--run", "*openimage*", "--timeline-run", RUN_A], "matches none"),
         (["--policy", "max/min"], "unknown policy"),
         (["--policy", "avg"], "expected FETCH/START"),
         (["--epochs", "7"], "not in the replay"),

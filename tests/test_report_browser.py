@@ -2,8 +2,11 @@
 
 Needs Playwright for Python and the Debian ``chromium`` package at
 /usr/bin/chromium (``playwright install`` is never needed); skips otherwise.
-A full-page screenshot goes to ``test-artifacts/report.png`` (or
-``$DSIM_TEST_ARTIFACTS``) so a failing CI run can be looked at.
+Full-page screenshots at 1400 and 800 px go to the pytest tmp directory (or
+``$DSIM_TEST_ARTIFACTS``) and their paths are printed, so a failing CI run can
+be looked at. The layout checks read the drawn page: no figure title or
+subplot title overlaps the toolbar, a legend, a menu, a colour bar or another
+title.
 """
 
 from __future__ import annotations
@@ -27,13 +30,61 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 FIGURES = ["fig-whatif-0", "fig-whatif-1", "fig-whatif-2", "fig-bars", "fig-timeline", "fig-cdf"]
+WIDTHS = (1400, 800)
+
+# Boxes of every title and of what a title must not cover, per figure, in page pixels.
+BOXES_JS = """
+id => {
+  const d = document.getElementById(id);
+  const box = e => { const r = e.getBoundingClientRect();
+    return {x: r.left, y: r.top, w: r.width, h: r.height,
+            name: (e.getAttribute('class') || e.tagName) + ': '
+                  + (e.textContent || '').slice(0, 60)}; };
+  const all = sel => Array.from(d.querySelectorAll(sel)).map(box)
+    .filter(b => b.w > 0 && b.h > 0);
+  return {
+    titles: all('.gtitle, .annotation-text-g, .xtitle, .ytitle'),
+    others: all('.modebar, .legend .bg, .updatemenu-header-group, .updatemenu-button,'
+                + ' .colorbar'),
+  };
+}
+"""
 
 pytestmark = pytest.mark.browser
 
 
-def _artifacts() -> Path:
+def _overlap(a: dict, b: dict, slack: float = 1.0) -> bool:
+    """Two boxes share more than ``slack`` pixels both ways."""
+    return (
+        min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"]) > slack
+        and min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"]) > slack
+    )
+
+
+def overlaps(boxes: dict) -> list[tuple[str, str]]:
+    """Pairs (title, other element) that overlap; titles among themselves too."""
+    titles, others = boxes["titles"], boxes["others"]
+    found = [(t["name"], o["name"]) for t in titles for o in others if _overlap(t, o)]
+    found += [
+        (a["name"], b["name"])
+        for i, a in enumerate(titles)
+        for b in titles[i + 1 :]
+        if _overlap(a, b)
+    ]
+    return found
+
+
+def test_overlap_check_finds_overlaps() -> None:
+    a = {"x": 0, "y": 0, "w": 100, "h": 20, "name": "title"}
+    b = {"x": 90, "y": 10, "w": 50, "h": 20, "name": "modebar"}
+    c = {"x": 101, "y": 0, "w": 50, "h": 20, "name": "legend"}
+    assert overlaps({"titles": [a], "others": [b]}) == [("title", "modebar")]
+    assert overlaps({"titles": [a], "others": [c]}) == []
+
+
+def _artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = os.environ.get("DSIM_TEST_ARTIFACTS")
-    return Path(root) if root else Path(__file__).resolve().parents[1] / "test-artifacts"
+    return Path(root) if root else tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +110,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # long enough to be downsampled in the page
     write_synthetic_run(results, "zz_long", gpus=8, epochs=2, iterations=3000, seed=3)
     out = tmp_path_factory.mktemp("report") / "report.html"
-    proc = dsim("report", results, "--out", out, "--timeline-run", "zz_long")
+    proc = dsim("report", results, "--out", out, "--timeline-run", "*")
     assert proc.returncode == 0, proc.stderr
     return out
 
 
-def test_report_renders_in_chromium(browser, report: Path) -> None:  # type: ignore[no-untyped-def]
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
+@pytest.mark.parametrize("width", WIDTHS)
+def test_report_renders_in_chromium(  # type: ignore[no-untyped-def]
+    browser, report: Path, width: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    page = browser.new_page(viewport={"width": width, "height": 900})
     errors: list[str] = []
     requests: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
@@ -88,9 +142,20 @@ def test_report_renders_in_chromium(browser, report: Path) -> None:  # type: ign
         arg=FIGURES,
         timeout=60_000,
     )
-    artifacts = _artifacts()
+    artifacts = _artifacts(tmp_path_factory)
     artifacts.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(artifacts / "report.png"), full_page=True)
+    shot = artifacts / f"report-{width}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    for div_id in FIGURES:
+        found = overlaps(page.evaluate(BOXES_JS, div_id))
+        assert not found, (width, div_id, found)
+        inside = page.evaluate(
+            """id => { const d = document.getElementById(id).getBoundingClientRect();
+                 return d.right <= document.documentElement.clientWidth + 1; }""",
+            div_id,
+        )
+        assert inside, (width, div_id, "wider than the page")
     for div_id in FIGURES:
         info = page.evaluate(
             """id => { const d = document.getElementById(id);
@@ -120,6 +185,20 @@ def test_report_renders_in_chromium(browser, report: Path) -> None:  # type: ign
         "() => document.getElementById('fig-timeline').data.map(t => t.visible !== false)"
     )
     assert before != after and sum(after) == sum(before)
+
+    # the run switcher shows another run's timeline and CDF, drawn at full width
+    page.locator("#timeline select.run-switch").select_option("2")
+    page.wait_for_timeout(300)
+    for div_id in ("fig-timeline-2", "fig-cdf-2"):
+        shown = page.evaluate(
+            """id => { const d = document.getElementById(id); const b = d.getBoundingClientRect();
+                 return {w: b.width, h: b.height, svg: !!d.querySelector('.main-svg')}; }""",
+            div_id,
+        )
+        assert shown["svg"] and shown["w"] > 0.6 * width - 100 and shown["h"] > 200, shown
+        assert not overlaps(page.evaluate(BOXES_JS, div_id)), div_id
+    hidden = page.evaluate("() => document.getElementById('fig-timeline').offsetParent === null")
+    assert hidden
 
     assert page.locator("#summary-table tbody tr.policy").count() == 27
     page.close()

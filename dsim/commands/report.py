@@ -7,7 +7,6 @@ the command so that ``dsim --help`` stays fast.
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -131,7 +130,8 @@ def command(
         str | None,
         typer.Option(
             "--timeline-run",
-            help="Run (name or glob) shown in the timeline and delay CDF (default: the first).",
+            help="Runs (a glob) offered in the timeline and delay CDF, largest predicted gain "
+            "first (default: every run, up to 6).",
         ),
     ] = None,
     epochs: Annotated[
@@ -251,35 +251,99 @@ def _read_results(
     ]
 
     by_name = {names[str(r.directory)]: r for r in runs}
-    shown = [n for n in dict.fromkeys(summary["run"])]
-    if timeline_run is None:
-        chosen = shown[0]
-    else:
-        matches = [
-            n
-            for n in shown
-            if fnmatch.fnmatchcase(n, timeline_run)
-            or fnmatch.fnmatchcase(by_name[n].name, timeline_run)
+    _add_spread(summary, by_name)
+    chosen = timeline_runs(summary, timeline_run)
+    timelines = {}
+    for name in chosen:
+        rows = summary[summary["run"] == name]
+        t_run = by_name[name]
+        t_policies = [
+            (str(f), str(s)) for f, s in zip(rows["fetch_align"], rows["start_align"], strict=True)
         ]
-        if not matches:
-            raise UsageError(
-                f"--timeline-run {timeline_run}: not among the runs shown: {', '.join(shown)}"
-            )
-        chosen = matches[0]
-    t_run = by_name[chosen]
-    rows = summary[summary["run"] == chosen]
-    t_policies = [
-        (str(f), str(s)) for f, s in zip(rows["fetch_align"], rows["start_align"], strict=True)
-    ]
-    if BASELINE in t_run.replays and BASELINE not in t_policies:
-        t_policies.insert(0, BASELINE)
-    first_row = rows.iloc[0]
+        if BASELINE in t_run.replays and BASELINE not in t_policies:
+            t_policies.insert(0, BASELINE)
+        timelines[name] = _timeline_replays(t_run, t_policies, rows.iloc[0])
+    first_row = summary[summary["run"] == chosen[0]].iloc[0]
     data = ReportInput(
         summary=summary,
-        timeline_run=chosen,
-        timeline_replays=_timeline_replays(t_run, t_policies, first_row),
+        timelines=timelines,
         threshold_s=float(first_row["threshold_s"]),
         selection=_selection_text(first_row),
         sources=[str(p) for p in results],
     )
-    return data, scan.notes(runs)
+    notes = scan.notes(runs)
+    matching = len(_matching(summary, timeline_run))
+    if matching > len(chosen):
+        notes.append(
+            f"timeline and CDF of {len(chosen)} of {matching} runs (the largest predicted gains); "
+            "choose others with --timeline-run GLOB"
+        )
+    return data, notes
+
+
+MAX_TIMELINE_RUNS = 6
+"""Runs whose timeline and CDF the page carries: each adds up to a few MB."""
+
+
+def predicted_gain(summary: pd.DataFrame) -> dict[str, float]:
+    """Each run's largest predicted speed-up over its non-measured policies (NaN: none)."""
+    from dsim.replay.policies import BASELINE
+
+    out: dict[str, float] = {}
+    for name, rows in summary.groupby("run", sort=False):
+        other = rows[(rows["fetch_align"] != BASELINE[0]) | (rows["start_align"] != BASELINE[1])]
+        values = other["speedup"].dropna()
+        out[str(name)] = float(values.max()) if len(values) else float("nan")
+    return out
+
+
+def _matching(summary: pd.DataFrame, pattern: str | None) -> list[str]:
+    from fnmatch import fnmatchcase
+
+    shown = [str(n) for n in dict.fromkeys(summary["run"])]
+    if pattern is None:
+        return shown
+    # a display name (RUN@pipeline, RUN [dir]) or the bare run name before the variant
+    return [n for n in shown if fnmatchcase(n, pattern) or fnmatchcase(n.split("@")[0], pattern)]
+
+
+def timeline_runs(summary: pd.DataFrame, pattern: str | None) -> list[str]:
+    """Runs of the timeline and CDF switcher: those ``pattern`` (a glob) matches, largest
+    predicted gain first (runs without one last, by name), at most ``MAX_TIMELINE_RUNS``."""
+    matches = _matching(summary, pattern)
+    if not matches:
+        shown = ", ".join(str(n) for n in dict.fromkeys(summary["run"]))
+        raise UsageError(f"--timeline-run {pattern}: matches none of the runs shown: {shown}")
+    gain = predicted_gain(summary)
+
+    def key(name: str) -> tuple[bool, float]:
+        g = gain.get(name, float("nan"))
+        return (g != g, -g if g == g else 0.0)
+
+    return sorted(matches, key=key)[:MAX_TIMELINE_RUNS]
+
+
+def _add_spread(summary: pd.DataFrame, by_name: dict[str, ResultRun]) -> None:
+    """``<metric>_p10`` / ``_p90`` of iteration time and stall per row, from the replay
+    tables over the iterations the summary used (the bars' whiskers)."""
+    from dsim.render.figures.spread import quantile_spread
+    from dsim.summary import selection_mask
+
+    lows: dict[str, list[float]] = {"iteration_s": [], "stall_s": []}
+    highs: dict[str, list[float]] = {"iteration_s": [], "stall_s": []}
+    for _, row in summary.iterrows():
+        table = by_name[str(row["run"])].read((str(row["fetch_align"]), str(row["start_align"])))
+        epochs = [int(e) for e in str(row["selected_epochs"]).split(",") if e.strip()]
+        mask = selection_mask(
+            table.column("epoch").to_numpy(),
+            table.column("iteration").to_numpy(),
+            epochs,
+            int(row["warmup"]),
+        )
+        for metric in lows:
+            lo, hi = quantile_spread(table.column(metric).to_numpy()[mask])
+            lows[metric].append(lo)
+            highs[metric].append(hi)
+    for metric in lows:
+        summary[f"{metric}_p10"] = lows[metric]
+        summary[f"{metric}_p90"] = highs[metric]

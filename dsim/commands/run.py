@@ -135,6 +135,9 @@ def command(
         help="Recompute replays even when cached; also accept a --threshold of 1 s or more.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    full: bool = typer.Option(
+        False, "--full", help="Every run's table, also when an overview of many runs is printed."
+    ),
 ) -> None:
     import contextlib
 
@@ -187,7 +190,7 @@ def command(
     infos = {str(r.directory): r.info for r in find_result_runs(shown)}
     blame = attribution_lines(read_attributions([config.out]), outcome.summary)
     print_verdicts(run_verdicts(outcome.summary, infos), blame)
-    print_summary(outcome.summary)
+    print_summary(outcome.summary, full=full)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
         err.print(

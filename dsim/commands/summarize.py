@@ -66,6 +66,9 @@ def command(
         False, "--force", help="Accept a --threshold of 1 s or more (it is in seconds)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    full: bool = typer.Option(
+        False, "--full", help="Every run's table, also when an overview of many runs is printed."
+    ),
 ) -> None:
     from dsim.io import lock
     from dsim.io.atomic import remove_leftovers
@@ -107,7 +110,7 @@ def command(
 
     blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
     print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}), blame)
-    print_summary(summary)
+    print_summary(summary, full=full)
     for path in written:
         Console(stderr=True).print(f"wrote {path}", highlight=False)
 

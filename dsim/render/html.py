@@ -21,7 +21,13 @@ from dsim import __version__
 from dsim.render import figures
 from dsim.replay.policies import BASELINE, Policy
 
-PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"scale": 2}}
+PLOT_CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    "toImageButtonOptions": {"scale": 2},
+    # a short toolbar: less to collide with at 800 px; zoom, pan, reset and download stay
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
+}
 
 CSS = """
 :root { --fg:#1d2433; --muted:#5b6475; --line:#e3e6ec; --accent:#1f77b4; --bg:#f6f7f9; }
@@ -51,6 +57,8 @@ td.better { color:#1a7f37; font-weight:600; }
 td.worse { color:#b42318; }
 .table-wrap { overflow-x:auto; }
 nav a { color:#9cc7ff; margin-right:14px; text-decoration:none; }
+p.switch { margin:4px 0 8px; }
+p.switch select { font:inherit; max-width:100%; }
 footer { color:var(--muted); text-align:center; font-size:12px; padding:8px 0 24px; }
 """
 
@@ -60,8 +68,8 @@ class ReportInput:
     """Everything the page shows, already selected and summarised."""
 
     summary: pd.DataFrame
-    timeline_run: str
-    timeline_replays: Mapping[Policy, pd.DataFrame]
+    timelines: Mapping[str, Mapping[Policy, pd.DataFrame]]
+    """Runs offered in the timeline and CDF switcher, the one shown first first."""
     threshold_s: float
     selection: str  # e.g. "epochs 1–4, warm-up iterations ≤ 10 skipped"
     sources: Sequence[str] = ()
@@ -158,10 +166,18 @@ def summary_table_html(summary: pd.DataFrame) -> str:
     return "".join(out)
 
 
-def runs_table_html(summary: pd.DataFrame) -> str:
-    """One line per run: what was trained, on how many GPUs, with which loader settings."""
+def runs_table_html(summary: pd.DataFrame, labels: Mapping[str, str] | None = None) -> str:
+    """One line per run: what was trained, on how many GPUs, with which loader settings.
+
+    ``labels`` (short run labels of the figures) adds a column, so that a figure's
+    label leads to the run's full name.
+    """
+    summary = summary.copy()
+    if labels:
+        summary["__label"] = [labels.get(r, r) for r in summary["run"]]
     fields = [
         ("run", "run", "text run"),
+        ("label in figures", "__label", "text"),
         ("dataset", "dataset", "text"),
         ("augmentation", "augmentation", "text"),
         ("model", "model", "text"),
@@ -221,22 +237,85 @@ def _best_policy(summary: pd.DataFrame, run: str) -> Policy | None:
     return figures.policy_of(rows.loc[rows["speedup"].idxmax()])
 
 
+def run_labels(data: ReportInput) -> dict[str, str]:
+    """Short labels of the page's runs (titles, axes); full names stay on hover and in tables."""
+    return figures.short_labels(list(dict.fromkeys(data.summary["run"])))
+
+
 def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
-    """The page's figures with their div ids, in page order."""
+    """The page's figures with their div ids, in page order.
+
+    The timeline and the CDF of the first run of ``data.timelines`` are
+    ``fig-timeline`` and ``fig-cdf``; those of the others ``fig-timeline-<i>`` and
+    ``fig-cdf-<i>``, shown by the page's run switcher.
+    """
+    labels = run_labels(data)
     out: list[tuple[str, go.Figure]] = []
     for i, run in enumerate(dict.fromkeys(data.summary["run"])):
-        out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run)))
+        out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run, labels[run])))
     out.append(("fig-bars", figures.bars_figure(data.summary)))
-    # the timeline and the CDF show the same run, iterations and threshold
-    run, replays = data.timeline_run, data.timeline_replays
     selection = f", {data.selection}" if data.selection else ""
-    threshold, best = data.threshold_s, _best_policy(data.summary, run)
-    timeline = figures.timeline_figure(
-        run, replays, threshold_s=threshold, selection=selection, selected=best
-    )
-    cdf = figures.cdf_figure(run, replays, threshold_s=threshold, selection=selection)
-    out += [("fig-timeline", timeline), ("fig-cdf", cdf)]
+    threshold = data.threshold_s
+    # the timeline and the CDF of one run show the same iterations and threshold
+    for i, (run, replays) in enumerate(data.timelines.items()):
+        suffix = "" if i == 0 else f"-{i}"
+        best = _best_policy(data.summary, run)
+        label = labels.get(run, run)
+        timeline = figures.timeline_figure(
+            label, replays, threshold_s=threshold, selection=selection, selected=best
+        )
+        cdf = figures.cdf_figure(label, replays, threshold_s=threshold, selection=selection)
+        out += [(f"fig-timeline{suffix}", timeline), (f"fig-cdf{suffix}", cdf)]
     return out
+
+
+SWITCH_SCRIPT = """
+<script>
+function dsimShowRun(index) {
+  document.querySelectorAll('.run-view').forEach(function (view) {
+    var shown = view.dataset.run === String(index);
+    view.style.display = shown ? '' : 'none';
+    if (shown) {
+      view.querySelectorAll('.js-plotly-plot').forEach(function (d) {
+        if (window.Plotly) { Plotly.Plots.resize(d); }
+      });
+    }
+  });
+  document.querySelectorAll('select.run-switch').forEach(function (s) { s.value = index; });
+}
+</script>
+"""
+"""Shows one run's timeline and CDF and hides the others' (both sections at once);
+a figure drawn while hidden is resized when it is shown."""
+
+
+def _switcher(data: ReportInput, labels: Mapping[str, str]) -> str:
+    """A select over the runs of ``data.timelines``; none when there is only one."""
+    if len(data.timelines) < 2:
+        return ""
+    options = "".join(
+        f"<option value='{i}' title='{html.escape(run)}'>{html.escape(labels.get(run, run))}"
+        "</option>"
+        for i, run in enumerate(data.timelines)
+    )
+    return (
+        "<p class='switch'><label>run: <select class='run-switch' "
+        f"onchange='dsimShowRun(this.value)'>{options}</select></label> "
+        "(ordered by predicted gain; the first has the largest)</p>"
+    )
+
+
+def _run_views(data: ReportInput, divs: Mapping[str, str], kind: str) -> str:
+    """Each timeline run's figure of ``kind`` in its own view; only the first is shown."""
+    views = []
+    for i, run in enumerate(data.timelines):
+        div_id = f"fig-{kind}" + ("" if i == 0 else f"-{i}")
+        hidden = "" if i == 0 else " style='display:none'"
+        views.append(
+            f"<div class='run-view' data-run='{i}' title='{html.escape(run)}'{hidden}>"
+            f"{divs[div_id]}</div>"
+        )
+    return "".join(views)
 
 
 def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = None) -> str:
@@ -244,6 +323,8 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
     figs = report_figures(data) if figs is None else figs
     divs = {div_id: _figure_div(fig, div_id, first=i == 0) for i, (div_id, fig) in enumerate(figs)}
     runs = list(dict.fromkeys(data.summary["run"]))
+    labels = run_labels(data)
+    switch = _switcher(data, labels)
     whatif = "".join(v for k, v in divs.items() if k.startswith("fig-whatif-"))
     threshold = f"{data.threshold_s:g} s"
     sections = [
@@ -251,7 +332,7 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             "runs",
             "Runs",
             "What each run trained and which iterations the statistics use.",
-            f"<div class='table-wrap'>{runs_table_html(data.summary)}</div>",
+            f"<div class='table-wrap'>{runs_table_html(data.summary, labels)}</div>",
         ),
         _section(
             "whatif",
@@ -265,23 +346,26 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
         _section(
             "bars",
             "Iteration time and training stall",
-            "Mean per iteration; error bars show one sample standard deviation.",
+            "Mean per iteration of each policy, divided by the run's measured mean iteration "
+            "time (so runs of any scale compare: 1 is the measured run, the stall bar is the "
+            "share of it spent waiting). Whiskers span the 10th to the 90th percentile of the "
+            "iterations (never below zero); the seconds are in the hover.",
             divs["fig-bars"],
         ),
         _section(
             "timeline",
-            f"Timeline of {data.timeline_run}",
-            "Stall of every GPU per iteration, measured and replayed under the policy chosen "
-            "in the drop-down, and the delay between GPUs with the effective-delay threshold. "
-            "Drag to zoom, double-click to reset.",
-            divs["fig-timeline"],
+            "Timeline",
+            "Stall of every GPU per iteration, measured and replayed "
+            "under the policy chosen in the drop-down, and the delay between GPUs with the "
+            "effective-delay threshold. Drag to zoom, double-click to reset.",
+            switch + _run_views(data, divs, "timeline"),
         ),
         _section(
             "cdf",
-            f"Delay distribution of {data.timeline_run}",
+            "Delay distribution",
             "Fraction of iterations whose delay between GPUs is at most x; the part right of "
-            "the threshold is the effective delay.",
-            divs["fig-cdf"],
+            "the threshold is the effective delay. The run is the one picked above.",
+            switch + _run_views(data, divs, "cdf"),
         ),
         _section(
             "summary",
@@ -308,7 +392,7 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>dsim what-if report — {html.escape(', '.join(runs[:3]))}"
         f"{' …' if len(runs) > 3 else ''}</title>"
-        f"<style>{CSS}</style></head><body>"
+        f"<style>{CSS}</style>{SWITCH_SCRIPT}</head><body>"
         "<header><h1>dsim what-if report</h1>"
         f"<p>{len(runs)} run{'s' if len(runs) != 1 else ''}; {html.escape(data.selection)}; "
         f"effective-delay threshold {html.escape(threshold)}.</p>"

@@ -1,14 +1,20 @@
 """The summary as a readable terminal table (``dsim run``, ``dsim summarize``).
 
-One row per run and policy; each metric as mean ± sample std so that the
-spread is never hidden behind a mean, and the what-if columns against the
-measured run (``actual/actual``) last. Four decimals, as the original analysis
-rounded; the stall change is left to the files, so the table fits 80 columns.
+One table per run and policy rows; each metric as mean ± sample std so that
+the spread is never hidden behind a mean, and the what-if columns against the
+measured run (``actual/actual``) last. The table takes the console's width:
+the widest layout that fits is printed (one line per policy, then mean and ±
+on two lines, then fewer columns), so a number is never cut. Run titles are
+wrapped at the separators of the name, never inside a word. With many runs an
+overview of one row per run replaces the tables unless ``full`` is asked for.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,29 +24,109 @@ if TYPE_CHECKING:
 
 # (column title, metric stem) for the mean ± std columns
 _METRICS = (
-    ("iter.\ntime", "iteration_s"),
-    ("stall\n", "stall_s"),
-    ("delay\n", "delay_s"),
-    ("start\ndiff", "start_diff_s"),
-    ("fetch\ndiff", "fetch_diff_s"),
+    ("iter. time", "iteration_s"),
+    ("stall", "stall_s"),
+    ("delay", "delay_s"),
+    ("start diff", "start_diff_s"),
+    ("fetch diff", "fetch_diff_s"),
 )
+
+OVERVIEW_RUNS = 10
+"""More runs than this print the one-row-per-run overview instead of the tables."""
+
+BEST, SLOWER = "best", "slower"
+"""Marks of the policy with the largest speed-up and of a policy slower than measured."""
+
+_NO_CHANGE = 0.0005
+"""Speed-ups within this of 1 are neither the best nor a regression: rounding noise."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How wide a table is drawn: which metrics, and ± on the mean's line or below it."""
+
+    name: str
+    metrics: tuple[tuple[str, str], ...]
+    one_line: bool
+    extra: bool  # start/fetch diff and eff. change columns
+
+
+LAYOUTS = (
+    Layout("wide", _METRICS, True, True),
+    Layout("two-line", _METRICS, False, True),
+    Layout("narrow", _METRICS[:3], False, False),
+    Layout("minimal", _METRICS[:2], False, False),
+)
+"""From widest to narrowest; the first that fits the console is used."""
 
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def mean_std(mean: Any, std: Any, digits: int = 4) -> str:
-    """``1.2345`` over ``±0.0100`` (two lines keep the table narrow); no std when undefined."""
+def column_unit(values: Sequence[Any]) -> str:
+    """``ms`` when every value of a column is below one second, else ``s``."""
+    finite = [abs(float(v)) for v in values if not _missing(v)]
+    return "ms" if finite and max(finite) < 1.0 else "s"
+
+
+def fmt_seconds(value: Any, unit: str) -> str:
+    """Seconds in ``unit``: 0.1 ms resolution either way (``12.3`` ms, ``1.2345`` s)."""
+    if _missing(value):
+        return "–"
+    return f"{value * 1000:.1f}" if unit == "ms" else f"{value:.4f}"
+
+
+def mean_std(mean: Any, std: Any, unit: str = "s", *, one_line: bool = False) -> str:
+    """``mean ±std`` on one line or two; no std when undefined (fewer than two iterations)."""
     if _missing(mean):
         return "–"
+    text = fmt_seconds(mean, unit)
     if _missing(std):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f}\n±{std:.{digits}f}"
+        return text
+    return f"{text}{' ' if one_line else chr(10)}±{fmt_seconds(std, unit)}"
 
 
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "–" if _missing(value) else f"{value:{spec}}{suffix}"
+
+
+def marks(summary: pd.DataFrame) -> list[str]:
+    """Per row: ``best`` for the largest speed-up of its run (only when it is above 1),
+    ``slower`` for a speed-up below 1, else empty. Rows are one run's policies."""
+    speed = [None if _missing(v) else float(v) for v in summary.get("speedup", [])]
+    out = ["" for _ in range(len(summary))]
+    finite = [(v, i) for i, v in enumerate(speed) if v is not None]
+    if finite:
+        best, at = max(finite)
+        if best > 1 + _NO_CHANGE:
+            out[at] = BEST
+    for v, i in finite:
+        if v < 1 - _NO_CHANGE:
+            out[i] = SLOWER
+    return out
+
+
+_BREAK = re.compile(r"(?<=[_@\-/.,])|(?<= )")
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """Lines of at most ``width`` characters, broken only after ``_ @ - / . ,`` or a space.
+
+    A piece longer than ``width`` with no separator stays whole on its own line
+    (never cut mid-word); the terminal folds it, which is the lesser evil.
+    """
+    lines: list[str] = []
+    current = ""
+    for piece in (p for p in _BREAK.split(text) if p):
+        if current and len(current) + len(piece.rstrip()) > width:
+            lines.append(current.rstrip())
+            current = piece.lstrip()
+        else:
+            current += piece
+    if current.strip():
+        lines.append(current.rstrip())
+    return lines or [""]
 
 
 def _run_title(row: dict[str, Any]) -> str:
@@ -61,7 +147,9 @@ def _run_title(row: dict[str, Any]) -> str:
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
 
 
-def summary_table(summary: pd.DataFrame, title: str | None = None) -> Table:
+def summary_table(
+    summary: pd.DataFrame, title: str | None = None, layout: Layout = LAYOUTS[1]
+) -> Table:
     """One rich table of a summary DataFrame (``dsim.summary.SUMMARY_COLUMNS``) for one run."""
     from rich import box
     from rich.table import Table
@@ -70,53 +158,148 @@ def summary_table(summary: pd.DataFrame, title: str | None = None) -> Table:
         title=title,
         header_style="bold",
         box=box.SIMPLE_HEAD,
-        padding=0,
+        padding=(0, 1, 0, 0),
         collapse_padding=True,
         pad_edge=False,
     )
-    table.add_column("fetch/\nstart", no_wrap=True)
-    for name, _ in _METRICS:
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("eff.\ndelay", justify="right", no_wrap=True)
-    table.add_column("speed-\nup", justify="right", no_wrap=True)
-    table.add_column("eff.\nchange", justify="right", no_wrap=True)
-    for row in summary.to_dict("records"):
+    units = {m: column_unit(summary.get(f"{m}_mean", [])) for _, m in layout.metrics}
+    table.add_column("fetch/start" if layout.one_line else "fetch/\nstart", no_wrap=True)
+    for name, metric in layout.metrics:
+        head = f"{name} ({units[metric]})"
+        if not layout.one_line:
+            head = head.replace(" (", "\n(").replace(". time", ".\ntime", 0)
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("eff. delay" if layout.one_line else "eff.\ndelay", justify="right")
+    table.add_column("speed-up" if layout.one_line else "speed-\nup", justify="right")
+    if layout.extra:
+        table.add_column("eff. change" if layout.one_line else "eff.\nchange", justify="right")
+    table.add_column("", no_wrap=True)
+    for row, mark in zip(summary.to_dict("records"), marks(summary), strict=True):
         baseline = row.get("fetch_align") == "actual" and row.get("start_align") == "actual"
-        table.add_row(
+        cells = [
             f"{row.get('fetch_align')}/{row.get('start_align')}",
-            *(mean_std(row.get(f"{m}_mean"), row.get(f"{m}_std")) for _, m in _METRICS),
-            _fmt(row.get("effective_delay_pct"), ".2f", "%"),
+            *(
+                mean_std(
+                    row.get(f"{m}_mean"), row.get(f"{m}_std"), units[m], one_line=layout.one_line
+                )
+                for _, m in layout.metrics
+            ),
+            _fmt(row.get("effective_delay_pct"), ".1f", "%"),
             _fmt(row.get("speedup"), ".2f", "×"),
-            _fmt(row.get("effective_delay_change_pts"), "+.1f"),
-            style="dim" if baseline else None,
-            end_section=True,
+        ]
+        if layout.extra:
+            cells.append(_fmt(row.get("effective_delay_change_pts"), "+.1f"))
+        style = {BEST: "bold green", SLOWER: "red"}.get(mark)
+        cells.append(f"[{style}]{mark}[/]" if style else mark)
+        table.add_row(*cells, style="dim" if baseline else None, end_section=not layout.one_line)
+    return table
+
+
+def _groups(summary: pd.DataFrame) -> list[pd.DataFrame]:
+    keys = [k for k in ("run", "results") if k in summary.columns]
+    if not keys:
+        return [summary]
+    return [g for _, g in summary.groupby(keys, sort=False, dropna=False)]
+
+
+def fitting_layout(summary: pd.DataFrame, console: Console) -> Layout:
+    """The widest layout whose tables all fit the console's width (the narrowest otherwise)."""
+    from rich.measure import Measurement
+
+    # measured unbounded: a measure within the console's width is clamped to it
+    unbounded = console.options.update(max_width=100_000)
+    for layout in LAYOUTS:
+        if all(
+            Measurement.get(console, unbounded, summary_table(g, layout=layout)).maximum
+            <= console.width
+            for g in _groups(summary)
+        ):
+            return layout
+    return LAYOUTS[-1]
+
+
+def summary_tables(summary: pd.DataFrame, layout: Layout = LAYOUTS[1]) -> list[Table]:
+    """One table per run (and results directory), titled with the run name."""
+    return [
+        summary_table(g, title=_run_title(g.iloc[0].to_dict()), layout=layout)
+        for g in _groups(summary)
+    ]
+
+
+def overview_table(summary: pd.DataFrame, width: int) -> Table:
+    """One row per run: measured iteration time and stall, effective delay, and the best
+    policy with its speed-up. Run names are wrapped at their separators to fit ``width``."""
+    from rich import box
+    from rich.table import Table
+
+    groups = _groups(summary)
+    measured = []
+    for g in groups:
+        base = g[(g["fetch_align"] == "actual") & (g["start_align"] == "actual")]
+        measured.append(base.iloc[0].to_dict() if len(base) else {})
+    it_unit = column_unit([m.get("iteration_s_mean") for m in measured])
+    st_unit = column_unit([m.get("stall_s_mean") for m in measured])
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    fixed = 58  # the other columns, measured on typical values
+    run_width = max(16, width - fixed)
+    table.add_column("run", no_wrap=True)
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    table.add_column(f"iter.\n({it_unit})", justify="right", no_wrap=True)
+    table.add_column(f"stall\n({st_unit})", justify="right", no_wrap=True)
+    table.add_column("eff.\ndelay", justify="right", no_wrap=True)
+    table.add_column("best\npolicy", no_wrap=True)
+    table.add_column("speed-\nup", justify="right", no_wrap=True)
+    for g, base in zip(groups, measured, strict=True):
+        first = g.iloc[0].to_dict()
+        mark = marks(g)
+        best = [r for r, m in zip(g.to_dict("records"), mark, strict=True) if m == BEST]
+        policy = f"{best[0]['fetch_align']}/{best[0]['start_align']}" if best else "none"
+        speed = _fmt(best[0]["speedup"], ".2f", "×") if best else "–"
+        gpus = first.get("gpus")
+        table.add_row(
+            "\n".join(wrap_words(str(first.get("run")), run_width)),
+            "–" if _missing(gpus) else str(int(gpus)),
+            fmt_seconds(base.get("iteration_s_mean"), it_unit),
+            fmt_seconds(base.get("stall_s_mean"), st_unit),
+            _fmt(base.get("effective_delay_pct"), ".1f", "%"),
+            policy,
+            speed,
         )
     return table
 
 
-def summary_tables(summary: pd.DataFrame) -> list[Table]:
-    """One table per run (and results directory), titled with the run name."""
-    keys = [k for k in ("run", "results") if k in summary.columns]
-    tables = []
-    for _, group in summary.groupby(keys, sort=False, dropna=False) if keys else [(0, summary)]:
-        tables.append(summary_table(group, title=_run_title(group.iloc[0].to_dict())))
-    return tables
-
-
-def print_summary(summary: pd.DataFrame, console: Console | None = None) -> None:
-    """Print the summary table, with the selection it was computed on as a caption."""
+def print_summary(
+    summary: pd.DataFrame, console: Console | None = None, *, full: bool = False
+) -> None:
+    """Print the summary tables (or, for many runs, the overview) with the selection
+    they were computed on as a caption."""
     from rich.console import Console
 
     console = console or Console()
-    for table in summary_tables(summary):
-        console.print(table)
+    runs = len(_groups(summary))
+    overview = runs > OVERVIEW_RUNS and not full
+    if overview:
+        console.print(overview_table(summary, console.width))
+    else:
+        layout = fitting_layout(summary, console)
+        for table in summary_tables(summary, layout):
+            title, table.title = str(table.title or ""), None
+            for line in wrap_words(title, console.width):
+                console.print(line, style="bold", highlight=False, markup=False)
+            console.print(table)
     if len(summary) and {"selected_epochs", "warmup", "threshold_s"} <= set(summary.columns):
         first = summary.iloc[0]
+        more = (
+            f" {runs} runs: one row each (the measured run, and the policy with the largest "
+            "speed-up); --full prints every table."
+            if overview
+            else f" {BEST}: the largest speed-up of the run; {SLOWER}: slower than measured."
+        )
         console.print(
-            f"Seconds, mean ± sample std over epochs {first['selected_epochs']}, iterations > "
-            f"{first['warmup']}; eff. delay: share of iterations with delay > "
-            f"{first['threshold_s']:g} s; speed-up and changes (eff. in percentage points) "
-            "against actual/actual, the measured run.",
+            f"Mean ± sample std over epochs {first['selected_epochs']}, iterations > "
+            f"{first['warmup']}; ms or s as the column says; eff. delay: share of iterations "
+            f"with delay > {first['threshold_s']:g} s; speed-up and changes (eff. in "
+            "percentage points) against actual/actual, the measured run." + more,
             style="dim",
             highlight=False,
         )

@@ -14,8 +14,16 @@ from dsim.render.figures.bars import bars_figure
 from dsim.render.figures.cdf import TAIL_QUANTILE, cdf_figure
 from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax, ecdf_points
 from dsim.render.figures.heatmap import heatmap_figure
-from dsim.render.figures.labels import ordered_policies, policy_name, policy_of, wrap_name
-from dsim.render.figures.style import FONT, GPU_COLORS, POLICY_COLORS
+from dsim.render.figures.labels import (
+    ordered_policies,
+    policy_name,
+    policy_of,
+    short_labels,
+    variant_text,
+    wrap_name,
+)
+from dsim.render.figures.spread import SPREAD_QUANTILES, quantile_spread, whiskers
+from dsim.render.figures.style import FONT, GPU_COLORS, POLICY_COLORS, gpu_color, policy_color
 from dsim.render.figures.timeline import HOVER_AT, timeline_figure
 
 __all__ = [
@@ -24,15 +32,22 @@ __all__ = [
     "HOVER_AT",
     "MAX_POINTS",
     "POLICY_COLORS",
+    "SPREAD_QUANTILES",
     "TAIL_QUANTILE",
     "bars_figure",
     "cdf_figure",
     "downsample_minmax",
     "ecdf_points",
+    "gpu_color",
     "heatmap_figure",
     "ordered_policies",
+    "policy_color",
     "policy_name",
     "policy_of",
+    "quantile_spread",
+    "short_labels",
     "timeline_figure",
+    "variant_text",
+    "whiskers",
     "wrap_name",
 ]

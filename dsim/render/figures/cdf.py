@@ -14,7 +14,13 @@ import plotly.graph_objects as go
 
 from dsim.render.figures.downsample import MAX_POINTS, ecdf_points
 from dsim.render.figures.labels import ordered_policies, policy_name
-from dsim.render.figures.style import POLICY_COLORS, THRESHOLD_LINE, style
+from dsim.render.figures.style import (
+    LOG_AXIS_RATIO,
+    policy_color,
+    policy_dash,
+    style,
+    threshold_trace,
+)
 from dsim.replay.policies import BASELINE, Policy
 
 TAIL_QUANTILE = 0.99
@@ -53,7 +59,8 @@ def cdf_figure(
                 y=fr,
                 mode="lines",
                 line={
-                    "color": POLICY_COLORS[i % len(POLICY_COLORS)],
+                    "color": policy_color(i),
+                    "dash": policy_dash(i),
                     "width": 2.5 if policy == BASELINE else 1.6,
                     "shape": "hv",
                 },
@@ -63,15 +70,14 @@ def cdf_figure(
                 + "</extra>",
             )
         )
-    fig.add_vline(
-        x=threshold_s,
-        line=THRESHOLD_LINE,
-        annotation_text=f"threshold {threshold_s:g} s",
-        annotation_position="bottom right",
-    )
-    fig.update_xaxes(title_text="delay between GPUs per iteration (s)", rangemode="tozero")
+    fig.add_trace(threshold_trace([threshold_s] * 2, [0.0, 1.0], threshold_s))
     cut = max([*tails, threshold_s]) * 1.15
-    if tails and cut < peak:
+    log_x = bool(tails and threshold_s > 0 and max(tails) > LOG_AXIS_RATIO * threshold_s)
+    if log_x:
+        low = threshold_s / 10
+        fig.update_xaxes(type="log", range=[np.log10(low), np.log10(max(peak, cut))])
+        thinned_note = "; x axis logarithmic so that the threshold shows (zero delays not drawn)"
+    elif tails and cut < peak:
         # a few multi-second first batches would squeeze every curve against the axis
         fig.update_xaxes(range=[0, cut])
         thinned_note = (
@@ -79,12 +85,16 @@ def cdf_figure(
         )
     else:
         thinned_note = ""
+    fig.update_xaxes(
+        title_text="delay between GPUs per iteration (s)", rangemode="normal" if log_x else "tozero"
+    )
     fig.update_yaxes(title_text="fraction of iterations", range=[0, 1.02], tickformat=".0%")
     fig.update_layout(
         updatemenus=[
             {
                 "type": "buttons",
                 "direction": "right",
+                "active": 1 if log_x else 0,
                 "x": 1.0,
                 "xanchor": "right",
                 "y": -0.22,
@@ -104,6 +114,6 @@ def cdf_figure(
         fig,
         title,
         500,
-        margin={"t": 90, "b": 110},
+        margin={"t": 112, "b": 110},
         legend={"orientation": "v", "x": 1.0, "y": 0.05, "yanchor": "bottom"},
     )

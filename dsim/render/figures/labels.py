@@ -7,6 +7,7 @@ cell and a timeline trace at a glance.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from dsim.replay.policies import BASELINE, KNOWN, Policy, label
@@ -51,3 +52,77 @@ def wrap_name(name: str, width: int = 34) -> str:
             current += piece
     lines.append(current)
     return "<br>".join(lines)
+
+
+SHORT_LABEL_WIDTH = 28
+"""Most characters of a run's base name in a figure title or axis label."""
+
+_VARIANT = re.compile(r"^(?P<model>[A-Za-z0-9_.]+?)(?:-w(?P<w>\d+)-p(?P<p>\d+))?$")
+
+
+def variant_text(variant: str) -> str:
+    """``pipeline-w8-p4`` → ``pipeline · 8 workers · prefetch 4``: the directory suffix
+    spelled out."""
+    match = _VARIANT.match(variant)
+    if match is None:
+        return variant
+    parts = [match["model"]]
+    if match["w"] is not None:
+        parts += [f"{int(match['w'])} workers", f"prefetch {int(match['p'])}"]
+    return " · ".join(parts)
+
+
+def _split_display(name: str) -> tuple[str, str, str]:
+    """A display name's base run, model variant and ``[directory]`` suffix."""
+    suffix = ""
+    if name.endswith("]") and " [" in name:
+        name, _, rest = name.rpartition(" [")
+        suffix = f" [{rest}"
+    base, _, variant = name.partition("@")
+    return base, variant, suffix
+
+
+def _clip(text: str, width: int) -> str:
+    """Cut from the middle: run names differ at both ends (dataset first, threads last)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1 + 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def short_labels(names: Sequence[str], width: int = SHORT_LABEL_WIDTH) -> dict[str, str]:
+    """A short, unique label per run for titles and axes (the full name stays on hover
+    and in the runs table).
+
+    Underscore-separated words that every run's base name shares are dropped
+    (they tell nothing apart); what is left is cut to ``width`` in the middle
+    with an ellipsis; the model variant is spelled out after a ``·``; labels that
+    would still collide get a ``#n`` suffix; two runs that the cut would make
+    look alike keep their whole words instead.
+    """
+    splits = {n: _split_display(n) for n in dict.fromkeys(names)}
+    words = {n: b.split("_") for n, (b, _, _) in splits.items()}
+    bases = {b for b, _, _ in splits.values()}
+    common: set[str] = set()
+    if len(bases) > 1:
+        common = set.intersection(*(set(w) for w in words.values()))
+    kept = {n: "_".join([x for x in w if x not in common] or w) for n, w in words.items()}
+    clipped = {n: _clip(k, width) for n, k in kept.items()}
+    owners: dict[str, set[str]] = {}
+    for n, c in clipped.items():
+        owners.setdefault(c, set()).add(kept[n])
+    out: dict[str, str] = {}
+    for name, (_base, variant, suffix) in splits.items():
+        # two different runs cut to the same text keep their whole distinct words
+        label = clipped[name] if len(owners[clipped[name]]) == 1 else kept[name]
+        if variant:
+            label += " · " + variant_text(variant)
+        if suffix:
+            label += _clip(suffix, 16)
+        out[name] = label
+    seen: dict[str, int] = {}
+    for name, label in out.items():
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1 or list(out.values()).count(label) > 1:
+            out[name] = f"{label} #{seen[label]}"
+    return out

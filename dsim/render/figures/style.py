@@ -16,20 +16,70 @@ GPU_COLORS = (
     "#1f77b4",
     "#ff7f0e",
     "#2ca02c",
-    "#d62728",
     "#9467bd",
     "#8c564b",
     "#e377c2",
-    "#7f7f7f",
     "#bcbd22",
     "#17becf",
 )
-POLICY_COLORS = ("#4c4c4c", *GPU_COLORS[:7], "#17becf", "#bcbd22")
-"""Dark grey for the measured run, then the GPU palette without its grey."""
-THRESHOLD_LINE = {"color": "#111111", "dash": "dash", "width": 1.5}
+"""Category10 without its red and grey: those two are kept for the derived lines
+(delay), so a GPU's stall is never mistaken for a delay curve."""
+MEASURED_DELAY_COLOR = "#4c4c4c"
+REPLAYED_DELAY_COLOR = "#d62728"
+POLICY_COLORS = (
+    "#000000",
+    "#E69F00",
+    "#56B4E9",
+    "#009E73",
+    "#0072B2",
+    "#D55E00",
+    "#CC79A7",
+    "#F0E442",
+    "#999999",
+)
+"""Okabe-Ito (colour-blind safe): black for the measured run, then the seven
+hues, and grey for a ninth policy; ``POLICY_DASHES`` tells a tenth and later
+apart where lines (not bars) are drawn."""
+POLICY_DASHES = ("solid", "dash", "dot", "dashdot")
+
+
+def policy_color(index: int) -> str:
+    """Colour of the ``index``-th policy in canonical order (0: the measured run)."""
+    return POLICY_COLORS[index % len(POLICY_COLORS)]
+
+
+def policy_dash(index: int) -> str:
+    """Line dash of the ``index``-th policy: solid for the first nine, then patterns."""
+    return POLICY_DASHES[(index // len(POLICY_COLORS)) % len(POLICY_DASHES)]
+
+
+def gpu_color(index: int) -> str:
+    """Colour of GPU ``index``; cycles through ``GPU_COLORS`` and never gives a delay colour."""
+    return GPU_COLORS[index % len(GPU_COLORS)]
+
+
+THRESHOLD_LINE = {"color": "#111111", "dash": "dash", "width": 2}
 """The effective-delay threshold, drawn the same way in every figure that shows it."""
 
-_MARGIN = {"l": 70, "r": 30, "t": 80, "b": 60}
+LOG_AXIS_RATIO = 20.0
+"""A delay axis opens logarithmic when its 99th percentile exceeds the threshold this
+many times: on a linear axis the threshold line would sit flat on the axis."""
+
+
+def threshold_trace(x: list[float], y: list[float], threshold_s: float) -> go.Scatter:
+    """The effective-delay threshold as a line with its own legend entry: the label is in
+    the legend, so it never covers data, and the line is drawn over the data."""
+    return go.Scatter(
+        x=x,
+        y=y,
+        mode="lines",
+        line=THRESHOLD_LINE,
+        name=f"threshold {threshold_s:g} s",
+        hovertemplate=f"effective-delay threshold {threshold_s:g} s<extra></extra>",
+    )
+
+
+_MARGIN = {"l": 70, "r": 30, "t": 102, "b": 60}
 _LEGEND = {"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.02, "xanchor": "left"}
 
 
@@ -50,7 +100,8 @@ def style(
             "yref": "container",
             "y": 1.0,
             "yanchor": "top",
-            "pad": {"t": 24, "l": 8},
+            # below the toolbar (about 30 px at the top right), so no title runs under it
+            "pad": {"t": 46, "l": 8},
             "font": {"size": 17},
         },
         height=height,

@@ -17,7 +17,14 @@ from plotly.subplots import make_subplots
 
 from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax
 from dsim.render.figures.labels import ordered_policies, policy_name
-from dsim.render.figures.style import GPU_COLORS, THRESHOLD_LINE, style
+from dsim.render.figures.style import (
+    LOG_AXIS_RATIO,
+    MEASURED_DELAY_COLOR,
+    REPLAYED_DELAY_COLOR,
+    gpu_color,
+    style,
+    threshold_trace,
+)
 from dsim.replay.policies import BASELINE, Policy
 
 HOVER_AT = "epoch %{customdata[0]}, iteration %{customdata[1]}<br>"
@@ -33,7 +40,7 @@ def _gpu_line(j: int, col: str) -> dict[str, object]:
     return {
         "name": f"GPU {col.removeprefix('stall_s_gpu')}",
         "legendgroup": col,
-        "line": {"color": GPU_COLORS[j % len(GPU_COLORS)], "width": 1},
+        "line": {"color": gpu_color(j), "width": 1},
         "hovertemplate": HOVER_AT + "stall %{y:.4f} s<extra>%{fullData.name}</extra>",
     }
 
@@ -64,6 +71,11 @@ class _Traces:
             col=1,
         )
         self.owners.append(owner)
+
+    def add_fixed(self, trace: go.Scatter, row: int) -> None:
+        """A trace shown whatever the policy (the threshold)."""
+        self.fig.add_trace(trace, row=row, col=1)
+        self.owners.append(None)
 
     def visible_with(self, policy: Policy) -> list[bool]:
         return [owner is None or owner == policy for owner in self.owners]
@@ -131,7 +143,7 @@ def timeline_figure(
             3,
             None,
             name="delay, measured",
-            line={"color": "#4c4c4c", "width": 1},
+            line={"color": MEASURED_DELAY_COLOR, "width": 1},
             hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>measured</extra>",
         )
     for k, policy in enumerate(others):
@@ -140,22 +152,19 @@ def timeline_figure(
             3,
             policy,
             name=f"delay, {policy_name(policy)}",
-            line={"color": "#d62728", "width": 1},
+            line={"color": REPLAYED_DELAY_COLOR, "width": 1},
             hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>" + policy_name(policy) + "</extra>",
             visible=k == active,
         )
-    fig.add_hline(
-        y=threshold_s,
-        line=THRESHOLD_LINE,
-        annotation_text=f"effective-delay threshold {threshold_s:g} s",
-        annotation_position="top right",
-        annotation_bgcolor="rgba(255,255,255,0.8)",
-        row=3,
-        col=1,
+    traces.add_fixed(threshold_trace([0, max(n - 1, 1)], [threshold_s] * 2, threshold_s), 3)
+    delays = np.concatenate([r["delay_s"].to_numpy(float) for r in replays.values()])
+    delays = delays[np.isfinite(delays) & (delays > 0)]
+    log_delay = bool(
+        len(delays) and threshold_s > 0 and np.quantile(delays, 0.99) > LOG_AXIS_RATIO * threshold_s
     )
     buttons = [
         {
-            "label": policy_name(policy),
+            "label": "replayed: " + policy_name(policy),
             "method": "restyle",
             "args": [{"visible": traces.visible_with(policy)}],
         }
@@ -168,35 +177,45 @@ def timeline_figure(
                 "direction": "down",
                 "showactive": True,
                 "active": active,
-                "x": 0.17,
+                "x": 0.0,
                 "xanchor": "left",
                 "y": 1.045,
                 "yanchor": "bottom",
                 "bgcolor": "#f0f2f6",
-            }
-        ],
-        annotations=[
-            *fig.layout.annotations,
+            },
             {
-                "text": "<b>replayed policy:</b>",
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0.0,
-                "y": 1.052,
-                "xanchor": "left",
-                "yanchor": "bottom",
-                "showarrow": False,
+                "type": "buttons",
+                "direction": "right",
+                "active": 1 if log_delay else 0,
+                "x": 1.0,
+                "xanchor": "right",
+                "y": -0.09,
+                "yanchor": "top",
+                "buttons": [
+                    {
+                        "label": "linear delay",
+                        "method": "relayout",
+                        "args": [{"yaxis3.type": "linear"}],
+                    },
+                    {"label": "log delay", "method": "relayout", "args": [{"yaxis3.type": "log"}]},
+                ],
             },
         ],
     )
     for row in (1, 2):
         fig.update_yaxes(title_text="stall (s)", rangemode="tozero", row=row, col=1)
     fig.update_yaxes(matches="y", row=2, col=1)  # same scale: the panels compare at a glance
-    fig.update_yaxes(title_text="delay (s)", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(
+        title_text="delay (s)" + (", log" if log_delay else ""),
+        type="log" if log_delay else "linear",
+        row=3,
+        col=1,
+    )
     fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=3, col=1)
     note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
     title = (
         f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
-        f"{note if thinned else ''}</sup>"
+        f"{note if thinned else ''}"
+        f"{'; delay axis logarithmic so that the threshold shows' if log_delay else ''}</sup>"
     )
-    return style(fig, title, 880, margin={"t": 140})
+    return style(fig, title, 880, margin={"t": 162})
