@@ -358,4 +358,4 @@ def test_short_flags_quiet_and_a_timeline_glob(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""
     html = read_report(out)
-    assert f"Per-iteration timeline — {RUN_B}" in html
+    assert f"Per-iteration timeline — {short_labels([RUN_A, RUN_B])[RUN_B]}" in html
