@@ -27,6 +27,7 @@ FETCH_FILE = "fetch.parquet"
 TRAIN_FILE = "train.parquet"
 RUN_FILE = "run.json"
 REJECTS_FILE = "rejects.csv"
+GPU_UTIL_FILE = "gpu_util.parquet"
 
 TIMESTAMP = pa.timestamp("ns")
 
@@ -62,13 +63,18 @@ class RunTables:
     ``info`` keys (written by ``dsim parse``): ``format_version``, ``name``,
     ``gpus``, ``epochs`` (list of epoch numbers), ``iterations_per_epoch``
     (dict epoch -> count), ``metadata`` (fields of the run name), ``sources``
-    (list of {path, size, sha256}), ``report`` (the parse report).
+    (list of {path, size, sha256}), ``report`` (the parse report), and
+    ``gpu_util`` when utilisation logs were found (SPEC §1.9).
+
+    ``gpu_util``: utilisation samples (time, gpu, util_pct, memory_used_mib),
+    or ``None`` when the run has none.
     """
 
     name: str
     fetch: pa.Table
     train: pa.Table
     info: dict[str, Any] = field(default_factory=dict)
+    gpu_util: pa.Table | None = None
 
 
 def _check_schema(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
@@ -96,6 +102,8 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     with atomic_dir(directory) as tmp:
         parquetio.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
         parquetio.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
+        if run.gpu_util is not None:
+            parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:
             pacsv.write_csv(rejects, tmp / REJECTS_FILE)
         write_json(info, tmp / RUN_FILE)
@@ -133,6 +141,15 @@ def read_run(directory: str | Path) -> RunTables:
         except FileNotFoundError:
             raise InputError(f"missing {name} (re-run `dsim parse`)", directory) from None
         tables.append(_check_schema(table, schema, path))
+    util = None
+    if (directory / GPU_UTIL_FILE).exists():
+        util = parquetio.read_table(
+            directory / GPU_UTIL_FILE, remedy="re-run `dsim parse` for this run"
+        )
     return RunTables(
-        name=info.get("name", directory.name), fetch=tables[0], train=tables[1], info=info
+        name=info.get("name", directory.name),
+        fetch=tables[0],
+        train=tables[1],
+        info=info,
+        gpu_util=util,
     )

@@ -23,10 +23,15 @@ from dsim.model.tables import RunTables
 
 @dataclass(frozen=True)
 class RunSource:
-    """A run to parse: its name and its files, in a stable order."""
+    """A run to parse: its name and its files, in a stable order.
+
+    ``extras``: side files found with the run's logs that are not logs
+    (GPU utilisation logs, SPEC §1.9); they never decide what a run is.
+    """
 
     name: str
     files: tuple[Path, ...]
+    extras: tuple[Path, ...] = ()
 
 
 @dataclass

@@ -133,6 +133,13 @@ def _logs_in(directory: Path) -> tuple[Path, ...]:
     return log_files([p for p in directory.iterdir() if _is_log_name(p.name) and p.is_file()])
 
 
+def _extras_in(directory: Path) -> tuple[Path, ...]:
+    """GPU utilisation logs beside a directory run's logs (recognised by their header)."""
+    from dsim.sources.gpuutil import is_util_log
+
+    return tuple(sorted(p for p in directory.iterdir() if is_util_log(p)))
+
+
 def _is_dir(path: Path) -> bool:
     """Whether ``path`` is a directory we can list; a clear input error if it is neither."""
     try:
@@ -155,7 +162,7 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
             continue
         logs = _logs_in(path)
         if logs:
-            runs.append(RunSource(_directory_run_name(path), logs))
+            runs.append(RunSource(_directory_run_name(path), logs, _extras_in(path)))
             continue
         leaves = sorted({p.parent for p in path.rglob("*") if _is_log_name(p.name) and p.is_file()})
         if not leaves:
@@ -164,12 +171,15 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
                 "*.log.gz, .bz2, .xz, .zst) in this directory or below",
                 path,
             )
-        runs.extend(RunSource(_directory_run_name(leaf), _logs_in(leaf)) for leaf in leaves)
+        runs.extend(
+            RunSource(_directory_run_name(leaf), _logs_in(leaf), _extras_in(leaf))
+            for leaf in leaves
+        )
 
     if name is not None:
         if len(runs) != 1:
             raise UsageError(f"--name names one run, but the paths hold {len(runs)} runs")
-        runs = [RunSource(name, runs[0].files)]
+        runs = [RunSource(name, runs[0].files, runs[0].extras)]
     seen: dict[str, RunSource] = {}
     for run in runs:
         if run.name in seen and seen[run.name].files != run.files:

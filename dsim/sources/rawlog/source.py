@@ -27,6 +27,8 @@ class RawLogSource(Source):
         progress: Callable[[int], None] | None = None,
         **limits: Any,
     ) -> ParsedRun:
+        from dsim.sources.gpuutil import attach
         from dsim.sources.rawlog.parse import parse_run
 
-        return parse_run(run, strict=strict, progress=progress, **limits)
+        parsed = parse_run(run, strict=strict, progress=progress, **limits)
+        return attach(parsed, run.extras, strict=strict)
