@@ -16,12 +16,14 @@ PyTorch is imported only when a loader is instrumented; dsim never needs it.
 
 from __future__ import annotations
 
+from dsim.instrument.gpu import GpuUtilRecorder
 from dsim.instrument.lines import FileSink, LoggerSink, fetch_line, training_line
 from dsim.instrument.loader import TimedDataset, instrument_loader
 from dsim.instrument.timer import TrainingTimer
 
 __all__ = [
     "FileSink",
+    "GpuUtilRecorder",
     "LoggerSink",
     "TimedDataset",
     "TrainingTimer",
