@@ -20,7 +20,6 @@ from Python 3.14), imported only when a zstd file is met.
 from __future__ import annotations
 
 import bz2
-import gzip
 import io
 import lzma
 import zlib
@@ -58,7 +57,7 @@ _OTHER_BINARY = (
     (b"PAR1", "a Parquet file, not a raw log (dsim run reads parsed runs)"),
 )
 
-ZSTD_INPUT_BYTES = 32 << 10  # compressed bytes fed to zstd at once: bounds one step's output
+INPUT_BYTES = 32 << 10  # compressed bytes fed at once: bounds one step's output
 
 
 class StreamError(Exception):
@@ -125,21 +124,25 @@ class _Stored(io.RawIOBase):
         return n
 
 
-class _Zstd(io.RawIOBase):
-    """zstd frames, one after the other, decompressed a small input step at a time.
+class _Streams(io.RawIOBase):
+    """Complete streams (gzip members, bzip2/xz streams, zstd frames), one after another.
 
-    ``zstandard``'s stream reader takes a file cut short for a complete one;
-    its decompression object says whether a frame ended (``eof``), so a
-    truncated file is an error here, as it is for the other formats.
+    Each stream gets a fresh decompression object, fed ``INPUT_BYTES`` of the
+    stored file at a time; what follows a finished stream (``unused_data``)
+    must be the next stream. The standard library's file readers (``BZ2File``,
+    ``LZMAFile``) stop silently at data after a good stream that does not
+    decode -- a damaged second stream would lose its records without a word
+    -- and ``zstandard``'s stream reader takes a file cut short for a complete
+    one; here both are errors. NUL bytes between and after gzip members and xz
+    streams are padding, as ``gzip -d`` and ``xz -d`` read them.
     """
 
-    def __init__(self, stored: io.RawIOBase):
-        import zstandard
-
-        self.zstd = zstandard
+    def __init__(self, stored: io.RawIOBase, fmt: Format):
         self.stored = stored
-        self.decoder = zstandard.ZstdDecompressor().decompressobj()
-        self.in_frame = False  # bytes of an unfinished frame were fed
+        self.fmt = fmt
+        self.new, self.errors = _decoder(fmt)
+        self.decoder: Any = None
+        self.in_stream = False  # bytes of an unfinished stream were fed
         self.pending = b""
         self.done = False
 
@@ -156,25 +159,47 @@ class _Zstd(io.RawIOBase):
         return n
 
     def _step(self) -> None:
-        data = self.stored.read(ZSTD_INPUT_BYTES)
+        data = self.stored.read(INPUT_BYTES)
         if not data:
-            if self.in_frame:
-                raise StreamError("zstd data ends in the middle of a frame (file cut short?)")
+            if self.in_stream:
+                if self.fmt.name == "zstd":
+                    raise StreamError("zstd data ends in the middle of a frame (file cut short?)")
+                raise StreamError(f"{self.fmt.name} data ends early (file cut short?)")
             self.done = True
             return
         out = []
         while data:
+            if not self.in_stream:
+                if self.fmt.name in _PADDED:
+                    data = data.lstrip(b"\x00")
+                    if not data:
+                        break
+                self.decoder = self.new()
             try:
                 out.append(self.decoder.decompress(data))
-            except self.zstd.ZstdError as exc:
-                raise StreamError(f"corrupt zstd data ({exc})") from None
-            self.in_frame = not self.decoder.eof
-            if not self.decoder.eof:
+            except self.errors as exc:
+                raise StreamError(f"corrupt {self.fmt.name} data ({exc})") from None
+            self.in_stream = not self.decoder.eof
+            if self.in_stream:
                 break
-            data = self.decoder.unused_data  # the next frame starts here
-            self.decoder = self.zstd.ZstdDecompressor().decompressobj()
-            self.in_frame = bool(data)
+            data = self.decoder.unused_data  # the next stream starts here
         self.pending = b"".join(out)
+
+
+_PADDED = ("gzip", "xz")
+
+
+def _decoder(fmt: Format) -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
+    """A factory of one-stream decompression objects for ``fmt``, and the errors they raise."""
+    if fmt.name == "gzip":
+        return (lambda: zlib.decompressobj(wbits=31)), (zlib.error,)
+    if fmt.name == "bzip2":
+        return bz2.BZ2Decompressor, (OSError, ValueError, EOFError)
+    if fmt.name == "xz":
+        return lzma.LZMADecompressor, (lzma.LZMAError, EOFError)
+    import zstandard
+
+    return (lambda: zstandard.ZstdDecompressor().decompressobj()), (zstandard.ZstdError,)
 
 
 class _Checked(io.RawIOBase):
@@ -213,16 +238,7 @@ def open_stored(
     ``seen`` gets every stored (compressed) byte as it is read: to hash it
     and to report progress. Works on pipes (nothing is read twice).
     """
-    stored = _Stored(raw, head, seen)
-    if fmt.name == "gzip":
-        reader: Any = gzip.GzipFile(fileobj=stored, mode="rb")
-    elif fmt.name == "bzip2":
-        reader = bz2.BZ2File(stored, mode="rb")
-    elif fmt.name == "xz":
-        reader = lzma.LZMAFile(stored, mode="rb")  # noqa: SIM115 - closed with the raw file
-    else:
-        reader = _Zstd(stored)
-    return _Checked(reader, fmt)
+    return _Checked(_Streams(_Stored(raw, head, seen), fmt), fmt)
 
 
 def open_text(path: Any) -> BinaryIO:
