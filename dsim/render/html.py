@@ -19,6 +19,7 @@ import plotly.io as pio
 
 from dsim import __version__
 from dsim.render import figures
+from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.replay.policies import BASELINE, Policy
 
 PLOT_CONFIG = {
@@ -110,19 +111,7 @@ def _signed(value: object, digits: int, *, lower_is_better: bool) -> tuple[str, 
 
 def summary_table_html(summary: pd.DataFrame) -> str:
     """The summary as an HTML table: mean ± std (sample std), what-if columns vs measured."""
-    head = [
-        ("policy (fetch / start)", "text"),
-        ("iterations", ""),
-        ("iteration time (s)", ""),
-        ("training stall (s)", ""),
-        ("delay (s)", ""),
-        ("start diff (s)", ""),
-        ("fetch diff (s)", ""),
-        ("effective delay (%)", ""),
-        ("speedup (×)", ""),
-        ("stall change (s)", ""),
-        ("eff. delay change (pts)", ""),
-    ]
+    head = [(header(c), "text" if c is POLICY else "") for c in SUMMARY_TABLE]
     out = ["<table id='summary-table'><thead><tr>"]
     out += [f"<th class='{cls}'>{html.escape(name)}</th>" for name, cls in head]
     out.append("</tr></thead><tbody>")
