@@ -5,7 +5,14 @@ and prints what ``make_report`` did; everything between lives here:
 
 * which runs and policies are shown, and the names the page gives them;
 * the summary over the selection (``dsim.summary``) with the bars' p10/p90;
-* the runs of the timeline/CDF switcher, largest predicted gain first.
+* the runs of the timeline/CDF/attribution switcher, largest predicted gain first;
+* per run, the verdict (``dsim.verdict``) and the attribution lines
+  (``dsim.attribution.describe``): the terminal's text, from the same functions;
+* per switcher run, the attribution figures' data: from the run's parsed trace
+  when ``find_trace`` finds the one that was replayed (over the report's own
+  selection, with "who was last" per window of iterations), else from the
+  ``attribution.parquet`` that ``dsim run`` wrote (when its selection is the
+  report's), else a sentence saying why they are absent.
 
 Reading happens under the results directories' shared lock; rendering and
 the atomic write after it (docs/SPEC.md §9.2).
@@ -18,20 +25,24 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsim.errors import InputError, OutputError, UsageError
+from dsim.app.attribution import find_trace, read_attributions, trace_attribution
+from dsim.attribution import attribution_table, describe
+from dsim.config import DEFAULT_TRACES
+from dsim.errors import DsimError, InputError, OutputError, UsageError
 from dsim.io import lock
 from dsim.io.atomic import atomic_path, remove_leftovers, write_text
 from dsim.model.results import ResultRun, results_directories, scan_results
 from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
 from dsim.summary import selection_mask, summarize_results
+from dsim.verdict import run_verdicts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import pandas as pd
 
-    from dsim.render.html import ReportInput
+    from dsim.render.html import ReportInput, RunAttribution
 
 MAX_TIMELINE_RUNS = 6
 """Runs whose timeline and CDF the page carries: each adds up to a few MB."""
@@ -49,6 +60,7 @@ class ReportRequest:
     warmup: int | None = None
     threshold_s: float | None = None
     timeline_run: str | None = None
+    traces: Path = DEFAULT_TRACES
 
 
 @dataclass
@@ -200,6 +212,8 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
         if BASELINE in t_run.replays and BASELINE not in t_policies:
             t_policies.insert(0, BASELINE)
         timelines[name] = _timeline_replays(t_run, t_policies, rows.iloc[0])
+    attributions = run_attributions(summary, by_name, request.traces, over_time=chosen)
+    blame = {name: describe(a.table) for name, a in attributions.items() if a.table is not None}
     first_row = summary[summary["run"] == chosen[0]].iloc[0]
     data = ReportInput(
         summary=summary,
@@ -207,15 +221,92 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
         threshold_s=float(first_row["threshold_s"]),
         selection=selection_text(first_row),
         sources=[str(p) for p in request.results],
+        verdicts=run_verdicts(summary, {str(r.directory): r.info for r in runs}),
+        blame=blame,
+        attributions={name: attributions[name] for name in chosen},
     )
     notes = scan.notes(runs)
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):
         notes.append(
-            f"timeline and CDF of {len(chosen)} of {matching} runs (the largest predicted gains); "
-            "choose others with --timeline-run GLOB"
+            f"timeline, CDF and attribution of {len(chosen)} of {matching} runs (the largest "
+            "predicted gains); choose others with --timeline-run GLOB"
         )
     return data, notes
+
+
+def run_attributions(
+    summary: pd.DataFrame,
+    by_name: dict[str, ResultRun],
+    traces: Path,
+    over_time: list[str],
+) -> dict[str, RunAttribution]:
+    """Per shown run, the attribution the page shows, over the summary's selection.
+
+    From the run's trace when ``find_trace`` finds the one replayed (with "who was
+    last" over time for the runs of ``over_time``); else from the recorded
+    ``attribution.parquet`` when its selection is the summary's; else absent, saying
+    why. Model variants of one run share one trace, which is read once.
+    """
+    from dsim.render.html import RunAttribution
+
+    recorded = read_attributions(dict.fromkeys(r.directory.parent for r in by_name.values()))
+    computed: dict[tuple[str, tuple[int, ...], int], tuple[Any, Any] | str] = {}
+    out: dict[str, RunAttribution] = {}
+    for name, run in by_name.items():
+        rows = summary[summary["run"] == name]
+        if rows.empty:
+            continue
+        epochs, warmup = _epochs_of(rows.iloc[0]), int(rows.iloc[0]["warmup"])
+        selection = (",".join(str(e) for e in epochs), warmup)
+        trace_dir, why = find_trace(run.name, run.info, traces)
+        if trace_dir is not None:
+            key = (str(trace_dir), tuple(epochs), warmup)
+            if key not in computed:
+                try:
+                    computed[key] = trace_attribution(run.name, trace_dir, epochs, warmup)
+                except DsimError as exc:
+                    computed[key] = str(exc)
+            result = computed[key]
+            if isinstance(result, str):
+                out[name] = RunAttribution(None, None, absent=result, absent_over_time=result)
+                continue
+            attribution, last = result
+            out[name] = RunAttribution(
+                attribution_table([attribution], [selection]),
+                last if name in over_time else None,
+                source=f"trace {trace_dir}",
+            )
+            continue
+        no_time = f"who was last over time needs the run's trace, and {why}"
+        table, absent = _recorded(recorded, run, selection)
+        if table is None:
+            absent = f"{absent}, and {why}"
+        out[name] = RunAttribution(table, None, absent=absent, absent_over_time=no_time)
+        if table is not None:
+            out[name].source = str(run.directory.parent / "attribution.parquet")
+    return out
+
+
+def _recorded(
+    recorded: pd.DataFrame, run: ResultRun, selection: tuple[str, int]
+) -> tuple[pd.DataFrame | None, str]:
+    """The run's rows of the ``attribution.parquet`` beside its results, when they cover
+    the report's selection; else None and why not."""
+    where = run.directory.parent / "attribution.parquet"
+    if recorded.empty:
+        return None, f"{where} does not exist"
+    rows = recorded[
+        (recorded["run"] == run.name) & (recorded["results_dir"] == str(run.directory.parent))
+    ]
+    if rows.empty:
+        return None, f"{where} has no rows of this run"
+    epochs, warmup = str(rows["selected_epochs"].iloc[0]), int(rows["warmup"].iloc[0])
+    if (epochs, warmup) != (selection[0], selection[1]):
+        return None, (
+            f"{where} covers epochs {epochs}, warm-up {warmup}, not this report's selection"
+        )
+    return rows.drop(columns=["results_dir"]).reset_index(drop=True), ""
 
 
 def predicted_gain(summary: pd.DataFrame) -> dict[str, float]:

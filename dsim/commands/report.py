@@ -53,8 +53,8 @@ def command(
         str | None,
         typer.Option(
             "--timeline-run",
-            help="Runs (a glob) offered in the timeline and delay CDF, largest predicted gain "
-            "first (default: every run, up to 6).",
+            help="Runs (a glob) offered in the timeline, delay CDF and attribution figures, "
+            "largest predicted gain first (default: every run, up to 6).",
         ),
     ] = None,
     epochs: Annotated[
@@ -78,6 +78,14 @@ def command(
             help="Effective-delay threshold in seconds (default: recorded, else 0.030).",
         ),
     ] = None,
+    traces: Annotated[
+        Path,
+        typer.Option(
+            "--traces",
+            help="Directory of the parsed runs, for the attribution figures "
+            "(default: ./traces, as `dsim run`).",
+        ),
+    ] = Path("traces"),
     images: Annotated[
         str | None,
         typer.Option(
@@ -117,6 +125,7 @@ def command(
             warmup=warmup,
             threshold_s=threshold,
             timeline_run=timeline_run,
+            traces=traces,
         ),
         say,
     )
