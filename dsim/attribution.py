@@ -20,6 +20,10 @@ maximum; ties (e.g. every stall 0) count for nobody, so the shares of the
 ranks add up to at most 100 % and an idle run blames no one. Only the
 iterations the summary selected (epochs, warm-up) count.
 
+Over time (``last_over_time``): the share of iterations in which each rank
+alone was last, per window of consecutive selected iterations, so a report
+can show whether the straggler stays put or moves (docs/SPEC.md §5.2).
+
 Pure functions over ``IterationArrays`` plus a worker matrix; the table form
 (``attribution_table``) is what ``dsim run`` writes next to the summary and
 what the terminal lines (``describe``) are printed from.
@@ -98,6 +102,77 @@ def _sole_max(values: np.ndarray) -> np.ndarray:
     return np.where(at_top.sum(axis=1) == 1, values.argmax(axis=1), -1)
 
 
+def last_ranks(start: np.ndarray, fetch: np.ndarray) -> np.ndarray:
+    """Per iteration, the GPU column whose fetch alone ended last (start + duration), or -1
+    (a tie, or a single GPU: it waits for no peer)."""
+    if fetch.shape[1] < 2:
+        return np.full(fetch.shape[0], -1)
+    return _sole_max(start + fetch)
+
+
+WINDOW_STEPS = (1, 2, 5)
+MAX_WINDOWS = 40
+"""``last_over_time`` picks the smallest window of 1, 2, 5, 10, 20, 50, ... iterations
+that cuts the selected iterations into at most this many windows."""
+
+
+def window_size(n: int, max_windows: int = MAX_WINDOWS) -> int:
+    """Iterations per window: a round number (1-2-5 steps) giving at most ``max_windows``."""
+    scale = 1
+    while True:
+        for step in WINDOW_STEPS:
+            if step * scale * max_windows >= n:
+                return step * scale
+        scale *= 10
+
+
+@dataclass(frozen=True)
+class LastOverTime:
+    """Who was last, per window of ``window`` consecutive selected iterations."""
+
+    gpus: np.ndarray  # int [G]
+    window: int
+    first: np.ndarray  # int [W]: position of each window's first iteration among the selected
+    size: np.ndarray  # int [W]: iterations in each window (the last may be shorter)
+    last_pct: np.ndarray  # float [W, G]: % of the window's iterations this rank alone was last
+    tie_pct: np.ndarray  # float [W]: % with no single last rank (the rest to 100)
+    epoch: np.ndarray  # int [W, 2]: epoch of each window's first and last iteration
+    iteration: np.ndarray  # int [W, 2]: iteration of each window's first and last iteration
+
+
+def last_over_time(
+    arrays: IterationArrays, mask: np.ndarray | None = None, window: int | None = None
+) -> LastOverTime:
+    """The "who was last" shares over the iterations ``mask`` selects, per window of
+    ``window`` of them in order (``window_size`` by default). Each window's rank shares
+    and tie share add up to 100 %."""
+    mask = np.ones(arrays.n_iterations, bool) if mask is None else np.asarray(mask, bool)
+    last = last_ranks(arrays.start[mask], arrays.fetch[mask])
+    epoch, iteration = arrays.epoch[mask], arrays.iteration[mask]
+    n, g = len(last), arrays.n_gpus
+    window = window or window_size(n)
+    first = np.arange(0, n, window)
+    size = np.minimum(first + window, n) - first
+    counts = np.zeros((len(first), g))
+    ties = np.zeros(len(first))
+    which = np.arange(n) // window
+    np.add.at(counts, (which[last >= 0], last[last >= 0]), 1.0)
+    np.add.at(ties, which[last < 0], 1.0)
+    end = first + size - 1
+    return LastOverTime(
+        gpus=np.asarray(arrays.gpus),
+        window=window,
+        first=first,
+        size=size,
+        last_pct=100.0 * counts / np.maximum(size, 1)[:, None],
+        tie_pct=100.0 * ties / np.maximum(size, 1),
+        epoch=np.column_stack([epoch[first], epoch[end]]) if n else np.zeros((0, 2), int),
+        iteration=(
+            np.column_stack([iteration[first], iteration[end]]) if n else np.zeros((0, 2), int)
+        ),
+    )
+
+
 def worker_matrix(fetch: pa.Table, arrays: IterationArrays) -> np.ndarray:
     """The worker id of every [iteration, GPU] fetch of ``arrays`` (-1 where unknown)."""
 
@@ -123,10 +198,9 @@ def attribute(
     start, fetch = arrays.start[mask], arrays.fetch[mask]
     stall, worker = arrays.stall[mask], workers[mask]
     n, g = fetch.shape
-    if g >= 2:
-        last, most_stalled = _sole_max(start + fetch), _sole_max(stall)
-    else:  # a single GPU waits for no peer: nobody to blame
-        last = most_stalled = np.full(n, -1)
+    last = last_ranks(start, fetch)
+    # a single GPU waits for no peer: nobody to blame
+    most_stalled = _sole_max(stall) if g >= 2 else np.full(n, -1)
     ranks = [
         RankShare(
             gpu=int(gpu),

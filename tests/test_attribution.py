@@ -18,6 +18,8 @@ from dsim.attribution import (
     attribute,
     attribution_table,
     describe,
+    last_over_time,
+    window_size,
     worker_matrix,
 )
 from dsim.model.tables import RunTables, write_run
@@ -178,3 +180,19 @@ def test_dsim_run_writes_the_attribution_table_and_prints_it(tmp_path: Path) -> 
     proc = run_dsim("summarize", "results", "--warmup", "1", cwd=tmp_path, env={"COLUMNS": "300"})
     assert proc.returncode == 0, proc.stderr
     assert "Straggler" not in proc.stdout
+
+
+def test_who_was_last_per_window() -> None:
+    """Round windows (1-2-5 steps, at most 40), each window's shares adding to 100 %."""
+    sizes = (0, 1, 40, 41, 80, 81, 200, 201, 851)
+    assert [window_size(n) for n in sizes] == [1, 1, 1, 2, 2, 5, 5, 10, 50]
+    # last per iteration of FETCH: GPU 2, 2, 2, 0, tie
+    over = last_over_time(arrays(FETCH, STALL), window=2)
+    assert over.first.tolist() == [0, 2, 4] and over.size.tolist() == [2, 2, 1]
+    assert over.last_pct.tolist() == [[0, 0, 100], [50, 0, 50], [0, 0, 0]]
+    assert over.tie_pct.tolist() == [0, 0, 100]
+    assert over.iteration.tolist() == [[0, 1], [2, 3], [4, 4]]
+    # the mask keeps iterations 1 and 3 only: GPU 2 then GPU 0, two windows of 1
+    mask = np.array([False, True, False, True, False])
+    over = last_over_time(arrays(FETCH, STALL), mask)
+    assert over.window == 1 and over.last_pct.tolist() == [[0, 0, 100], [100, 0, 0]]

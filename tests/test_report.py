@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import html
 import json
 import os
 import re
@@ -77,8 +78,10 @@ RUN_A = "fsNprepNloadNtrain_imagenet_randaugment_resnet50_epoch2_b256_worker8_th
 RUN_B = "fsNprepNloadNtrain_openimage_default_resnet18_epoch2_b512_worker12_thread0"
 
 
-def dsim(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DSIM_DEBUG": "0"}
+def dsim(
+    *args: str | Path, cwd: Path | None = None, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DSIM_DEBUG": "0", **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "dsim", *map(str, args)],
         capture_output=True,
@@ -359,3 +362,207 @@ def test_short_flags_quiet_and_a_timeline_glob(tmp_path: Path) -> None:
     assert proc.stdout == "" and proc.stderr == ""
     html = read_report(out)
     assert f"Per-iteration timeline — {short_labels([RUN_A, RUN_B])[RUN_B]}" in html
+
+
+# ----------------------------------------------------------------------------- verdict, attribution
+
+
+def figure_data(path: Path, div_id: str) -> tuple[list[dict], dict]:
+    """The data and layout plotly draws in ``div_id``, with typed arrays decoded."""
+    import base64
+
+    text = path.read_text(encoding="utf-8")
+    match = re.search(r"Plotly\.newPlot\(\s*\"" + re.escape(div_id) + r"\",\s*", text)
+    assert match, div_id
+    decoder = json.JSONDecoder()
+    data, end = decoder.raw_decode(text, match.end())
+    layout, _ = decoder.raw_decode(text, text.index("{", end))
+
+    def decode(value: object) -> object:
+        if isinstance(value, dict) and "bdata" in value:
+            array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+            shape = value.get("shape")
+            if shape:
+                array = array.reshape([int(s) for s in str(shape).split(",")])
+            return array.tolist()
+        if isinstance(value, dict):
+            return {k: decode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [decode(v) for v in value]
+        return value
+
+    return decode(data), layout  # type: ignore[return-value]
+
+
+def read_title(layout: dict) -> str:
+    return str(layout["title"]["text"])
+
+
+def test_verdict_at_the_top_is_the_terminals(results: Path, report: str) -> None:
+    """Every verdict sentence of `dsim summarize` opens the report, in the first section."""
+    proc = dsim("summarize", results, env_extra={"COLUMNS": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    sentences = [
+        line.split(": ", 1)[1]
+        for line in proc.stdout.splitlines()
+        if line.startswith((RUN_A + ": ", RUN_B + ": "))
+    ]
+    assert len(sentences) == 2 and all("replay model)" in s for s in sentences)
+    main = report.split("<main>", 1)[1]
+    assert main.startswith("<section id='verdict'>")
+    verdict = main.split("</section>", 1)[0]
+    for sentence in sentences:
+        assert f"<p class='say'>{html.escape(sentence)}</p>" in verdict
+    # the synthetic results have no trace and no attribution table: the page says so
+    attribution = report.split("<section id='attribution'>", 1)[1].split("</section>")[0]
+    assert "No worker heatmap for this run:" in attribution
+    assert "attribution.parquet does not exist, and its trace is not in traces" in attribution
+    assert "fig-attr" not in report
+
+
+# Fixed straggler over 50 iterations of 3 GPUs (all fetches of an iteration start together):
+# k % 10 == 0: fetch [1, 2, 2] (GPUs 1 and 2 tie: nobody last, no fetch above the median);
+# else k % 5 == 4: [3, 1, 2] (GPU 0 last, 1 s above the median 2);
+# else [1, 1, 2] (GPU 2 last, 1 s above the median 1). Worker k % 2 on every GPU.
+# Last: GPU 0 in 10 (20 %), GPU 2 in 35 (70 %: fixed), ties 5. Excess: GPU 2 worker 0 in 15
+# iterations, worker 1 in 20; GPU 0 worker 0 in 5, worker 1 in 5: total 45 s.
+def _straggler_fetch(k: int) -> list[float]:
+    if k % 10 == 0:
+        return [1.0, 2.0, 2.0]
+    return [3.0, 1.0, 2.0] if k % 5 == 4 else [1.0, 1.0, 2.0]
+
+
+STRAGGLER_LAST = [-1 if k % 10 == 0 else 0 if k % 5 == 4 else 2 for k in range(50)]
+STRAGGLER_SHARES = {(0, 0): 5 / 45, (0, 1): 5 / 45, (1, 0): 0.0, (1, 1): 0.0,
+                    (2, 0): 15 / 45, (2, 1): 20 / 45}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A parsed trace with a fixed straggler, replayed by the real `dsim run`."""
+    from test_attribution import _tables
+
+    from dsim.model.tables import RunTables, write_run
+
+    root = tmp_path_factory.mktemp("straggler")
+    fetch = [_straggler_fetch(k) for k in range(50)]
+    stall = [[f - 1.0 for f in row] for row in fetch]  # the last rank stalls most
+    workers = [[k % 2] * 3 for k in range(50)]
+    fetch_t, train_t = _tables(fetch, stall, workers)
+    info = {"gpus": 3, "epochs": [0], "iterations_per_epoch": {"0": 50}, "metadata": {}}
+    write_run(RunTables("hand", fetch_t, train_t, info), root / "traces" / "hand")
+    proc = dsim("run", "hand", "--warmup", "0", cwd=root, env_extra={"COLUMNS": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    (root / "run.out").write_text(proc.stdout)
+    return root
+
+
+def test_attribution_figures_match_hand_computed_shares(straggler: Path) -> None:
+    out = straggler / "r.html"
+    proc = dsim("report", "results", "--out", out, cwd=straggler)
+    assert proc.returncode == 0, proc.stderr
+    page = read_report(out)
+    assert {"fig-attr-workers", "fig-attr-last"} <= figure_ids(page)
+
+    # rank x worker heatmap: each (GPU, worker)'s share of the fetch time above the median
+    (heat,), layout = figure_data(out, "fig-attr-workers")
+    assert heat["x"] == ["worker 0", "worker 1"]
+    assert heat["y"] == ["GPU 0 · last 20 %", "GPU 1 · last 0 %", "GPU 2 · last 70 %"]
+    expected = [[100 * STRAGGLER_SHARES[(g, w)] for w in (0, 1)] for g in (0, 1, 2)]
+    assert np.allclose(heat["z"], expected)
+    assert "above each iteration's median fetch" in read_title(layout)
+
+    # who was last, per window of 2 iterations (50 iterations: at most 40 windows)
+    bars, layout = figure_data(out, "fig-attr-last")
+    assert [b["name"] for b in bars] == [
+        "GPU 0 (20 % overall)",
+        "GPU 1 (0 % overall)",
+        "GPU 2 (70 % overall)",
+        "no single last (tie)",
+    ]
+    for bar in bars:
+        assert bar["x"] == [2 * w + 0.5 for w in range(25)] and set(bar["width"]) == {2}
+    for rank, bar in zip((0, 1, 2, -1), bars, strict=True):
+        hand = [50.0 * STRAGGLER_LAST[2 * w : 2 * w + 2].count(rank) for w in range(25)]
+        assert bar["y"] == hand, bar["name"]
+    assert "50 iterations in windows of 2; fixed straggler: GPU 2 (last in 70 % ≥ 60 %)" in (
+        read_title(layout)
+    )
+
+    # the verdict section: the lines `dsim run` printed, verdict and attribution
+    verdict = page.split("<section id='verdict'>", 1)[1].split("</section>", 1)[0]
+    printed = (straggler / "run.out").read_text().splitlines()
+    straggler_line = (
+        "Straggler: GPU 2's loader, fixed — it finished its fetch last in 70 % of "
+        "iterations and had the largest stall in 70 %."
+    )
+    workers_line = (
+        "Slowest workers (share of fetch time above the iteration's median): "
+        "GPU 2 worker 1 44 %, GPU 2 worker 0 33 %, GPU 0 worker 0 11 %."
+    )
+    for line in (printed[0], straggler_line, workers_line):
+        assert html.escape(line) in verdict, line
+        assert any(p.strip() == line for p in printed), line
+    assert "from trace traces/hand" in page
+
+
+def test_attribution_without_the_trace(straggler: Path) -> None:
+    """No trace: the heatmap comes from results/attribution.parquet (same numbers) and the
+    figure over time says why it is absent; another selection leaves both out, saying why."""
+    out = straggler / "r2.html"
+    proc = dsim("report", "results", "--out", out, "--traces", "elsewhere", cwd=straggler)
+    assert proc.returncode == 0, proc.stderr
+    page = read_report(out)
+    assert "fig-attr-workers" in figure_ids(page) and "fig-attr-last" not in figure_ids(page)
+    (heat,), _ = figure_data(out, "fig-attr-workers")
+    expected = [[100 * STRAGGLER_SHARES[(g, w)] for w in (0, 1)] for g in (0, 1, 2)]
+    assert np.allclose(heat["z"], expected)
+    why = (
+        "No “who was last” figure for this run: who was last over time needs the run's trace, "
+        "and its trace is not in elsewhere"
+    )
+    assert html.escape(why) in page
+    assert html.escape("Straggler: GPU 2's loader, fixed") in page
+    proc = dsim(
+        "report", "results", "--out", out, "--traces", "elsewhere", "--warmup", "4",
+        cwd=straggler,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    page = read_report(out)
+    assert "fig-attr" not in page and "Straggler:" not in page
+    assert html.escape("covers epochs 0, warm-up 0, not this report's selection") in page
+
+
+def test_changed_trace_is_not_attributed(straggler: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(straggler / "results", tmp_path / "results")
+    shutil.copytree(straggler / "traces", tmp_path / "traces")
+    fetch = tmp_path / "traces" / "hand" / "fetch.parquet"
+    fetch.write_bytes(fetch.read_bytes() + b"\0")  # another trace than the one replayed
+    out = tmp_path / "r.html"
+    proc = dsim("report", "results", "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = read_report(out)
+    assert "fig-attr-last" not in page
+    assert "fetch.parquet changed since `dsim run` replayed it" in page
+
+
+def test_profiler_trace_run_says_why_there_is_no_attribution(tmp_path: Path) -> None:
+    """A profiler trace has no fetch records: the page says so instead of drawing."""
+    from dsim.execute.cache import trace_fingerprint
+
+    name = "cpuDDP_synthetic_none_mlp_epoch1_b128_worker2_thread0"
+    source = Path(__file__).parents[1] / "traces" / "profiler" / name
+    proc = dsim("parse", source, "--out", tmp_path / "traces", "-q")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = write_synthetic_run(tmp_path / "results", name, gpus=2, seed=5)
+    info = json.loads((run_dir / "result.json").read_text())
+    info["input"] = trace_fingerprint(tmp_path / "traces" / name)
+    (run_dir / "result.json").write_text(json.dumps(info))
+    out = tmp_path / "r.html"
+    proc = dsim("report", "results", "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = read_report(out)
+    assert "fig-attr" not in page and "<p class='say'>" in page
+    assert page.count("its trace has no fetch records (a profiler trace has none)") == 2

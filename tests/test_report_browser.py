@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_report import RUN_A, RUN_B, dsim, write_synthetic_run
+from test_report import RUN_A, RUN_B, dsim, figure_ids, read_report, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -204,3 +204,83 @@ def test_report_renders_in_chromium(  # type: ignore[no-untyped-def]
     page.close()
     assert not errors, errors
     assert not requests, f"the report fetched from the network: {requests}"
+
+
+SAMPLE = "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
+ATTRIBUTION_FIGURES = ["fig-attr-workers", "fig-attr-last"]
+
+
+@pytest.fixture(scope="module")
+def sample_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of the shipped sample trace under both replay models, as README's
+    screenshot is made: verdicts, and attribution figures from the real trace."""
+    root = tmp_path_factory.mktemp("sample")
+    raw = Path(__file__).parents[1] / "traces" / "raw"
+    for args in (
+        ("parse", raw, "--out", "traces", "-q"),
+        ("run", SAMPLE, "-q"),
+        ("run", SAMPLE, "--model", "pipeline", "-q"),
+        ("report", "results", "--out", "report.html", "-q"),
+    ):
+        proc = dsim(*args, cwd=root)
+        assert proc.returncode == 0, (args, proc.stderr)
+    return root / "report.html"
+
+
+def _drawn(page, div_id: str) -> dict:  # type: ignore[no-untyped-def]
+    return page.evaluate(
+        """id => { const d = document.getElementById(id); const b = d.getBoundingClientRect();
+             return {traces: d.data.length, svg: !!d.querySelector('.main-svg'),
+                     drawn: d.querySelectorAll('.trace, .hm, .heatmaplayer image, .point,'
+                                               + ' path.js-line').length,
+                     w: b.width, h: b.height,
+                     inside: b.right <= document.documentElement.clientWidth + 1}; }""",
+        div_id,
+    )
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_verdict_and_attribution_render_in_chromium(  # type: ignore[no-untyped-def]
+    browser, sample_report: Path, width: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    html = read_report(sample_report)
+    assert set(ATTRIBUTION_FIGURES) | {"fig-attr-workers-1", "fig-attr-last-1"} <= figure_ids(
+        html
+    )  # both model variants offered; one trace
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(sample_report.as_uri(), wait_until="load")
+    page.wait_for_function(
+        "ids => ids.every(id => { const d = document.getElementById(id);"
+        " return d && d._fullLayout && d.querySelector('.main-svg'); })",
+        arg=ATTRIBUTION_FIGURES,
+        timeout=60_000,
+    )
+    artifacts = _artifacts(tmp_path_factory)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / f"sample-report-{width}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    # the verdict is the first thing below the header: one paragraph per model variant
+    first = page.evaluate("() => document.querySelector('main section').id")
+    assert first == "verdict"
+    says = page.locator("#verdict p.say").all_inner_texts()
+    assert len(says) == 2 and "(per-iteration replay model)" in says[0]
+    assert "(pipeline replay model)" in says[1]
+    assert page.locator("#verdict ul.blame li").count() == 4  # straggler, workers: per variant
+    for div_id in ATTRIBUTION_FIGURES:
+        info = _drawn(page, div_id)
+        assert info["svg"] and info["traces"] > 0 and info["drawn"] > 0, (div_id, info)
+        assert info["w"] > 300 and info["h"] > 200 and info["inside"], (div_id, info)
+        found = overlaps(page.evaluate(BOXES_JS, div_id))
+        assert not found, (width, div_id, found)
+    # the run switcher shows the other variant's attribution, drawn at full width
+    page.locator("#attribution select.run-switch").select_option("1")
+    page.wait_for_timeout(300)
+    for div_id in ("fig-attr-workers-1", "fig-attr-last-1"):
+        info = _drawn(page, div_id)
+        assert info["svg"] and info["w"] > 0.6 * width - 100 and info["h"] > 200, info
+        assert not overlaps(page.evaluate(BOXES_JS, div_id)), div_id
+    page.close()
+    assert not errors, errors

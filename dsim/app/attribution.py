@@ -3,7 +3,10 @@
 ``dsim run`` calls ``write_run_attributions`` after the summary (same
 selection of epochs and warm-up, same lock), writing
 ``<out>/attribution.{parquet,csv}`` with the summary's writers;
-``dsim summarize`` reads it back to print the lines again.
+``dsim summarize`` reads it back to print the lines again. ``dsim report``
+finds each run's trace (``find_trace``, checked against the tables the
+replays were computed from) to attribute it over the report's selection and
+to show who was last over time.
 """
 
 from __future__ import annotations
@@ -13,9 +16,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsim.attribution import Attribution, attribute, attribution_table, worker_matrix
+from dsim.attribution import (
+    Attribution,
+    LastOverTime,
+    attribute,
+    attribution_table,
+    last_over_time,
+    worker_matrix,
+)
+from dsim.errors import InputError
+from dsim.execute.cache import trace_fingerprint
 from dsim.io import parquetio
-from dsim.model.tables import read_run
+from dsim.model.tables import FETCH_FILE, RUN_FILE, TRAIN_FILE, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.summary import selection_mask
@@ -23,12 +35,53 @@ from dsim.summary import selection_mask
 ATTRIBUTION_STEM = "attribution"
 
 
+NO_FETCH_RECORDS = (
+    "its trace has no fetch records (a profiler trace has none), so nothing tells "
+    "whose loader finished last"
+)
+
+
 def run_attribution(run: str, run_dir: Path, epochs: list[int], warmup: int) -> Attribution:
     """Attribution of one parsed run over the summary's selection."""
+    return trace_attribution(run, run_dir, epochs, warmup)[0]
+
+
+def trace_attribution(
+    run: str, run_dir: Path, epochs: list[int], warmup: int
+) -> tuple[Attribution, LastOverTime]:
+    """Attribution of one parsed run over a selection, and who was last over time.
+
+    Raises ``InputError`` (``NO_FETCH_RECORDS``) for a trace without fetch records.
+    """
     tables = read_run(run_dir)
+    if tables.fetch.num_rows == 0:
+        raise InputError(NO_FETCH_RECORDS, run_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
-    return attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
+    attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
+    return attribution, last_over_time(arrays, mask)
+
+
+def find_trace(run: str, info: dict, traces: Path) -> tuple[Path | None, str]:
+    """The parsed trace ``traces/<run>`` that a run's replays were computed from, or None
+    and why not: absent, or its tables differ from those ``result.json`` records
+    (``input``), so that a report never attributes another trace than the one replayed."""
+    run_dir = traces / run
+    if not (run_dir / RUN_FILE).is_file():
+        return None, f"its trace is not in {traces} (give its directory with --traces)"
+    recorded = info.get("input")
+    if not isinstance(recorded, dict) or not all(
+        isinstance(recorded.get(name), dict) for name in (FETCH_FILE, TRAIN_FILE)
+    ):
+        return None, "its result.json does not record which trace was replayed"
+    try:
+        current = trace_fingerprint(run_dir)
+    except InputError as exc:
+        return None, str(exc)
+    for name in (FETCH_FILE, TRAIN_FILE):
+        if current[name].get("sha256") != recorded[name].get("sha256"):
+            return None, f"{run_dir / name} changed since `dsim run` replayed it"
+    return run_dir, ""
 
 
 def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -19,7 +20,12 @@ import plotly.io as pio
 
 from dsim import __version__
 from dsim.render import figures
+from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.replay.policies import BASELINE, Policy
+
+if TYPE_CHECKING:
+    from dsim.attribution import LastOverTime
+    from dsim.verdict import Verdict
 
 PLOT_CONFIG = {
     "displaylogo": False,
@@ -59,6 +65,14 @@ td.worse { color:#b42318; }
 nav a { color:#9cc7ff; margin-right:14px; text-decoration:none; }
 p.switch { margin:4px 0 8px; }
 p.switch select { font:inherit; max-width:100%; }
+#verdict .verdict { margin:8px 0 12px; }
+#verdict p { margin:2px 0; }
+#verdict p.run { color:var(--muted); font-size:13px; overflow-wrap:anywhere; }
+#verdict p.say { font-weight:600; font-size:15px; }
+#verdict ul.blame { margin:2px 0 0; padding-left:22px; }
+p.absent { color:var(--muted); background:#fafbfc; border:1px dashed var(--line);
+  padding:10px 14px; }
+p.source { color:var(--muted); font-size:12px; margin:0 0 4px; overflow-wrap:anywhere; }
 footer { color:var(--muted); text-align:center; font-size:12px; padding:8px 0 24px; }
 """
 
@@ -73,6 +87,24 @@ class ReportInput:
     threshold_s: float
     selection: str  # e.g. "epochs 1–4, warm-up iterations ≤ 10 skipped"
     sources: Sequence[str] = ()
+    verdicts: Sequence[Verdict] = ()
+    """One per run with a verdict (``dsim.verdict.run_verdicts``), in summary order."""
+    blame: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Run → attribution lines (``dsim.attribution.describe``), shown under its verdict."""
+    attributions: Mapping[str, RunAttribution] = field(default_factory=dict)
+    """Run of ``timelines`` → what its attribution figures show, or why they are absent."""
+
+
+@dataclass
+class RunAttribution:
+    """One run's attribution for the page: the table rows (``attribution_table``) and who
+    was last over time, each None with a sentence saying why it is absent."""
+
+    table: pd.DataFrame | None
+    over_time: LastOverTime | None
+    absent: str = ""  # why ``table`` is None
+    absent_over_time: str = ""  # why ``over_time`` is None
+    source: str = ""  # where the numbers come from (a trace, or attribution.parquet)
 
 
 def _run_cell(name: object) -> str:
@@ -110,19 +142,7 @@ def _signed(value: object, digits: int, *, lower_is_better: bool) -> tuple[str, 
 
 def summary_table_html(summary: pd.DataFrame) -> str:
     """The summary as an HTML table: mean ± std (sample std), what-if columns vs measured."""
-    head = [
-        ("policy (fetch / start)", "text"),
-        ("iterations", ""),
-        ("iteration time (s)", ""),
-        ("training stall (s)", ""),
-        ("delay (s)", ""),
-        ("start diff (s)", ""),
-        ("fetch diff (s)", ""),
-        ("effective delay (%)", ""),
-        ("speedup (×)", ""),
-        ("stall change (s)", ""),
-        ("eff. delay change (pts)", ""),
-    ]
+    head = [(header(c), "text" if c is POLICY else "") for c in SUMMARY_TABLE]
     out = ["<table id='summary-table'><thead><tr>"]
     out += [f"<th class='{cls}'>{html.escape(name)}</th>" for name, cls in head]
     out.append("</tr></thead><tbody>")
@@ -247,7 +267,8 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
 
     The timeline and the CDF of the first run of ``data.timelines`` are
     ``fig-timeline`` and ``fig-cdf``; those of the others ``fig-timeline-<i>`` and
-    ``fig-cdf-<i>``, shown by the page's run switcher.
+    ``fig-cdf-<i>``, shown by the page's run switcher; likewise the attribution
+    figures ``fig-attr-workers`` and ``fig-attr-last`` (only where there is data).
     """
     labels = run_labels(data)
     out: list[tuple[str, go.Figure]] = []
@@ -266,6 +287,20 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
         )
         cdf = figures.cdf_figure(label, replays, threshold_s=threshold, selection=selection)
         out += [(f"fig-timeline{suffix}", timeline), (f"fig-cdf{suffix}", cdf)]
+    for i, run in enumerate(data.timelines):
+        suffix = "" if i == 0 else f"-{i}"
+        attribution = data.attributions.get(run)
+        if attribution is None or attribution.table is None or attribution.table.empty:
+            continue
+        label = labels.get(run, run)
+        out.append((f"fig-attr-workers{suffix}", figures.workers_figure(attribution.table, label)))
+        if attribution.over_time is not None:
+            out.append(
+                (
+                    f"fig-attr-last{suffix}",
+                    figures.last_figure(attribution.over_time, attribution.table, label),
+                )
+            )
     return out
 
 
@@ -318,6 +353,59 @@ def _run_views(data: ReportInput, divs: Mapping[str, str], kind: str) -> str:
     return "".join(views)
 
 
+def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
+    """Per run: its verdict sentence and, below it, its attribution lines: the terminal's
+    text (``dsim run``, ``dsim summarize``), from the same functions."""
+    if not data.verdicts:
+        return (
+            "<p class='absent'>No verdict: the rows shown hold no policy but actual / actual "
+            "(or no measured run) to compare.</p>"
+        )
+    several = len(data.verdicts) > 1
+    out = []
+    for v in data.verdicts:
+        run = (
+            f"<p class='run' title='{html.escape(v.run)}'>{html.escape(labels.get(v.run, v.run))}"
+            "</p>"
+            if several
+            else ""
+        )
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in data.blame.get(v.run, ()))
+        blame = f"<ul class='blame'>{lines}</ul>" if lines else ""
+        out.append(
+            f"<div class='verdict'>{run}<p class='say'>{html.escape(v.text)}</p>{blame}</div>"
+        )
+    return "".join(out)
+
+
+def _attribution_views(data: ReportInput, divs: Mapping[str, str]) -> str:
+    """Each switcher run's attribution figures, or the sentences saying why they are absent."""
+    views = []
+    for i, run in enumerate(data.timelines):
+        suffix = "" if i == 0 else f"-{i}"
+        a = data.attributions.get(run)
+        parts = []
+        if a is not None and a.source:
+            parts.append(f"<p class='source'>from {html.escape(a.source)}</p>")
+        for kind, why in (
+            ("workers", "No worker heatmap" if a is None else a.absent),
+            ("last", "No “who was last” figure" if a is None else a.absent_over_time),
+        ):
+            div = divs.get(f"fig-attr-{kind}{suffix}")
+            if div is not None:
+                parts.append(div)
+                continue
+            what = "worker heatmap" if kind == "workers" else "“who was last” figure"
+            reason = why or "no attribution was computed for this run"
+            parts.append(f"<p class='absent'>No {what} for this run: {html.escape(reason)}.</p>")
+        hidden = "" if i == 0 else " style='display:none'"
+        views.append(
+            f"<div class='run-view' data-run='{i}' title='{html.escape(run)}'{hidden}>"
+            f"{''.join(parts)}</div>"
+        )
+    return "".join(views)
+
+
 def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = None) -> str:
     """The complete HTML document."""
     figs = report_figures(data) if figs is None else figs
@@ -328,6 +416,14 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
     whatif = "".join(v for k, v in divs.items() if k.startswith("fig-whatif-"))
     threshold = f"{data.threshold_s:g} s"
     sections = [
+        _section(
+            "verdict",
+            "Verdict",
+            "What would help each run most, by how much, and whose loader is late "
+            "(the lines <code>dsim run</code> and <code>dsim summarize</code> print first); "
+            "the replay model named is the one the verdict uses.",
+            verdict_html(data, labels),
+        ),
         _section(
             "runs",
             "Runs",
@@ -368,6 +464,16 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             switch + _run_views(data, divs, "cdf"),
         ),
         _section(
+            "attribution",
+            "Whose loader is late",
+            "Per GPU and DataLoader worker, the share of all fetch time above each "
+            "iteration's median fetch (which workers produce the slowest fetches); below, "
+            "per window of iterations, the share in which each GPU's "
+            "fetch finished last (one colour throughout: a fixed straggler; changing colours: "
+            "it wanders). The run is the one picked above.",
+            switch + _attribution_views(data, divs),
+        ),
+        _section(
             "summary",
             "Summary",
             "Mean ± sample standard deviation per iteration; changes are relative to the "
@@ -379,11 +485,13 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
     nav = "".join(
         f"<a href='#{a}'>{t}</a>"
         for a, t in (
+            ("verdict", "Verdict"),
             ("runs", "Runs"),
             ("whatif", "What-if"),
             ("bars", "Time &amp; stall"),
             ("timeline", "Timeline"),
             ("cdf", "Delay CDF"),
+            ("attribution", "Attribution"),
             ("summary", "Summary"),
         )
     )

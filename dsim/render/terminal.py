@@ -17,19 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dsim.render.columns import EFFECTIVE_CHANGE, EFFECTIVE_DELAY, METRICS, POLICY, SPEEDUP
+
 if TYPE_CHECKING:
     import pandas as pd
     from rich.console import Console
     from rich.table import Table
 
 # (column title, metric stem) for the mean ± std columns
-_METRICS = (
-    ("iter. time", "iteration_s"),
-    ("stall", "stall_s"),
-    ("delay", "delay_s"),
-    ("start diff", "start_diff_s"),
-    ("fetch diff", "fetch_diff_s"),
-)
+_METRICS = tuple((str(c.short), c.key) for c in METRICS)
 
 OVERVIEW_RUNS = 10
 """More runs than this print the one-row-per-run overview instead of the tables."""
@@ -147,6 +143,13 @@ def _run_title(row: dict[str, Any]) -> str:
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
 
 
+def _head(label: str | None, at: str, layout: Layout) -> str:
+    """A column header, broken after its first ``at`` when ± goes on a second line
+    (``eff.`` / ``delay``): the two-line layouts are narrow."""
+    text = str(label)
+    return text if layout.one_line else text.replace(at, at.strip() + "\n", 1)
+
+
 def summary_table(
     summary: pd.DataFrame, title: str | None = None, layout: Layout = LAYOUTS[1]
 ) -> Table:
@@ -163,16 +166,16 @@ def summary_table(
         pad_edge=False,
     )
     units = {m: column_unit(summary.get(f"{m}_mean", [])) for _, m in layout.metrics}
-    table.add_column("fetch/start" if layout.one_line else "fetch/\nstart", no_wrap=True)
+    table.add_column(_head(POLICY.short, "/", layout), no_wrap=True)
     for name, metric in layout.metrics:
         head = f"{name} ({units[metric]})"
         if not layout.one_line:
             head = head.replace(" (", "\n(").replace(". time", ".\ntime", 0)
         table.add_column(head, justify="right", no_wrap=True)
-    table.add_column("eff. delay" if layout.one_line else "eff.\ndelay", justify="right")
-    table.add_column("speed-up" if layout.one_line else "speed-\nup", justify="right")
+    table.add_column(_head(EFFECTIVE_DELAY.short, " ", layout), justify="right")
+    table.add_column(_head(SPEEDUP.short, "-", layout), justify="right")
     if layout.extra:
-        table.add_column("eff. change" if layout.one_line else "eff.\nchange", justify="right")
+        table.add_column(_head(EFFECTIVE_CHANGE.short, " ", layout), justify="right")
     table.add_column("", no_wrap=True)
     for row, mark in zip(summary.to_dict("records"), marks(summary), strict=True):
         baseline = row.get("fetch_align") == "actual" and row.get("start_align") == "actual"

@@ -3,13 +3,15 @@
 Each builder is a pure function of a summary DataFrame (one row per run x
 policy, see ``dsim.summary``) or of per-iteration replay DataFrames: no I/O,
 so the page assembly (``dsim.render.html``) and the tests can use them alike.
-One module per figure; what they share lives in ``style`` (look), ``labels``
+One module per figure (``attribution`` holds the two of whose loader is late);
+what they share lives in ``style`` (look), ``labels``
 (names and order of policies and runs) and ``downsample`` (thinning long
 traces so the page stays responsive).
 """
 
 from __future__ import annotations
 
+from dsim.render.figures.attribution import last_figure, workers_figure
 from dsim.render.figures.bars import bars_figure
 from dsim.render.figures.cdf import TAIL_QUANTILE, cdf_figure
 from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax, ecdf_points
@@ -40,6 +42,7 @@ __all__ = [
     "ecdf_points",
     "gpu_color",
     "heatmap_figure",
+    "last_figure",
     "ordered_policies",
     "policy_color",
     "policy_name",
@@ -49,5 +52,6 @@ __all__ = [
     "timeline_figure",
     "variant_text",
     "whiskers",
+    "workers_figure",
     "wrap_name",
 ]
