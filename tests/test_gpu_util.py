@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, run_dsim
 
 from dsim.errors import InputError
-from dsim.sources.gpuutil import epoch_means, is_util_log, read_util_log
+from dsim.sources.gpuutil import epoch_means, is_util_log, iteration_means, read_util_log
 
 SAMPLE = REPO / "traces" / "raw" / "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
 HEADER = "timestamp, index, utilization.gpu [%], memory.used [MiB]"
@@ -94,8 +94,9 @@ def test_epoch_means_count_only_samples_inside_each_epochs_iterations():
         {
             "epoch": pa.array([0, 0, 1], pa.int32()),
             "gpu": pa.array([0, 0, 0], pa.int32()),
-            "start": pa.array([ns(0), ns(1), ns(10)], pa.timestamp("ns")),
+            "start": pa.array([ns(0.5), ns(1), ns(10)], pa.timestamp("ns")),
             "iteration_s": [1.0, 1.0, 2.0],
+            "stall_s": [0.5, 0.0, 0.0],  # the first iteration began at 0 s, its batch came at 0.5 s
         }
     )
     smi = pa.table(
@@ -139,8 +140,9 @@ def test_parse_writes_utilisation_aligned_to_the_iterations(tmp_path):
     train = pd.read_parquet(out / "train.parquet")
     expected = []
     for (epoch, gpu), rows in train.groupby(["epoch", "gpu"]):
-        lo = rows["start"].min()
-        hi = (rows["start"] + pd.to_timedelta(rows["iteration_s"], unit="s")).max()
+        begin = rows["start"] - pd.to_timedelta(rows["stall_s"], unit="s")
+        lo = begin.min()
+        hi = (begin + pd.to_timedelta(rows["iteration_s"], unit="s")).max()
         mine = util[(util.gpu == gpu) & (util.time >= lo) & (util.time <= hi)]
         assert len(mine) > 10  # the fixture covers every epoch
         expected.append((epoch, gpu, len(mine), mine.util_pct.mean()))
@@ -195,3 +197,83 @@ def test_a_utilisation_log_with_no_sample_inside_the_run_is_reported(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "mean per epoch: no sample in any" in done.stdout
     assert "warning: GPU utilisation: no sample falls inside any iteration" in done.stdout
+
+
+def test_iteration_means_average_the_samples_inside_each_iteration():
+    ns = lambda s: np.datetime64("2026-01-01T00:00:00", "ns") + np.timedelta64(int(s * 1e9), "ns")  # noqa: E731
+    # Iterations of GPU 0: [0, 1], [1.02, 1.05], [5, 5.01]; GPU 1 has no samples.
+    train = pa.table(
+        {
+            "epoch": pa.array([0, 0, 0, 0], pa.int32()),
+            "gpu": pa.array([0, 0, 0, 1], pa.int32()),
+            "start": pa.array([ns(0.2), ns(1.02), ns(5.0), ns(0)], pa.timestamp("ns")),
+            "iteration_s": [1.0, 0.03, 0.01, 1.0],
+            "stall_s": [0.2, 0.0, 0.0, 0.0],
+        }
+    )
+    smi = pa.table(
+        {
+            "time": pa.array([ns(t) for t in (0.0, 0.5, 1.0, 3.5)], pa.timestamp("ns")),
+            "gpu": pa.array([0, 0, 0, 0], pa.int32()),
+            "util_pct": [10.0, 20.0, 60.0, 90.0],
+            "memory_used_mib": [None] * 4,
+        }
+    )
+    got = iteration_means(smi, train)
+    # [0, 1]: 10, 20, 60 -> 30; [1.02, 1.05]: none inside, 1.0 is 0.05 s before its end -> 60;
+    # [5, 5.01]: last sample 3.5 is 1.51 s old -> NaN; GPU 1 has no samples -> NaN.
+    assert got[:2].tolist() == [30.0, 60.0]
+    assert np.isnan(got[2]) and np.isnan(got[3])
+
+
+def test_the_report_draws_utilisation_per_iteration_under_the_measured_stalls(tmp_path):
+    from dsim.app.report import run_utilisation
+    from dsim.model.results import scan_results
+    from dsim.render.figures import timeline_figure
+    from dsim.replay.policies import BASELINE
+
+    run = _run_with_csv(tmp_path, samples())
+    traces, results = tmp_path / "traces", tmp_path / "results"
+    assert run_dsim("parse", str(run), "--out", str(traces), "-q").returncode == 0
+    done = run_dsim("run", "run", "--traces", str(traces), "--out", str(results), "-q")
+    assert done.returncode == 0, done.stderr
+
+    result = scan_results([results]).runs[0]
+    frame = result.read(BASELINE).to_pandas()
+    util = run_utilisation(result, traces, frame)
+    assert list(util.columns) == [f"util_pct_gpu{g}" for g in range(4)] and len(util) == len(frame)
+    # By hand, for every iteration of GPU 2: the mean of its samples inside the iteration.
+    train = pd.read_parquet(traces / "run" / "train.parquet").set_index(
+        ["epoch", "iteration", "gpu"]
+    )
+    smi = pd.read_parquet(traces / "run" / "gpu_util.parquet")
+    smi = smi[smi.gpu == 2]
+    for i, (epoch, iteration) in enumerate(zip(frame.epoch, frame.iteration, strict=True)):
+        row = train.loc[(epoch, iteration, 2)]
+        begin = row.start - pd.to_timedelta(row.stall_s, unit="s")
+        end = begin + pd.to_timedelta(row.iteration_s, unit="s")
+        inside = smi[(smi.time >= begin) & (smi.time <= end)].util_pct
+        last = smi[smi.time <= end].tail(1)
+        if len(inside):
+            want = inside.mean()
+        elif len(last) and (end - last.time.iloc[0]) <= pd.Timedelta(seconds=1):
+            want = last.util_pct.iloc[0]
+        else:
+            want = np.nan
+        assert np.isclose(util["util_pct_gpu2"].iloc[i], want, equal_nan=True), (epoch, iteration)
+
+    replays = {p: result.read(p).to_pandas() for p in result.replays}
+    fig = timeline_figure("run", replays, threshold_s=0.03, utilisation=util)
+    drawn = [t for t in fig.data if t.name == "GPU 2 utilisation"]
+    assert len(drawn) == 1 and drawn[0].yaxis == "y2"
+    assert np.allclose(drawn[0].y, util["util_pct_gpu2"].to_numpy(np.float32), equal_nan=True)
+    assert fig.layout.yaxis2.title.text == "util. (%)"
+
+    page = tmp_path / "report.html"
+    done = run_dsim("report", str(results), "--traces", str(traces), "--out", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "GPU utilisation per iteration (nvidia-smi, %)" in page.read_text()
+    # Without the trace (or without utilisation samples) the timeline keeps its three panels.
+    done = run_dsim("report", str(results), "--traces", str(tmp_path), "--out", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "GPU utilisation per iteration" not in page.read_text()

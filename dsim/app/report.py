@@ -213,6 +213,12 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
             t_policies.insert(0, BASELINE)
         timelines[name] = _timeline_replays(t_run, t_policies, rows.iloc[0])
     attributions = run_attributions(summary, by_name, request.traces, over_time=chosen)
+    utilisation = {}
+    for name in chosen:
+        frame = next(iter(timelines[name].values()))
+        per_iteration = run_utilisation(by_name[name], request.traces, frame)
+        if per_iteration is not None:
+            utilisation[name] = per_iteration
     blame = {name: describe(a.table) for name, a in attributions.items() if a.table is not None}
     first_row = summary[summary["run"] == chosen[0]].iloc[0]
     data = ReportInput(
@@ -224,6 +230,7 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
         verdicts=run_verdicts(summary, {str(r.directory): r.info for r in runs}),
         blame=blame,
         attributions={name: attributions[name] for name in chosen},
+        utilisation=utilisation,
     )
     notes = scan.notes(runs)
     matching = len(_matching(summary, request.timeline_run))
@@ -233,6 +240,35 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
             "predicted gains); choose others with --timeline-run GLOB"
         )
     return data, notes
+
+
+def run_utilisation(run: ResultRun, traces: Path, frame: pd.DataFrame) -> pd.DataFrame | None:
+    """GPU utilisation per iteration of ``frame`` (a replay's selected rows), from the
+    replayed trace's ``gpu_util.parquet``; None without one (or with another trace)."""
+    import pandas as pd
+
+    from dsim.model.tables import read_run
+    from dsim.sources.gpuutil import iteration_means
+
+    trace_dir, _ = find_trace(run.name, run.info, traces)
+    if trace_dir is None:
+        return None
+    tables = read_run(trace_dir)
+    if tables.gpu_util is None or tables.gpu_util.num_rows == 0:
+        return None
+    train = tables.train
+    long = pd.DataFrame(
+        {
+            "epoch": train["epoch"].to_numpy(),
+            "iteration": train["iteration"].to_numpy(),
+            "gpu": train["gpu"].to_numpy(),
+            "util": iteration_means(tables.gpu_util, train),
+        }
+    )
+    wide = long.pivot(index=["epoch", "iteration"], columns="gpu", values="util")
+    wide.columns = [f"util_pct_gpu{g}" for g in wide.columns]
+    keys = pd.MultiIndex.from_arrays([frame["epoch"], frame["iteration"]])
+    return wide.reindex(keys).reset_index(drop=True)
 
 
 def run_attributions(

@@ -93,6 +93,9 @@ class ReportInput:
     """Run → attribution lines (``dsim.attribution.describe``), shown under its verdict."""
     attributions: Mapping[str, RunAttribution] = field(default_factory=dict)
     """Run of ``timelines`` → what its attribution figures show, or why they are absent."""
+    utilisation: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    """Run of ``timelines`` → GPU utilisation per iteration (``util_pct_gpu<N>``), rows in
+    its replays' order, for runs whose trace has utilisation samples (SPEC §1.9)."""
 
 
 @dataclass
@@ -283,7 +286,12 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
         best = _best_policy(data.summary, run)
         label = labels.get(run, run)
         timeline = figures.timeline_figure(
-            label, replays, threshold_s=threshold, selection=selection, selected=best
+            label,
+            replays,
+            threshold_s=threshold,
+            selection=selection,
+            selected=best,
+            utilisation=data.utilisation.get(run),
         )
         cdf = figures.cdf_figure(label, replays, threshold_s=threshold, selection=selection)
         out += [(f"fig-timeline{suffix}", timeline), (f"fig-cdf{suffix}", cdf)]

@@ -193,20 +193,30 @@ def read_util_log(path: Path) -> UtilLog:
     return UtilLog(samples, rejects, source, rows=len(lines) - 1)
 
 
+def _iteration_spans(train: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Begin and end (ns) of each training row's iteration.
+
+    A training line's time is its batch's arrival; the iteration began
+    ``stall_s`` earlier (when the batch was requested) and lasted
+    ``iteration_s``, the wait included (SPEC §1.2).
+    """
+    arrival = train["start"].cast(pa.int64()).to_numpy()
+    begin = arrival - np.round(train["stall_s"].to_numpy() * 1e9).astype(np.int64)
+    return begin, begin + np.round(train["iteration_s"].to_numpy() * 1e9).astype(np.int64)
+
+
 def epoch_means(samples: pa.Table, train: pa.Table) -> list[dict[str, Any]]:
     """Mean utilisation of each GPU over each epoch's span of its own iterations.
 
-    An epoch's span on a GPU runs from its first iteration's batch arrival
-    (the training line's time) to the end of its last iteration (arrival +
-    iteration time): the part of the timeline the stall tables describe.
-    Samples outside every span (start-up, evaluation) do not count.
+    An epoch's span on a GPU runs from the beginning of its first iteration
+    to the end of its last: the part of the timeline the stall tables
+    describe. Samples outside every span (start-up, evaluation) do not count.
     """
     if samples.num_rows == 0 or train.num_rows == 0:
         return []
     t_gpu = train["gpu"].to_numpy()
     t_epoch = train["epoch"].to_numpy()
-    t_start = train["start"].cast(pa.int64()).to_numpy()
-    t_end = t_start + np.round(train["iteration_s"].to_numpy() * 1e9).astype(np.int64)
+    t_begin, t_end = _iteration_spans(train)
     s_gpu = samples["gpu"].to_numpy()
     s_time = samples["time"].cast(pa.int64()).to_numpy()
     s_util = samples["util_pct"].to_numpy()
@@ -216,7 +226,7 @@ def epoch_means(samples: pa.Table, train: pa.Table) -> list[dict[str, Any]]:
             mine = (t_epoch == epoch) & (t_gpu == g)
             if not mine.any():
                 continue
-            lo, hi = t_start[mine].min(), t_end[mine].max()
+            lo, hi = t_begin[mine].min(), t_end[mine].max()
             inside = (s_gpu == g) & (s_time >= lo) & (s_time <= hi)
             n = int(inside.sum())
             out.append(
@@ -227,6 +237,45 @@ def epoch_means(samples: pa.Table, train: pa.Table) -> list[dict[str, Any]]:
                     "mean_util_pct": round(float(s_util[inside].mean()), 3) if n else None,
                 }
             )
+    return out
+
+
+NEAREST_NS = 1_000_000_000  # a sample this close before an iteration's end stands in for it
+
+
+def iteration_means(samples: pa.Table, train: pa.Table) -> np.ndarray:
+    """Per training row, its GPU's mean utilisation during the iteration (NaN if unknown).
+
+    The mean of the GPU's samples within [begin, end] of the iteration;
+    an iteration shorter than the sampling interval holds none, and then the
+    last sample before its end stands in, if it is at most 1 s old.
+    """
+    out = np.full(train.num_rows, np.nan)
+    if samples.num_rows == 0 or train.num_rows == 0:
+        return out
+    t_gpu = train["gpu"].to_numpy()
+    t_begin, t_end = _iteration_spans(train)
+    s_gpu = samples["gpu"].to_numpy()
+    s_time = samples["time"].cast(pa.int64()).to_numpy()
+    s_util = samples["util_pct"].to_numpy()
+    for g in np.unique(t_gpu):
+        rows = np.flatnonzero(t_gpu == g)
+        mine = s_gpu == g
+        if not mine.any():
+            continue
+        order = np.argsort(s_time[mine], kind="stable")
+        time, util = s_time[mine][order], s_util[mine][order]
+        total = np.concatenate([[0.0], np.cumsum(util)])
+        lo = np.searchsorted(time, t_begin[rows], side="left")
+        hi = np.searchsorted(time, t_end[rows], side="right")
+        count = hi - lo
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (total[hi] - total[lo]) / count
+        last = hi - 1
+        near = (count == 0) & (last >= 0)
+        near &= t_end[rows] - time[np.maximum(last, 0)] <= NEAREST_NS
+        mean[near] = util[last[near]]
+        out[rows] = np.where((count > 0) | near, mean, np.nan)
     return out
 
 
@@ -304,6 +353,7 @@ __all__ = [
     "attach",
     "epoch_means",
     "is_util_log",
+    "iteration_means",
     "read_util_log",
     "summarise",
 ]

@@ -89,6 +89,7 @@ def timeline_figure(
     selection: str = "",
     selected: Policy | None = None,
     max_points: int = MAX_POINTS,
+    utilisation: pd.DataFrame | None = None,
 ) -> go.Figure:
     """Per-iteration GPU stalls and delay: measured (actual/actual) against one policy.
 
@@ -96,6 +97,9 @@ def timeline_figure(
     GPU, the replayed stall of every GPU under the policy picked in the
     dropdown, and the delay of both with the effective-delay threshold. The
     dropdown only flips trace visibility, so the page needs no custom script.
+    ``utilisation`` (columns ``util_pct_gpu<N>``, one row per iteration in the
+    replays' order) adds a panel under the measured stalls, in the GPUs'
+    colours: an idle GPU during a stall is a stall that cost compute.
     """
     policies = ordered_policies(list(replays))
     base = replays.get(BASELINE)
@@ -110,28 +114,50 @@ def timeline_figure(
         np.int32
     )
     thinned = n > max_points
+    util = utilisation is not None and len(utilisation) == n
+    # rows: measured stall, [utilisation], replayed stall, delay
+    replayed_row, delay_row = (3, 4) if util else (2, 3)
+    titles = [
+        "measured stall per GPU (actual / actual)",
+        "replayed stall per GPU under the selected policy",
+        "delay between GPUs (max − min stall)",
+    ]
+    if util:
+        titles.insert(1, "GPU utilisation per iteration (nvidia-smi, %)")
     fig = make_subplots(
-        rows=3,
+        rows=len(titles),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.07,
-        row_heights=(0.33, 0.33, 0.34),
-        subplot_titles=(
-            "measured stall per GPU (actual / actual)",
-            "replayed stall per GPU under the selected policy",
-            "delay between GPUs (max − min stall)",
-        ),
+        vertical_spacing=0.07 if not util else 0.055,
+        row_heights=(0.33, 0.33, 0.34) if not util else (0.26, 0.18, 0.26, 0.30),
+        subplot_titles=titles,
     )
     gpu_cols = _gpu_columns(first)
     traces = _Traces(fig, x, hover, max_points)
     if base is not None:
         for j, col in enumerate(gpu_cols):
             traces.add(base[col], 1, None, **_gpu_line(j, col))
+    if util:
+        for j, col in enumerate(gpu_cols):
+            gpu = col.removeprefix("stall_s_gpu")
+            values = utilisation.get(f"util_pct_gpu{gpu}")
+            if values is None:
+                continue
+            traces.add(
+                values.reset_index(drop=True),
+                2,
+                None,
+                name=f"GPU {gpu} utilisation",
+                legendgroup=col,
+                showlegend=False,
+                line={"color": gpu_color(j), "width": 1, "dash": "dot"},
+                hovertemplate=HOVER_AT + "utilisation %{y:.0f} %<extra>GPU " + gpu + "</extra>",
+            )
     for k, policy in enumerate(others):
         for j, col in enumerate(gpu_cols):
             traces.add(
                 replays[policy][col],
-                2,
+                replayed_row,
                 policy,
                 **_gpu_line(j, col),
                 showlegend=base is None and k == 0,
@@ -140,7 +166,7 @@ def timeline_figure(
     if base is not None:
         traces.add(
             base["delay_s"],
-            3,
+            delay_row,
             None,
             name="delay, measured",
             line={"color": MEASURED_DELAY_COLOR, "width": 1},
@@ -149,14 +175,14 @@ def timeline_figure(
     for k, policy in enumerate(others):
         traces.add(
             replays[policy]["delay_s"],
-            3,
+            delay_row,
             policy,
             name=f"delay, {policy_name(policy)}",
             line={"color": REPLAYED_DELAY_COLOR, "width": 1},
             hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>" + policy_name(policy) + "</extra>",
             visible=k == active,
         )
-    traces.add_fixed(threshold_trace([0, max(n - 1, 1)], [threshold_s] * 2, threshold_s), 3)
+    traces.add_fixed(threshold_trace([0, max(n - 1, 1)], [threshold_s] * 2, threshold_s), delay_row)
     delays = np.concatenate([r["delay_s"].to_numpy(float) for r in replays.values()])
     delays = delays[np.isfinite(delays) & (delays > 0)]
     log_delay = bool(
@@ -195,27 +221,34 @@ def timeline_figure(
                     {
                         "label": "linear delay",
                         "method": "relayout",
-                        "args": [{"yaxis3.type": "linear"}],
+                        "args": [{f"yaxis{delay_row}.type": "linear"}],
                     },
-                    {"label": "log delay", "method": "relayout", "args": [{"yaxis3.type": "log"}]},
+                    {
+                        "label": "log delay",
+                        "method": "relayout",
+                        "args": [{f"yaxis{delay_row}.type": "log"}],
+                    },
                 ],
             },
         ],
     )
-    for row in (1, 2):
+    for row in (1, replayed_row):
         fig.update_yaxes(title_text="stall (s)", rangemode="tozero", row=row, col=1)
-    fig.update_yaxes(matches="y", row=2, col=1)  # same scale: the panels compare at a glance
+    # same scale: the panels compare at a glance
+    fig.update_yaxes(matches="y", row=replayed_row, col=1)
+    if util:
+        fig.update_yaxes(title_text="util. (%)", range=[0, 105], row=2, col=1)
     fig.update_yaxes(
         title_text="delay (s)" + (", log" if log_delay else ""),
         type="log" if log_delay else "linear",
-        row=3,
+        row=delay_row,
         col=1,
     )
-    fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=3, col=1)
+    fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=delay_row, col=1)
     note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
     title = (
         f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
         f"{note if thinned else ''}"
         f"{'; delay axis logarithmic so that the threshold shows' if log_delay else ''}</sup>"
     )
-    return style(fig, title, 880, margin={"t": 162})
+    return style(fig, title, 1040 if util else 880, margin={"t": 162})
