@@ -13,13 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_dsim(
-    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300
+    *args: str | Path, cwd: Path | None = None, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """``dsim ARGS`` in a fresh interpreter, as a user would type it."""
-    full_env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **(env or {})}
+    """``dsim ARGS`` in a fresh interpreter, as a user would type it (``env``: extra
+    variables; ``DSIM_DEBUG`` of the test's own environment is dropped)."""
+    full_env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     full_env.pop("DSIM_DEBUG", None)
+    full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "dsim", *args],
+        [sys.executable, "-m", "dsim", *map(str, args)],
         cwd=cwd,
         env=full_env,
         capture_output=True,

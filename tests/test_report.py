@@ -5,14 +5,13 @@ from __future__ import annotations
 import fnmatch
 import html
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_dsim
 
 from dsim.model.results import replay_table, write_replay, write_result_info
 from dsim.render.figures import short_labels
@@ -78,18 +77,7 @@ RUN_A = "fsNprepNloadNtrain_imagenet_randaugment_resnet50_epoch2_b256_worker8_th
 RUN_B = "fsNprepNloadNtrain_openimage_default_resnet18_epoch2_b512_worker12_thread0"
 
 
-def dsim(
-    *args: str | Path, cwd: Path | None = None, env_extra: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DSIM_DEBUG": "0", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "dsim", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=300,
-    )
+dsim = run_dsim  # the real CLI in a subprocess (tests/conftest.py)
 
 
 def read_report(path: Path) -> str:
@@ -400,7 +388,7 @@ def read_title(layout: dict) -> str:
 
 def test_verdict_at_the_top_is_the_terminals(results: Path, report: str) -> None:
     """Every verdict sentence of `dsim summarize` opens the report, in the first section."""
-    proc = dsim("summarize", results, env_extra={"COLUMNS": "1000"})
+    proc = dsim("summarize", results, env={"COLUMNS": "1000"})
     assert proc.returncode == 0, proc.stderr
     sentences = [
         line.split(": ", 1)[1]
@@ -451,7 +439,7 @@ def straggler(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fetch_t, train_t = _tables(fetch, stall, workers)
     info = {"gpus": 3, "epochs": [0], "iterations_per_epoch": {"0": 50}, "metadata": {}}
     write_run(RunTables("hand", fetch_t, train_t, info), root / "traces" / "hand")
-    proc = dsim("run", "hand", "--warmup", "0", cwd=root, env_extra={"COLUMNS": "1000"})
+    proc = dsim("run", "hand", "--warmup", "0", cwd=root, env={"COLUMNS": "1000"})
     assert proc.returncode == 0, proc.stderr
     (root / "run.out").write_text(proc.stdout)
     return root
