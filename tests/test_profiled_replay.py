@@ -93,6 +93,11 @@ def test_fetch_policies_models_and_configs_are_refused_for_a_profiled_run(
         assert f"run {RUN} has no fetch records" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()  # refused before anything was written
+    # A config that asks for no policies gets the stall what-ifs.
+    conf.write_text(json.dumps({"FILE": RUN, "out": "from-config"}))
+    ok = run_dsim("run", "--conf", str(conf), "--executor", "local", "-q", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert len(list((tmp_path / "from-config" / f"{RUN}@stall-only").glob("*.parquet"))) == 3
     # Stall alignments asked for explicitly are replayed (with the measured run).
     ok = run_dsim("run", RUN, "-p", "stall-min", "--executor", "local", "-q", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
