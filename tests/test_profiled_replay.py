@@ -79,6 +79,9 @@ def test_a_profiled_run_replays_summarizes_and_reports(tmp_path: Path) -> None:
     page = (tmp_path / "report.html").read_text()
     assert "Rows <b>stall-min</b> and <b>stall-avg</b>" in page
     assert "stall-min / actual" in page
+    assert "no fetch records: judged by the largest data wait" in page  # the verdict's lines
+    assert "No worker heatmap for this run" in page  # figures that need fetches say why
+    assert "No “who was last” figure for this run" in page
 
 
 def test_fetch_policies_models_and_configs_are_refused_for_a_profiled_run(

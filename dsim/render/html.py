@@ -292,6 +292,8 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
         attribution = data.attributions.get(run)
         if attribution is None or attribution.table is None or attribution.table.empty:
             continue
+        if (attribution.table["worker"] < 0).all():  # by stalls alone: no fetches to draw
+            continue
         label = labels.get(run, run)
         out.append((f"fig-attr-workers{suffix}", figures.workers_figure(attribution.table, label)))
         if attribution.over_time is not None:
