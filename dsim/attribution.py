@@ -15,6 +15,14 @@ who is to blame. Attribution looks at the fetches themselves, per iteration:
   worker) is charged its fetches' excess, and its share of the total excess
   ranks it.
 
+Without fetch records (a profiled run, docs/SPEC.md §4.3) only stalls are
+known: the straggler is then the rank with the largest stall most often
+(the iterations start together after the all-reduce, so the rank whose data
+comes last waits longest; on the shipped sample the rank that finished its
+fetch last had the largest stall in 72 % of iterations, the smallest in
+9 %), ``gpu_last_pct`` is NaN, and each rank has one row with worker -1 and
+no fetch numbers.
+
 An iteration counts for a rank only when that rank is the *only* one at the
 maximum; ties (e.g. every stall 0) count for nobody, so the shares of the
 ranks add up to at most 100 % and an idle run blames no one. Only the
@@ -198,31 +206,37 @@ def attribute(
     start, fetch = arrays.start[mask], arrays.fetch[mask]
     stall, worker = arrays.stall[mask], workers[mask]
     n, g = fetch.shape
+    stalls_only = bool(n and g) and bool(np.isnan(fetch).all())
     last = last_ranks(start, fetch)
     # a single GPU waits for no peer: nobody to blame
     most_stalled = _sole_max(stall) if g >= 2 else np.full(n, -1)
     ranks = [
         RankShare(
             gpu=int(gpu),
-            last_pct=100.0 * int((last == j).sum()) / n if n else np.nan,
+            last_pct=100.0 * int((last == j).sum()) / n if n and not stalls_only else np.nan,
             max_stall_pct=100.0 * int((most_stalled == j).sum()) / n if n else np.nan,
         )
         for j, gpu in enumerate(arrays.gpus)
     ]
-    counted = [r for r in ranks if r.last_pct > 0]
+    share = (lambda r: r.max_stall_pct) if stalls_only else (lambda r: r.last_pct)
+    counted = [r for r in ranks if share(r) > 0]
     if not counted:
         straggler, straggler_gpu = NONE, None
     else:
-        top = max(counted, key=lambda r: (r.last_pct, -r.gpu))
-        straggler = FIXED if top.last_pct >= FIXED_STRAGGLER_SHARE else WANDERING
+        top = max(counted, key=lambda r: (share(r), -r.gpu))
+        straggler = FIXED if share(top) >= FIXED_STRAGGLER_SHARE else WANDERING
         straggler_gpu = top.gpu
+    if stalls_only:
+        workers = [WorkerShare(int(gpu), -1, 0, np.nan, np.nan, np.nan) for gpu in arrays.gpus]
+    else:
+        workers = _worker_shares(arrays.gpus, fetch, worker) if n and g else []
     return Attribution(
         run=run,
         iterations=n,
         ranks=ranks,
         straggler=straggler,
         straggler_gpu=straggler_gpu,
-        workers=_worker_shares(arrays.gpus, fetch, worker) if n and g else [],
+        workers=workers,
     )
 
 
@@ -294,6 +308,30 @@ def attribution_table(
     return frame
 
 
+def _describe_stalls(first: Any, ranks: pd.DataFrame) -> list[str]:
+    """The straggler line of a run without fetch records: the rank that waited longest."""
+    ranks = ranks.sort_values(["gpu_max_stall_pct", "gpu"], ascending=[False, True])
+    shares = ", ".join(
+        f"GPU {int(r.gpu)} {r.gpu_max_stall_pct:.0f} %"
+        for r in ranks.itertuples()
+        if r.gpu_max_stall_pct
+    )
+    how = "no fetch records: judged by the largest data wait"
+    if first["straggler"] == FIXED:
+        gpu = int(first["straggler_gpu"])
+        share = float(ranks[ranks["gpu"] == gpu]["gpu_max_stall_pct"].iloc[0])
+        return [
+            f"Straggler: GPU {gpu}'s loader, fixed — it had the largest data wait in "
+            f"{share:.0f} % of iterations ({how})."
+        ]
+    if first["straggler"] == WANDERING:
+        return [
+            f"Straggler wanders between ranks (none has the largest data wait in "
+            f"≥ {FIXED_STRAGGLER_SHARE:.0f} % of iterations; {how}): {shares}."
+        ]
+    return ["Straggler: none (no rank alone had the largest data wait)."]
+
+
 def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
     """A few plain lines on one run's rows of ``attribution_table``: straggler, workers."""
     if table.empty:
@@ -303,6 +341,8 @@ def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
         ["gpu_last_pct", "gpu"], ascending=[False, True]
     )
     lines = []
+    if pd.isna(first["gpu_last_pct"]):  # no fetch records: judged by the stalls alone
+        return _describe_stalls(first, ranks)
     if first["straggler"] == FIXED:
         gpu = int(first["straggler_gpu"])
         rank = ranks[ranks["gpu"] == gpu].iloc[0]

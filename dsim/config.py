@@ -117,6 +117,9 @@ class SimConfig:
     workers: int | None = None
     prefetch_factor: int | None = None
     source: Path | None = None
+    #: Whether the policies were asked for (``-p``, ``FETCH_ALIGN``/``START_ALIGN``) or defaulted:
+    #: a run without fetch records replays the stall-only defaults instead of defaulted ones.
+    policies_explicit: bool = False
     run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
 
@@ -448,6 +451,7 @@ def validate_config(
         stall_floor_s=DEFAULT_STALL_FLOOR_S if stall_floor is None else stall_floor,
         stall_grow_min_s=DEFAULT_STALL_GROW_MIN_S if grow_min is None else grow_min,
         executor=str(executor),
+        policies_explicit=bool(overrides.policies) or "FETCH_ALIGN" in raw or "START_ALIGN" in raw,
         num_cpus=num_cpus,
         ray_address=ray_address,
         model=model,

@@ -12,7 +12,13 @@ import re
 from typing import TYPE_CHECKING
 
 from dsim.errors import UsageError
-from dsim.replay.policies import Policy, normalize_policy
+from dsim.replay.policies import (
+    ACTUAL,
+    Policy,
+    check_pair,
+    is_stall_alignment,
+    normalize_policy,
+)
 
 if TYPE_CHECKING:
     from dsim.model.results import ResultRun
@@ -39,11 +45,21 @@ def parse_epochs_option(text: str | None) -> list[int] | str | None:
 
 
 def parse_policy_option(text: str) -> Policy:
-    """``avg/min``, ``avg__min`` or ``avg,min`` (fetch first) -> a canonical policy pair."""
+    """``avg/min``, ``avg__min`` or ``avg,min`` (fetch first) -> a canonical policy pair.
+
+    A stall alignment alone (``stall-min``) means ``stall-min/actual``.
+    """
     parts = re.split(r"__|/|,|:", text.strip())
+    if len(parts) == 1 and is_stall_alignment(parts[0].strip().lower()):
+        parts.append(ACTUAL)
     if len(parts) != 2:
         raise UsageError(f"--policy: expected FETCH/START such as avg/min, not {text!r}")
-    return normalize_policy(parts[0]), normalize_policy(parts[1])
+    policy = normalize_policy(parts[0]), normalize_policy(parts[1])
+    try:
+        check_pair(policy)
+    except UsageError as exc:
+        raise UsageError(f"--policy: {exc}") from None
+    return policy
 
 
 def select_runs(runs: list[ResultRun], globs: list[str] | None) -> list[ResultRun]:

@@ -31,9 +31,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dsim.replay.policies import ACTUAL, BASELINE, POLICIES, Policy
+from dsim.replay.policies import (
+    ACTUAL,
+    BASELINE,
+    POLICIES,
+    REGISTRY,
+    STALL_AVG,
+    STALL_MIN,
+    Policy,
+)
 
 DEFAULT_MODEL = "per-iteration"
+STALL_ONLY_MODEL = "stall-only"  # its verdict says that only stalls were replayed
 HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
 _TIE_RTOL = 1e-9
 
@@ -69,10 +78,14 @@ class Verdict:
         return asdict(self)
 
 
+#: Alignments in registry order: ``POLICIES``, then the stall alignments.
+_ORDER = (*POLICIES, *(name for name in REGISTRY if name not in POLICIES))
+
+
 def _simplicity(policy: Policy) -> tuple[int, int, int]:
     """Sort key: fewer aligned sides first, then the order of ``POLICIES`` per side."""
     aligned = sum(side != ACTUAL for side in policy)
-    return (aligned, POLICIES.index(policy[0]), POLICIES.index(policy[1]))
+    return (aligned, _ORDER.index(policy[0]), _ORDER.index(policy[1]))
 
 
 def best_row(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -167,7 +180,19 @@ def _signed(value: float, digits: int = 0) -> str:
     return f"{value:+.{digits}f}".replace("-", "−")
 
 
+#: What a stall alignment (docs/SPEC.md §4.3) does, in the verdict's words.
+_STALL_WHAT = {
+    STALL_MIN: "the least wait over ranks",
+    STALL_AVG: "the mean wait over ranks",
+}
+
+
 def _what(policy: Policy, loader: str | None = None) -> str:
+    if policy[0] in _STALL_WHAT:
+        return (
+            f"Replacing every rank's data wait by {_STALL_WHAT[policy[0]]} "
+            f"({policy[0]}/{policy[1]})"
+        )
     fetch, start = policy[0] != ACTUAL, policy[1] != ACTUAL
     if loader is not None and not (fetch or start):
         return f"Running {loader}"
@@ -241,6 +266,8 @@ def verdict(
             f"effective delay {_pct(base_eff)} of iterations."
         )
     text += f" ({model} replay model)"
+    if model == STALL_ONLY_MODEL:
+        text = text[:-1] + ": from the measured stalls alone)"
     return Verdict(
         run=run,
         model=model,

@@ -42,9 +42,11 @@ def test_dsim_parse_reads_the_shipped_traces(tmp_path: Path) -> None:
     ).read_bytes()
 
 
-def test_dsim_run_says_why_a_trace_cannot_be_replayed(tmp_path: Path) -> None:
+def test_dsim_run_refuses_fetch_policies_for_a_trace_naming_the_run(tmp_path: Path) -> None:
     assert run_dsim("parse", str(SHIPPED), "-q", cwd=tmp_path).returncode == 0
-    proc = run_dsim("run", RUN, "--executor", "local", cwd=tmp_path)
+    proc = run_dsim("run", RUN, "-p", "avg/min", "--executor", "local", cwd=tmp_path)
     assert proc.returncode == 3
-    assert "no fetch records in this run (profiler traces" in proc.stderr
+    assert f"run {RUN} has no fetch records (profiler traces?), so avg/min" in proc.stderr
+    assert "stall-min/actual" in proc.stderr  # what it can replay instead
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / "results").exists()

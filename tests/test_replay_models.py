@@ -19,7 +19,14 @@ from dsim.replay.arrays import IterationArrays
 from dsim.replay.models import DEFAULT_MODEL, MODELS, get_model
 from dsim.replay.models.per_iteration import PerIterationModel, prepare, replay_prepared
 from dsim.replay.params import ReplayParams
-from dsim.replay.policies import DEFAULT, KNOWN, REGISTRY, Alignment, normalize_policy
+from dsim.replay.policies import (
+    DEFAULT,
+    KNOWN,
+    REGISTRY,
+    STALL_ALIGNMENTS,
+    Alignment,
+    normalize_policy,
+)
 
 RUN = "synth_run"
 
@@ -90,7 +97,7 @@ def test_execution_chunks_where_the_model_allows(monkeypatch: pytest.MonkeyPatch
 def test_known_policies_are_separate_from_the_default_set(monkeypatch) -> None:
     """A registered policy is accepted by name, and no default set grows with it."""
     assert DEFAULT == ("actual", "avg", "min")
-    assert set(DEFAULT) <= set(KNOWN) == set(REGISTRY)
+    assert set(DEFAULT) <= set(KNOWN) == set(REGISTRY) - set(STALL_ALIGNMENTS)
     monkeypatch.setitem(REGISTRY, "test-extra", Alignment("test-extra", "x", np.min, np.min))
     assert normalize_policy("TEST-EXTRA") == "test-extra"
     assert DEFAULT == ("actual", "avg", "min")
@@ -126,7 +133,7 @@ def test_run_policy_and_run_options_select_pairs_and_runs(project: Path) -> None
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in (project / "results" / RUN).glob("*.parquet"))
     assert names == ["actual__actual.parquet", "avg__min.parquet", "min__min.parquet"]
-    assert set(MODELS) == {"per-iteration", "pipeline"}
+    assert set(MODELS) == {"per-iteration", "pipeline", "stall-only"}
 
 
 def test_arrays_carry_arrival_and_worker_for_models_that_need_them() -> None:

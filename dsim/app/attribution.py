@@ -27,7 +27,7 @@ from dsim.attribution import (
 from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.io import parquetio
-from dsim.model.tables import FETCH_FILE, RUN_FILE, TRAIN_FILE, read_run
+from dsim.model.tables import FETCH_FILE, RUN_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.summary import selection_mask
@@ -42,8 +42,17 @@ NO_FETCH_RECORDS = (
 
 
 def run_attribution(run: str, run_dir: Path, epochs: list[int], warmup: int) -> Attribution:
-    """Attribution of one parsed run over the summary's selection."""
-    return trace_attribution(run, run_dir, epochs, warmup)[0]
+    """Attribution of one parsed run over the summary's selection (what ``dsim run`` writes).
+
+    A run without fetch records (a profiled run) is attributed by its stalls
+    alone (docs/SPEC.md §5.2): the rank with the largest data wait.
+    """
+    tables = read_run(run_dir)
+    if tables.fetch.num_rows == 0:
+        arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
+        mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
+        return attribute(run, arrays, arrays.worker, mask)
+    return _attribution(run, tables, epochs, warmup)[0]
 
 
 def trace_attribution(
@@ -56,6 +65,12 @@ def trace_attribution(
     tables = read_run(run_dir)
     if tables.fetch.num_rows == 0:
         raise InputError(NO_FETCH_RECORDS, run_dir)
+    return _attribution(run, tables, epochs, warmup)
+
+
+def _attribution(
+    run: str, tables: RunTables, epochs: list[int], warmup: int
+) -> tuple[Attribution, LastOverTime]:
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
     attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)

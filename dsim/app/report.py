@@ -305,7 +305,10 @@ def run_attributions(
                     computed[key] = str(exc)
             result = computed[key]
             if isinstance(result, str):
-                out[name] = RunAttribution(None, None, absent=result, absent_over_time=result)
+                # A run without fetch records: `dsim run` attributed it by its stalls (no
+                # figures: they need fetches), which gives the verdict's lines.
+                table, _ = _recorded(recorded, run, selection)
+                out[name] = RunAttribution(table, None, absent=result, absent_over_time=result)
                 continue
             attribution, last = result
             out[name] = RunAttribution(

@@ -23,7 +23,7 @@ import pandas as pd
 
 from dsim.app.attribution import write_run_attributions
 from dsim.config import SimConfig
-from dsim.errors import InputError
+from dsim.errors import InputError, UsageError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
 from dsim.execute.cache import params_document, replay_key, trace_fingerprint
 from dsim.io import lock
@@ -47,9 +47,9 @@ from dsim.replay.arrays import (
     LoaderSettings,
     build_iteration_arrays,
 )
-from dsim.replay.models import DEFAULT_MODEL, ReplayModel, get_model
+from dsim.replay.models import DEFAULT_MODEL, STALL_ONLY_MODEL, ReplayModel, get_model
 from dsim.replay.params import ReplayParams
-from dsim.replay.policies import Policy
+from dsim.replay.policies import STALL_ONLY, Policy
 from dsim.summary import (
     DEFAULT_THRESHOLD_S,
     DEFAULT_WARMUP,
@@ -75,6 +75,7 @@ class RunPlan:
     directory: str = ""  # under the output directory: the run's name, plus a model variant
     params: ReplayParams = field(default_factory=ReplayParams)  # as this run replays them
     loader: dict[str, Any] | None = None  # measured and assumed loader settings (result.json)
+    model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -147,12 +148,58 @@ def _loader_plan(
     return replace(params, workers=workers, prefetch_factor=prefetch), record
 
 
+def _fmt(policies: list[Policy] | tuple[Policy, ...]) -> str:
+    return ", ".join(f"{p[0]}/{p[1]}" for p in policies)
+
+
+def run_model_and_policies(
+    name: str, has_fetch: bool, config: SimConfig, model: ReplayModel
+) -> tuple[ReplayModel, tuple[Policy, ...]]:
+    """The model and policies one run is replayed with (docs/SPEC.md §4.3).
+
+    A run without fetch records (a profiled run) is replayed by the
+    ``stall-only`` model when no other model was asked for, and gets the stall
+    what-ifs unless policies were asked for; policies a model cannot replay,
+    asked for explicitly, are an error naming the run, never skipped.
+    """
+    if not has_fetch and model.needs_fetch:
+        if model.name != DEFAULT_MODEL:
+            raise InputError(
+                f"run {name} has no fetch records (profiler traces?): the {model.name} model "
+                f"replays fetches; replay it without --model, or with --model {STALL_ONLY_MODEL}"
+            )
+        model = get_model(STALL_ONLY_MODEL)
+    policies = tuple(config.policies)
+    if not config.policies_explicit and not model.needs_fetch:
+        policies = STALL_ONLY
+    refused = [p for p in policies if not model.supports(p)]
+    if not refused:
+        return model, policies
+    if not has_fetch:
+        raise InputError(
+            f"run {name} has no fetch records (profiler traces?), so {_fmt(refused)} "
+            f"cannot be replayed: fetch and start alignments move each rank's fetch, which only "
+            f"dsim.instrument's fetch lines record; without them dsim replays "
+            f"{_fmt(STALL_ONLY)} (docs/SPEC.md §4.3)"
+        )
+    if model.needs_fetch:
+        raise UsageError(
+            f"{_fmt(refused)}: stall alignments are replayed by the {STALL_ONLY_MODEL} "
+            f"model (--model {STALL_ONLY_MODEL}), not by {model.name}"
+        )
+    raise UsageError(f"the {model.name} model replays only {_fmt(STALL_ONLY)}, not {_fmt(refused)}")
+
+
 def plan_run(
     name: str, run_dir: Path, config: SimConfig, model: ReplayModel, params: ReplayParams
 ) -> RunPlan:
     """Load and check one run and compute its cache keys; reads the trace, writes nothing."""
     tables = read_run(run_dir)
-    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    has_fetch = tables.fetch.num_rows > 0
+    if tables.train.num_rows == 0:
+        raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
+    model, policies = run_model_and_policies(name, has_fetch, config, model)
+    arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=model.needs_fetch)
     if arrays.n_iterations == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir)
     arrays = replace(arrays, loader=logged_loader(tables.info))
@@ -162,12 +209,20 @@ def plan_run(
     run_params, loader = _loader_plan(model, arrays, params)
     if loader is not None:  # the measured settings shape the replay: they enter the key
         fingerprint = {**fingerprint, "loader": loader["measured"]}
-    keys = {
-        policy: replay_key(fingerprint, model, run_params, policy) for policy in config.policies
-    }
+    keys = {policy: replay_key(fingerprint, model, run_params, policy) for policy in policies}
     directory = variant_directory(name, model, loader)
     return RunPlan(
-        name, tables.info, arrays, keys, [], epochs, fingerprint, directory, run_params, loader
+        name,
+        tables.info,
+        arrays,
+        keys,
+        [],
+        epochs,
+        fingerprint,
+        directory,
+        run_params,
+        loader,
+        model,
     )
 
 
@@ -182,11 +237,11 @@ def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
 
 def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     """Why no iteration of a run is complete, in words a user can act on."""
-    if fetch.num_rows == 0 and train.num_rows > 0:
+    if fetch.num_rows == 0 and train.num_rows > 0:  # replayed from stalls only (§4.3)
+        lacking = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
         return (
-            "no fetch records in this run (profiler traces, or a loader without "
-            "dsim.instrument): every policy replays fetch starts and durations, which only "
-            "the fetch lines of dsim.instrument.instrument_loader record (docs/SPEC.md §1.8)"
+            f"no iteration to replay: {lacking} iterations lack a training record for some "
+            "GPU (and the run has no fetch records)"
         )
     if train.num_rows == 0:
         return (
@@ -206,9 +261,8 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     return "; ".join([text, *absent])
 
 
-def _result_info(
-    plan: RunPlan, config: SimConfig, model: ReplayModel, params: ReplayParams
-) -> dict[str, Any]:
+def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> dict[str, Any]:
+    model = plan.model or model
     return {
         "run": plan.name,
         "model": model.name,
@@ -281,6 +335,7 @@ def _replay_and_summarize(
 
     def on_result(result: PolicyResult) -> None:
         plan = by_name[result.run]
+        plan_model = plan.model or model
         table = replay_table(
             plan.arrays.epoch,
             plan.arrays.iteration,
@@ -291,9 +346,9 @@ def _replay_and_summarize(
             policy=result.policy,
             key=plan.keys[result.policy],
             provenance={
-                "model": model.name,
+                "model": plan_model.name,
                 "input": plan.fingerprint,
-                "params": params_document(model, plan.params),
+                "params": params_document(plan_model, plan.params),
             },
             directory=plan.directory,
         )
@@ -302,10 +357,10 @@ def _replay_and_summarize(
     jobs = [
         Job(
             plan.directory,
-            model.prepare(plan.arrays, params),
+            (plan.model or model).prepare(plan.arrays, params),
             tuple(plan.todo),
-            model=model.name,
-            cuts=_cuts(model, plan.arrays),
+            model=(plan.model or model).name,
+            cuts=_cuts(plan.model or model, plan.arrays),
             params=plan.params,
         )
         for plan in plans
@@ -325,14 +380,14 @@ def _replay_and_summarize(
             on_progress=on_progress,
         )
     for plan in plans:
-        info = _result_info(plan, config, model, params)
+        info = _result_info(plan, config, model)
         written.append(write_result_info(info, config.out, plan.directory))
     summary = summarize_results(
         find_result_runs([config.out / plan.directory for plan in plans]),
         epochs=config.epochs,
         warmup=config.warmup,
         threshold_s=config.threshold_s,
-        policies=list(config.policies),
+        policies=list(dict.fromkeys(p for plan in plans for p in plan.keys)),
     )
     written.extend(write_summary_files(summary, config.out, ["parquet", "csv"], SUMMARY_STEM))
     written.extend(

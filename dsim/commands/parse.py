@@ -232,7 +232,8 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if info.get("format") == "kineto":
         echo(
             "  note: profiler traces have no fetch records: the tables hold every rank's "
-            "iterations and stalls; alignment replays need dsim.instrument's fetch lines"
+            "iterations and stalls; `dsim run` replays their stall what-ifs (stall-min, "
+            "stall-avg); alignment replays need dsim.instrument's fetch lines"
         )
 
 

@@ -107,14 +107,16 @@ def command(
         None,
         "--policy",
         "-p",
-        help="Replay this policy, FETCH/START such as avg/min (repeatable); replaces the "
+        help="Replay this policy, FETCH/START such as avg/min, or stall-min / stall-avg "
+        "(stall-only model) (repeatable); replaces the "
         "config's FETCH_ALIGN x START_ALIGN (actual/actual is always added).",
     ),
     model: str | None = typer.Option(
         None,
         "--model",
-        help="Replay model: per-iteration (the original analysis; default) or pipeline "
-        "(DataLoader pipelines across iterations). Default: config 'model'.",
+        help="Replay model: per-iteration (the original analysis; default), pipeline "
+        "(DataLoader pipelines across iterations) or stall-only (stall what-ifs from the train "
+        "table; runs without fetch records get it). Default: config 'model'.",
     ),
     workers: int | None = typer.Option(
         None,

@@ -21,7 +21,7 @@ import plotly.io as pio
 from dsim import __version__
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
-from dsim.replay.policies import BASELINE, Policy
+from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 
 if TYPE_CHECKING:
     from dsim.attribution import LastOverTime
@@ -300,6 +300,8 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
         attribution = data.attributions.get(run)
         if attribution is None or attribution.table is None or attribution.table.empty:
             continue
+        if (attribution.table["worker"] < 0).all():  # by stalls alone: no fetches to draw
+            continue
         label = labels.get(run, run)
         out.append((f"fig-attr-workers{suffix}", figures.workers_figure(attribution.table, label)))
         if attribution.over_time is not None:
@@ -414,6 +416,18 @@ def _attribution_views(data: ReportInput, divs: Mapping[str, str]) -> str:
     return "".join(views)
 
 
+def _stall_only_note(summary: pd.DataFrame) -> str:
+    """What the stall what-ifs are, when the report shows any (runs without fetch records)."""
+    if not summary["fetch_align"].map(is_stall_alignment).any():
+        return ""
+    return (
+        " Rows <b>stall-min</b> and <b>stall-avg</b> (the stall-only model, for runs without "
+        "fetch records such as profiler traces) replace every GPU's stall by the minimum or "
+        "the mean over GPUs; alignments of fetches and starts, and the start and fetch diffs "
+        "(–), need the fetch records such runs lack."
+    )
+
+
 def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = None) -> str:
     """The complete HTML document."""
     figs = report_figures(data) if figs is None else figs
@@ -444,7 +458,8 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             "Each cell replays the run with every GPU's fetch duration (rows) and fetch start "
             "(columns) aligned to the minimum or the average over GPUs; <b>actual / actual</b> "
             f"is the measured run. Effective delay: share of iterations whose delay between GPUs "
-            f"exceeds {html.escape(threshold)}. Speedup: measured mean iteration time ÷ replayed.",
+            f"exceeds {html.escape(threshold)}. Speedup: measured mean iteration time ÷ replayed."
+            + _stall_only_note(data.summary),
             whatif,
         ),
         _section(

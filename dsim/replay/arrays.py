@@ -116,11 +116,16 @@ def _scatter(values: np.ndarray, flat: np.ndarray, n: int, g: int) -> np.ndarray
     return out.reshape(n, g)
 
 
-def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
+def build_iteration_arrays(
+    fetch: pa.Table, train: pa.Table, *, require_fetch: bool = True
+) -> IterationArrays:
     """Pivot the fetch and training tables of one run into ``IterationArrays``.
 
     The GPU set is the union of the GPUs of both tables, so a GPU that lost all
     its training lines makes every iteration incomplete instead of vanishing.
+    ``require_fetch=False`` (the ``stall-only`` model, docs/SPEC.md §4.3) keeps
+    every iteration with a training record for every GPU; a cell without a
+    fetch record then holds NaN start and duration and worker -1.
     """
     f_epoch = _column(fetch, "epoch", "fetch", np.int32)
     f_iter = _column(fetch, "iteration", "fetch", np.int32)
@@ -149,18 +154,28 @@ def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
     has_train[t_flat] = True
     fetch_ok = has_fetch.reshape(n, g).all(axis=1)
     train_ok = has_train.reshape(n, g).all(axis=1)
-    keep = fetch_ok & train_ok
+    keep = fetch_ok & train_ok if require_fetch else train_ok
 
     dropped = {
-        MISSING_FETCH: int((~fetch_ok & train_ok).sum()),
+        MISSING_FETCH: int((~fetch_ok & train_ok).sum()) if require_fetch else 0,
         MISSING_TRAIN: int((fetch_ok & ~train_ok).sum()),
         MISSING_BOTH: int((~fetch_ok & ~train_ok).sum()),
     }
     dropped = {reason: count for reason, count in dropped.items() if count}
 
-    origin_ns = int(f_start.min()) if len(f_start) else 0
+    if len(f_start):
+        origin_ns = int(f_start.min())
+    else:  # no fetch record (a profiled run): the first arrival keeps arrivals precise
+        origin_ns = int(t_start.min()) if len(t_start) and not require_fetch else 0
     start_ns = _scatter(f_start - origin_ns, f_flat, n, g)[keep]
     start = start_ns.astype(np.float64) / 1e9
+    fetch_s = _scatter(f_dur, f_flat, n, g)[keep]
+    worker = _scatter(f_worker, f_flat, n, g)[keep]
+    if not require_fetch:
+        absent = ~has_fetch.reshape(n, g)[keep]
+        start[absent] = np.nan
+        fetch_s[absent] = np.nan
+        worker[absent] = -1
     arrival_ns = _scatter(t_start - origin_ns, t_flat, n, g)[keep]
     kept_keys = keys[keep]
     return IterationArrays(
@@ -168,11 +183,11 @@ def build_iteration_arrays(fetch: pa.Table, train: pa.Table) -> IterationArrays:
         iteration=((kept_keys & 0xFFFFFFFF) - 2**31).astype(np.int32),
         gpus=gpus,
         start=np.asfortranarray(start),
-        fetch=np.asfortranarray(_scatter(f_dur, f_flat, n, g)[keep]),
+        fetch=np.asfortranarray(fetch_s),
         iteration_time=np.asfortranarray(_scatter(t_time, t_flat, n, g)[keep]),
         stall=np.asfortranarray(_scatter(t_stall, t_flat, n, g)[keep]),
         arrival=np.asfortranarray(arrival_ns.astype(np.float64) / 1e9),
-        worker=np.asfortranarray(_scatter(f_worker, f_flat, n, g)[keep]),
+        worker=np.asfortranarray(worker),
         origin_ns=origin_ns,
         dropped=dropped,
     )

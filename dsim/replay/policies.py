@@ -12,13 +12,21 @@ name        fetch duration F'[g]         fetch start S'[g]
 ==========  ===========================  ================================
 
 ``avg`` of starts is the midpoint, as the original analysis computed it; new
-aggregates get new names and never change these. Configs may spell
+aggregates get new names and never change these.
+
+Stall alignments (docs/SPEC.md §4.3) align neither side: ``stall-min`` and
+``stall-avg`` replace every GPU's training stall by the min / mean over GPUs,
+which needs only the train table (profiler traces have no fetch records).
+They stand on the fetch side of a pair whose start side is ``actual``
+(``stall-min/actual``), so file names, summary columns and figures keep
+their pair form; only the ``stall-only`` replay model replays them. Configs may spell
 ``actual`` as ``false``, ``null`` or ``"actual"``.
 
 Adding a policy is one ``register`` call here: every aggregate has the same
 signature, ``f(values [N, G]) -> [N]``, and the replay models, the config,
-the options and the figures all read this registry. ``KNOWN`` (what may be
-asked for) is separate from ``DEFAULT`` (what a config without explicit
+the options and the figures all read this registry. ``KNOWN`` (the fetch
+and start alignments that may be asked for; ``STALL_ALIGNMENTS`` are apart)
+is separate from ``DEFAULT`` (what a config without explicit
 ``FETCH_ALIGN``/``START_ALIGN`` replays), so a new policy never changes what
 existing configs compute.
 
@@ -53,10 +61,11 @@ class Alignment:
     label: str
     fetch: Aggregate | None
     start: Aggregate | None
+    stall: Aggregate | None = None  # a stall alignment: every GPU's stall takes this value
 
     @property
     def is_identity(self) -> bool:
-        return self.fetch is None and self.start is None
+        return self.fetch is None and self.start is None and self.stall is None
 
 
 def column_reduce(values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
@@ -93,11 +102,18 @@ def register(alignment: Alignment) -> Alignment:
 ACTUAL = register(Alignment("actual", "actual", None, None)).name
 AVG = register(Alignment("avg", "avg", fetch=_mean, start=_midpoint)).name
 MIN = register(Alignment("min", "min", fetch=_min, start=_min)).name
+STALL_AVG = register(Alignment("stall-avg", "stall avg", None, None, stall=_mean)).name
+STALL_MIN = register(Alignment("stall-min", "stall min", None, None, stall=_min)).name
 
-#: Every alignment that may be asked for, in display order.
-KNOWN: tuple[str, ...] = tuple(REGISTRY)
+#: Every alignment of fetches and starts that may be asked for, in display order; every
+#: pair of them is a policy of the fetch models.
+KNOWN: tuple[str, ...] = tuple(name for name, a in REGISTRY.items() if a.stall is None)
+#: The stall alignments (the stall-only model; they pair only with start ``actual``).
+STALL_ALIGNMENTS: tuple[str, ...] = (STALL_AVG, STALL_MIN)
 #: What a config without FETCH_ALIGN / START_ALIGN replays: 3 x 3 = 9 pairs.
 DEFAULT: tuple[str, ...] = (ACTUAL, AVG, MIN)
+#: What a run without fetch records replays by default (the ``stall-only`` model).
+STALL_ONLY: tuple[Policy, ...] = ((ACTUAL, ACTUAL), (STALL_AVG, ACTUAL), (STALL_MIN, ACTUAL))
 #: Former name of ``KNOWN``.
 POLICIES = KNOWN
 
@@ -108,6 +124,34 @@ def label(name: str) -> str:
     """Display label of an alignment name (the name itself when unknown)."""
     alignment = REGISTRY.get(name)
     return alignment.label if alignment is not None else name
+
+
+def is_stall_alignment(name: str) -> bool:
+    """Whether ``name`` is a stall alignment (``stall-min``, ``stall-avg``)."""
+    alignment = REGISTRY.get(name)
+    return alignment is not None and alignment.stall is not None
+
+
+def needs_fetch(policy: Policy) -> bool:
+    """Whether replaying ``policy`` needs fetch records: any side that aligns fetches or starts."""
+    return any(
+        (a := REGISTRY.get(side)) is not None and (a.fetch is not None or a.start is not None)
+        for side in policy
+    )
+
+
+def check_pair(policy: Policy) -> None:
+    """A stall alignment stands on the fetch side with start ``actual``; else a ``UsageError``."""
+    fetch, start = policy
+    if is_stall_alignment(start):
+        raise UsageError(
+            f"{start} is a stall alignment: it goes on the fetch side ({start}/actual)"
+        )
+    if is_stall_alignment(fetch) and start != ACTUAL:
+        raise UsageError(
+            f"{fetch} replaces stalls, not fetches: it pairs only with start actual "
+            f"({fetch}/actual), not {fetch}/{start}"
+        )
 
 
 def normalize_policy(value: object) -> str:
@@ -121,10 +165,19 @@ def normalize_policy(value: object) -> str:
 
 
 def policy_pairs(fetch_aligns: Iterable[object], start_aligns: Iterable[object]) -> list[Policy]:
-    """Every (fetch, start) pair, canonical names, duplicates removed, in config order."""
+    """Every (fetch, start) pair, canonical names, duplicates removed, in config order.
+
+    A stall alignment on the fetch side pairs only with start ``actual`` (it has
+    no start side); one on the start side is a ``UsageError``.
+    """
     fetch = [normalize_policy(v) for v in fetch_aligns]
     start = [normalize_policy(v) for v in start_aligns]
-    return list(dict.fromkeys(itertools.product(fetch, start)))
+    for name in start:
+        check_pair((ACTUAL, name))
+    pairs = itertools.product(fetch, start)
+    return list(
+        dict.fromkeys(p for p in pairs if not (is_stall_alignment(p[0]) and p[1] != ACTUAL))
+    )
 
 
 def policy_label(policy: Policy) -> str:

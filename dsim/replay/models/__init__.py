@@ -11,13 +11,16 @@ from dsim.errors import UsageError
 from dsim.replay.models.base import Replay, ReplayModel
 from dsim.replay.models.per_iteration import PerIterationModel
 from dsim.replay.models.pipeline import PipelineModel
+from dsim.replay.models.stall_only import StallOnlyModel
 
 MODELS: dict[str, ReplayModel] = {
-    model.name: model for model in (PerIterationModel(), PipelineModel())
+    model.name: model for model in (PerIterationModel(), PipelineModel(), StallOnlyModel())
 }
+#: The model a run without fetch records is replayed with (``dsim.app.run``).
+STALL_ONLY_MODEL = StallOnlyModel.name
 DEFAULT_MODEL = PerIterationModel.name
 
-__all__ = ["DEFAULT_MODEL", "MODELS", "Replay", "ReplayModel", "get_model"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "STALL_ONLY_MODEL", "Replay", "ReplayModel", "get_model"]
 
 
 def get_model(name: str) -> ReplayModel:

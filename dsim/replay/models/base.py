@@ -26,7 +26,7 @@ import numpy as np
 
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.replay.params import ReplayParams
-from dsim.replay.policies import Policy
+from dsim.replay.policies import Policy, is_stall_alignment
 
 if TYPE_CHECKING:
     from dsim.replay.arrays import IterationArrays
@@ -66,6 +66,8 @@ class ReplayModel(ABC):
     params: ClassVar[tuple[str, ...]]
     #: Whether the model reads the run's loader settings (then they enter its cache keys).
     uses_loader: ClassVar[bool] = False
+    #: Whether the model replays fetch records (a run without them needs a model that does not).
+    needs_fetch: ClassVar[bool] = True
 
     @abstractmethod
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedRun:
@@ -74,6 +76,10 @@ class ReplayModel(ABC):
     @abstractmethod
     def replay(self, prepared: Any, policy: Policy, params: ReplayParams) -> Replay:
         """Replay every row of ``prepared`` (the whole run or a chunk) under ``policy``."""
+
+    def supports(self, policy: Policy) -> bool:
+        """Whether this model replays ``policy``; fetch/start models refuse stall alignments."""
+        return not any(is_stall_alignment(side) for side in policy)
 
     def cut_points(self, arrays: IterationArrays) -> np.ndarray | None:
         """Rows before which a run may be split for execution; ``None``: before any row."""

@@ -212,6 +212,8 @@ def _check_policy(policy: Policy) -> None:
     for side in policy:
         if side not in REGISTRY:
             raise ValueError(f"unknown policy {side!r}; expected one of {', '.join(REGISTRY)}")
+        if REGISTRY[side].stall is not None:  # it would otherwise replay as ``actual``
+            raise ValueError(f"{side} is a stall alignment: the stall-only model replays it")
 
 
 def replay_prepared(

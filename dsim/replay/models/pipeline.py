@@ -112,6 +112,9 @@ class PipelineModel(ReplayModel):
             inputs, calibrate(inputs, measured.workers, measured.prefetch_factor)
         )
 
+    def supports(self, policy: Policy) -> bool:
+        return all(name in SUPPORTED for name in policy)
+
     def replay(self, prepared: PreparedPipeline, policy: Policy, params: ReplayParams) -> Replay:
         unsupported = [name for name in policy if name not in SUPPORTED]
         if unsupported:
