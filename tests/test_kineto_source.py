@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def test_dsim_parse_reads_the_shipped_traces(tmp_path: Path) -> None:
     info = json.loads((run_dir / "run.json").read_text())
     assert info["format"] == "kineto" and info["gpus"] == 4 and info["gpu_ids"] == [0, 1, 2, 3]
     assert info["iterations_per_epoch"] == {"0": 30}
+    for source in info["sources"]:  # provenance as for raw logs: the file as stored
+        stored = Path(source["path"]).read_bytes()
+        assert source["size"] == len(stored)
+        assert source["sha256"] == hashlib.sha256(stored).hexdigest()
+        assert source.get("compression") == ("gzip" if stored[:2] == b"\x1f\x8b" else None)
     assert pq.read_table(run_dir / "fetch.parquet").num_rows == 0
     train = pq.read_table(run_dir / "train.parquet")
     assert train.num_rows == 120 and set(train["epoch"].to_pylist()) == {0}

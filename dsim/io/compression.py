@@ -20,6 +20,7 @@ from Python 3.14), imported only when a zstd file is met.
 from __future__ import annotations
 
 import bz2
+import hashlib
 import io
 import lzma
 import zlib
@@ -260,6 +261,23 @@ def open_text(path: Any) -> BinaryIO:
     return _Owning(open_stored(raw, head, fmt, lambda _: None), raw)
 
 
+def identify(path: Any) -> dict[str, Any]:
+    """``size`` and ``sha256`` of a file as stored, and its ``compression`` if any: what
+    ``run.json`` lists for a source that was read through ``open_text`` (one more read)."""
+    digest, size, head = hashlib.sha256(), 0, b""
+    with open(path, "rb") as raw:
+        for block in iter(lambda: raw.read(1 << 20), b""):
+            if len(head) < MAGIC_BYTES:
+                head += block[: MAGIC_BYTES - len(head)]
+            digest.update(block)
+            size += len(block)
+    out: dict[str, Any] = {"size": size, "sha256": digest.hexdigest()}
+    fmt = detect(head)
+    if fmt is not None:
+        out["compression"] = fmt.name
+    return out
+
+
 class _Owning(io.BufferedReader):
     """A buffered reader that also closes the file under its decompressor."""
 
@@ -283,6 +301,7 @@ __all__ = [
     "StreamError",
     "describe_binary",
     "detect",
+    "identify",
     "looks_binary",
     "open_stored",
     "open_text",

@@ -12,7 +12,6 @@ like a bad log line (docs/SPEC.md §1.9).
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import re
 from dataclasses import dataclass
@@ -111,12 +110,8 @@ def _value(text: str, name: str, low: float, high: float | None) -> tuple[float 
 
 def read_util_log(path: Path) -> UtilLog:
     """Samples and rejected rows of one nvidia-smi CSV file (header required)."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as raw:
-        for block in iter(lambda: raw.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
     try:
+        identity = compression.identify(path)
         with compression.open_text(path) as handle:
             text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
             lines = text.read().splitlines()
@@ -185,11 +180,7 @@ def read_util_log(path: Path) -> UtilLog:
         },
         schema=REJECT_SCHEMA,
     )
-    source = {"path": str(path), "size": size, "sha256": digest.hexdigest(), "kind": "gpu_util"}
-    with open(path, "rb") as raw:
-        kind = compression.detect(raw.read(compression.MAGIC_BYTES))
-    if kind is not None:
-        source["compression"] = kind.name
+    source = {"path": str(path), **identity, "kind": "gpu_util"}
     return UtilLog(samples, rejects, source, rows=len(lines) - 1)
 
 

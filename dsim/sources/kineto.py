@@ -402,7 +402,10 @@ def build_train(traces: Iterable[RankTrace]) -> ProfiledRun:
     }
     if warnings:
         report["warnings"] = warnings
-    sources = [{"path": str(t.path), "rank": t.rank, "events": t.events} for t in traces]
+    sources = [
+        {"path": str(t.path), **compression.identify(t.path), "rank": t.rank, "events": t.events}
+        for t in traces
+    ]
     return ProfiledRun(train, rejects, report, sources)
 
 
