@@ -26,6 +26,7 @@ from typing import Any
 
 from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
+from dsim.model.selection import resolve_epochs
 from dsim.model.tables import RUN_FILE, read_info
 from dsim.replay.models import DEFAULT_MODEL, MODELS
 from dsim.replay.params import DEFAULT_STALL_FLOOR_S, DEFAULT_STALL_GROW_MIN_S
@@ -261,13 +262,10 @@ def _check_epochs(
     if not isinstance(epochs, list):
         return
     for name, info in run_infos.items():
-        present = sorted(int(e) for e in info.get("epochs") or [])
-        absent = [e for e in epochs if e not in present]
-        if absent:
-            problems.add(
-                f"epoch(s) {', '.join(map(str, absent))} not in run {name}; "
-                f"available epochs: {', '.join(map(str, present)) or 'none'}"
-            )
+        try:
+            resolve_epochs(info.get("epochs") or [], epochs, run=name)
+        except UsageError as exc:
+            problems.add(str(exc))
 
 
 def _model(overrides: Overrides, raw: dict[str, Any], problems: _Problems) -> str:

@@ -17,7 +17,7 @@ threshold. What-if columns compare each policy with the same run's
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pandas as pd
 from dsim.errors import UsageError
 from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
+from dsim.model.selection import Epochs, resolve_epochs, selection_mask
 from dsim.replay.policies import ACTUAL, BASELINE, Policy
 
 DEFAULT_WARMUP = 10
@@ -56,43 +57,6 @@ SUMMARY_COLUMNS: list[str] = [
     *WHAT_IF_COLUMNS,
     *SELECTION_COLUMNS,
 ]
-
-Epochs = Sequence[int] | str | None  # explicit list, "all", or None for the default
-
-
-def default_epochs(present: Sequence[int]) -> list[int]:
-    """Every epoch but the first when there is more than one (the first carries warm-up)."""
-    epochs = sorted({int(e) for e in present})
-    return epochs[1:] if len(epochs) > 1 else epochs
-
-
-def resolve_epochs(present: Sequence[int], epochs: Epochs, *, run: str = "") -> list[int]:
-    """Turn an epochs option into a list, checking that every asked-for epoch exists."""
-    have = sorted({int(e) for e in present})
-    if epochs is None:
-        return default_epochs(have)
-    if isinstance(epochs, str):
-        if epochs.strip().lower() == "all":
-            return have
-        raise UsageError(f"epochs must be a list of numbers or 'all', not {epochs!r}")
-    wanted = sorted({int(e) for e in epochs})
-    missing = [e for e in wanted if e not in have]
-    if missing:
-        where = f"run {run}: " if run else ""
-        raise UsageError(
-            f"{where}epoch(s) {', '.join(map(str, missing))} not in the replay "
-            f"(epochs present: {', '.join(map(str, have)) or 'none'})"
-        )
-    return wanted
-
-
-def selection_mask(
-    epoch: np.ndarray, iteration: np.ndarray, epochs: Iterable[int], warmup: int
-) -> np.ndarray:
-    """Iterations that count: in a selected epoch and past the warm-up (``iteration > warmup``)."""
-    return np.isin(np.asarray(epoch), np.asarray(list(epochs), dtype=np.int64)) & (
-        np.asarray(iteration) > warmup
-    )
 
 
 def _mean_std(values: np.ndarray) -> tuple[float, float]:

@@ -299,7 +299,7 @@ def test_run_without_replays(tmp_path: Path) -> None:
         (["--policy", "min/avg", "--run", "*openimage*", "--timeline-run", RUN_A], "matches none"),
         (["--policy", "max/min"], "unknown policy"),
         (["--policy", "avg"], "expected FETCH/START"),
-        (["--epochs", "7"], "not in the replay"),
+        (["--epochs", "7"], "epoch(s) 7 not in run"),
         (["--epochs", "one"], "--epochs"),
         (["--warmup", "1000"], "no iterations selected"),
         (["--images", "gif"], "--images"),

@@ -119,7 +119,7 @@ def test_filters_and_several_results_directories(results, tmp_path):
         (["--run", "nomatch*"], 2, "--run nomatch* matches no run"),
         (["--policy", "median/min"], 2, "unknown policy 'median'"),
         (["--policy", "avg"], 2, "--policy: expected FETCH/START"),
-        (["--epochs", "7"], 2, "epoch(s) 7 not in the replay"),
+        (["--epochs", "7"], 2, "epoch(s) 7 not in run"),
         (["--epochs", "x"], 2, "--epochs: expected"),
         (["--warmup", "5"], 2, "no iterations selected"),
         (["--format", "xlsx", "--out", "o"], 2, "unknown output format xlsx"),

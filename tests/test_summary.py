@@ -10,12 +10,10 @@ import pytest
 
 from dsim.errors import UsageError
 from dsim.model.results import find_result_runs, replay_table, write_replay, write_result_info
+from dsim.model.selection import default_epochs, resolve_epochs, selection_mask
 from dsim.summary import (
     SUMMARY_COLUMNS,
     add_what_if,
-    default_epochs,
-    resolve_epochs,
-    selection_mask,
     summarize_metrics,
     summarize_results,
 )
@@ -136,7 +134,7 @@ def test_several_results_directories_with_the_same_run(tmp_path):
 
 def test_epoch_not_present_is_a_usage_error(tmp_path):
     runs = find_result_runs([write_results(tmp_path / "results")])
-    with pytest.raises(UsageError, match=r"epoch\(s\) 7 not in the replay"):
+    with pytest.raises(UsageError, match=r"epoch\(s\) 7 not in run"):
         summarize_results(runs, epochs=[1, 7])
 
 

@@ -27,10 +27,10 @@ from dsim.attribution import (
 from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.io import parquetio
+from dsim.model.selection import selection_mask
 from dsim.model.tables import FETCH_FILE, RUN_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
-from dsim.summary import selection_mask
 
 ATTRIBUTION_STEM = "attribution"
 

@@ -32,9 +32,10 @@ from dsim.errors import DsimError, InputError, OutputError, UsageError
 from dsim.io import lock
 from dsim.io.atomic import atomic_path, remove_leftovers, write_text
 from dsim.model.results import ResultRun, results_directories, scan_results
+from dsim.model.selection import selection_mask
 from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
-from dsim.summary import selection_mask, summarize_results
+from dsim.summary import summarize_results
 from dsim.verdict import run_verdicts
 
 if TYPE_CHECKING:
