@@ -89,7 +89,13 @@ def test_run_and_report_log_metrics_params_and_artifacts(clone: Path) -> None:
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags["dsim.run"] == SAMPLE
         assert child.data.params["fetch_align"] == row.fetch_align
-        for column in ("iteration_s_mean", "stall_s_mean", "effective_delay_pct", "speedup"):
+        for column in (
+            "iteration_s_mean",
+            "stall_s_mean",
+            "effective_delay_pct",
+            "speedup",
+            "throughput_job_samples_s",
+        ):
             assert child.data.metrics[column] == pytest.approx(getattr(row, column), rel=1e-12)
     best = summary.loc[summary["speedup"].idxmax()]
     assert parent.data.metrics["best_speedup"] == pytest.approx(best["speedup"], rel=1e-12)

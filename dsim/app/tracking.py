@@ -61,7 +61,15 @@ POLICY_TAG = "dsim.policy"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 #: Columns logged as metrics per policy (numbers only; NaN ones are left out).
-METRIC_COLUMNS = [*STAT_COLUMNS, *WHAT_IF_COLUMNS]
+METRIC_COLUMNS = [
+    *STAT_COLUMNS,
+    *WHAT_IF_COLUMNS,
+    "batch_size_rank",
+    "throughput_rank_samples_s",
+    "throughput_job_samples_s",
+    "throughput_gain_samples_s",
+    "scaling_efficiency",
+]
 #: Summary columns logged as params of a dsim run (None ones are left out).
 PARAM_COLUMNS = [
     "run",
@@ -183,7 +191,7 @@ def tracking_key(info: Mapping[str, Any], params: Mapping[str, str]) -> str:
 def policy_metrics(row: Mapping[str, Any]) -> dict[str, float]:
     """A summary row's numbers as MLflow metrics (finite ones only)."""
     out: dict[str, float] = {}
-    for column in [*METRIC_COLUMNS, *(c for c in row if str(c).startswith("throughput_"))]:
+    for column in METRIC_COLUMNS:
         value = row.get(column)
         if isinstance(value, bool) or value is None:
             continue
