@@ -242,7 +242,7 @@ def test_default_store_is_a_sqlite_database_under_mlruns(tmp_path: Path, monkeyp
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri, artifacts = tracking_target(MlflowSettings())
     assert uri == f"sqlite:///{tmp_path.resolve() / 'mlruns' / 'mlflow.db'}"
-    assert artifacts == (tmp_path.resolve() / "mlruns" / "artifacts").as_uri()
+    assert artifacts == tmp_path.resolve() / "mlruns" / "artifacts"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
     assert tracking_target(MlflowSettings()) == ("sqlite:///env.db", None)
     assert tracking_target(MlflowSettings("sqlite:///conf.db")) == ("sqlite:///conf.db", None)

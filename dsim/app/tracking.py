@@ -124,13 +124,14 @@ class TrackingOutcome:
         )
 
 
-def tracking_target(settings: MlflowSettings) -> tuple[str, str | None]:
-    """The tracking URI and, for dsim's default store, the artifact location to create."""
+def tracking_target(settings: MlflowSettings) -> tuple[str, Path | None]:
+    """The tracking URI and, for dsim's default store, the artifact directory of the
+    experiments dsim creates there."""
     uri = settings.tracking_uri or os.environ.get(URI_ENV) or ""
     if uri:
         return uri, None
     directory = (Path.cwd() / DEFAULT_DIRECTORY).resolve()
-    return f"sqlite:///{directory / 'mlflow.db'}", (directory / "artifacts").as_uri()
+    return f"sqlite:///{directory / 'mlflow.db'}", directory / "artifacts"
 
 
 def _param_value(value: Any) -> str | None:
@@ -273,16 +274,17 @@ def track_summary(
     infos = {str(r.directory): r.info for r in find_result_runs([Path(d) for d in directories])}
     try:
         with _quiet_mlflow():
-            if artifact_root is not None:
-                (Path(artifact_root.removeprefix("file://"))).parent.mkdir(
-                    parents=True, exist_ok=True
-                )
+            if artifact_root is not None:  # SQLite creates the file, not its directory
+                artifact_root.parent.mkdir(parents=True, exist_ok=True)
             client = MlflowClient(tracking_uri=uri)
             experiment = client.get_experiment_by_name(experiment_name)
             experiment_id = (
                 experiment.experiment_id
                 if experiment is not None
-                else client.create_experiment(experiment_name, artifact_location=artifact_root)
+                else client.create_experiment(
+                    experiment_name,
+                    artifact_location=None if artifact_root is None else artifact_root.as_uri(),
+                )
             )
             for directory in directories:
                 rows = summary[summary["results"].astype(str) == directory]
