@@ -101,7 +101,7 @@ def command(
         typer.Option(
             "--mlflow",
             help="Also log the summary and the report to MLflow ($MLFLOW_TRACKING_URI, else "
-            './mlruns; needs pip install "dsim[mlflow]").',
+            "./mlruns; needs the mlflow extra of dsim).",
         ),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,

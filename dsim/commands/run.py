@@ -140,8 +140,8 @@ def command(
     mlflow: bool | None = typer.Option(
         None,
         "--mlflow/--no-mlflow",
-        help="Log the summary to MLflow ($MLFLOW_TRACKING_URI, else ./mlruns; needs "
-        "pip install \"dsim[mlflow]\"). Default: config 'mlflow'.",
+        help="Log the summary to MLflow ($MLFLOW_TRACKING_URI, else ./mlruns; needs the "
+        "mlflow extra of dsim). Default: config 'mlflow'.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     full: bool = typer.Option(
