@@ -66,6 +66,7 @@ KNOWN_KEYS = frozenset(
         "prefetch_factor",
         "WORKER_NUM",
         "PREFETCH_FACTOR",
+        "mlflow",
     }
 )
 #: The original analysis's names of the loader settings: the same meaning as dsim's keys.
@@ -89,6 +90,21 @@ class Overrides:
     workers: int | None = None
     prefetch_factor: int | None = None
     policies: tuple[Policy, ...] = ()
+    mlflow: bool | None = None  # --mlflow / --no-mlflow
+
+
+#: Keys of the config's ``mlflow`` object.
+MLFLOW_KEYS = ("tracking_uri", "experiment")
+
+
+@dataclass(frozen=True)
+class MlflowSettings:
+    """Where ``--mlflow`` logs; ``None`` fields fall back at logging time
+    (``MLFLOW_TRACKING_URI`` / ``MLFLOW_EXPERIMENT_NAME``, else dsim's defaults:
+    ``dsim.app.tracking``)."""
+
+    tracking_uri: str | None = None
+    experiment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,7 @@ class SimConfig:
     #: Whether the policies were asked for (``-p``, ``FETCH_ALIGN``/``START_ALIGN``) or defaulted:
     #: a run without fetch records replays the stall-only defaults instead of defaulted ones.
     policies_explicit: bool = False
+    mlflow: MlflowSettings | None = None  # None: no MLflow logging
     run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
 
@@ -342,6 +359,35 @@ def _ray_address(
     return None if source == FROM_ENV else str(value)
 
 
+def _mlflow(
+    overrides: Overrides, raw: dict[str, Any], problems: _Problems
+) -> MlflowSettings | None:
+    """MLflow logging: ``--mlflow``/``--no-mlflow`` > config ``mlflow`` (true, false, or an
+    object with ``tracking_uri`` and ``experiment``) > off."""
+    value = raw.get("mlflow", False)
+    settings: MlflowSettings | None = None
+    if isinstance(value, bool):
+        settings = MlflowSettings() if value else None
+    elif isinstance(value, dict):
+        fields: dict[str, str] = {}
+        for key, item in value.items():
+            if key not in MLFLOW_KEYS:
+                problems.add(f"mlflow: unknown key {key!r} (known: {', '.join(MLFLOW_KEYS)})")
+            elif not isinstance(item, str) or not item.strip():
+                problems.add(f"mlflow.{key} must be a non-empty string, got {item!r}")
+            else:
+                fields[key] = item.strip()
+        settings = MlflowSettings(**fields)
+    else:
+        problems.add(
+            'mlflow must be true, false or an object such as {"tracking_uri": '
+            f'"sqlite:///mlflow.db", "experiment": "dsim"}}, got {value!r}'
+        )
+    if overrides.mlflow is None:
+        return settings
+    return (settings or MlflowSettings()) if overrides.mlflow else None
+
+
 def validate_config(
     raw: dict[str, Any],
     *,
@@ -425,6 +471,7 @@ def validate_config(
     if num_cpus is not None and num_cpus < 1:
         problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
     ray_address = _ray_address(overrides, raw, executor, problems)
+    mlflow = _mlflow(overrides, raw, problems)
 
     runs = _resolve_runs(names, paths["traces"], problems) if names else []
     run_infos: dict[str, dict[str, Any]] = {}
@@ -456,6 +503,7 @@ def validate_config(
         workers=workers,
         prefetch_factor=prefetch,
         source=source,
+        mlflow=mlflow,
         run_infos=run_infos,
     )
 

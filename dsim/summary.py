@@ -29,6 +29,7 @@ from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
 from dsim.model.selection import Epochs, resolve_epochs, selection_mask
 from dsim.replay.policies import ACTUAL, BASELINE, Policy
+from dsim.throughput import THROUGHPUT_COLUMNS, add_throughput, batch_size
 
 DEFAULT_WARMUP = 10
 DEFAULT_THRESHOLD_S = 0.030
@@ -56,6 +57,7 @@ SUMMARY_COLUMNS: list[str] = [
     *STAT_COLUMNS,
     *WHAT_IF_COLUMNS,
     *SELECTION_COLUMNS,
+    *THROUGHPUT_COLUMNS,  # §5.5; after the older columns, which keep their places
 ]
 
 
@@ -174,7 +176,7 @@ def summary_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     for col in SUMMARY_COLUMNS:
         if col not in df.columns:
             df[col] = pd.Series(dtype="float64")
-    df = add_what_if(df)
+    df = add_throughput(add_what_if(df))
     extras = [c for c in df.columns if c not in SUMMARY_COLUMNS]
     return df[[*SUMMARY_COLUMNS, *extras]].reset_index(drop=True)
 
@@ -262,6 +264,7 @@ def summarize_results(
                 threshold_s=run_threshold,
             )
             row.update(model_fields(run.info))
+            row["batch_size_rank"], row["batch_size_source"] = batch_size(run.info)
             row["results"] = str(run.directory)
             row["__shown"] = wanted is None or policy in wanted
             rows.append(row)

@@ -120,6 +120,7 @@ def test_report_has_every_figure_and_table(report: str) -> None:
         "fig-whatif-0",
         "fig-whatif-1",
         "fig-bars",
+        "fig-scaling",
         "fig-timeline",
         "fig-cdf",
         "fig-timeline-1",
@@ -174,7 +175,13 @@ def test_filters_run_policy_timeline(results: Path, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     html = read_report(out)
-    assert figure_ids(html) == {"fig-whatif-0", "fig-bars", "fig-timeline", "fig-cdf"}
+    assert figure_ids(html) == {
+        "fig-whatif-0",
+        "fig-bars",
+        "fig-scaling",
+        "fig-timeline",
+        "fig-cdf",
+    }
     assert "<select class='run-switch'" not in html  # one run: nothing to switch
     assert RUN_A not in html
     body = html.split("id='summary-table'")[1].split("</table>")[0]

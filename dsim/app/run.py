@@ -56,6 +56,7 @@ from dsim.summary import (
     selected_iterations,
     summarize_results,
 )
+from dsim.throughput import batch_from_throughput, trace_batch_size
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RunPlan:
     params: ReplayParams = field(default_factory=ReplayParams)  # as this run replays them
     loader: dict[str, Any] | None = None  # measured and assumed loader settings (result.json)
     model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
+    batch: dict[str, Any] | None = None  # per-rank batch size and its source (result.json)
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -223,7 +225,22 @@ def plan_run(
         run_params,
         loader,
         model,
+        _batch(tables),
     )
+
+
+def _batch(tables: Any) -> dict[str, Any] | None:
+    """The per-rank batch size for throughput (docs/SPEC.md §5.5), recorded in result.json:
+    the ``Throughput`` field is in the train table, which summaries do not read."""
+    train = tables.train
+    implied = None
+    if "throughput" in train.column_names:
+        implied = batch_from_throughput(
+            train.column("throughput").to_numpy(zero_copy_only=False),
+            train.column("iteration_s").to_numpy(zero_copy_only=False),
+        )
+    per_rank, source = trace_batch_size(tables.info, implied)
+    return None if per_rank is None else {"per_rank": per_rank, "source": source}
 
 
 def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
@@ -277,6 +294,7 @@ def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> dict[s
         },
         "params": params_document(model, plan.params),
         **({"loader": plan.loader} if plan.loader is not None else {}),
+        **({"batch": plan.batch} if plan.batch is not None else {}),
         "dropped": dict(plan.arrays.dropped),
         "iterations": plan.arrays.n_iterations,
         "gpus": [int(g) for g in plan.arrays.gpus],

@@ -96,6 +96,14 @@ def command(
     force: Annotated[
         bool, typer.Option("--force", help="Accept a --threshold of 1 s or more (in seconds).")
     ] = False,
+    mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--mlflow",
+            help="Also log the summary and the report to MLflow ($MLFLOW_TRACKING_URI, else "
+            "./mlruns; needs the mlflow extra of dsim).",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
 ) -> None:
     """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
@@ -106,6 +114,10 @@ def command(
     check_threshold(threshold, force=force)
     epoch_sel = parse_epochs_option(epochs)
     policies = [parse_policy_option(p) for p in policy or []] or None
+    if mlflow:
+        from dsim.app.tracking import require_mlflow
+
+        require_mlflow()  # before any work
 
     from dsim.app.report import ReportRequest, check_output, make_report, write_images
 
@@ -143,6 +155,14 @@ def command(
             )
         return folder
 
+    tracked = None
+    if mlflow:
+        from dsim.app.tracking import track_summary
+        from dsim.config import MlflowSettings
+
+        tracked = track_summary(
+            outcome.data.summary, MlflowSettings(), artifacts=[out], command="report"
+        )
     if quiet:
         if images is not None:
             images_out()
@@ -153,6 +173,8 @@ def command(
         f"wrote {out} ({runs} run{'s' if runs != 1 else ''}, "
         f"{len(outcome.data.summary)} policy rows, {size_mb:.1f} MB)"
     )
+    if tracked is not None:
+        typer.echo(tracked.text(), err=True)
     if images is not None:
         folder = images_out()
         if folder is not None:

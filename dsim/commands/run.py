@@ -32,6 +32,7 @@ Examples:
   dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
   dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
   dsim run myrun --model pipeline --workers 8     # as if the loader had 8 workers
+  dsim run --conf sim_conf.json --mlflow          # also log to MLflow (./mlruns)
 """
 
 # A progress bar is worth drawing only when the replay takes noticeable time.
@@ -136,6 +137,12 @@ def command(
         "--force",
         help="Recompute replays even when cached; also accept a --threshold of 1 s or more.",
     ),
+    mlflow: bool | None = typer.Option(
+        None,
+        "--mlflow/--no-mlflow",
+        help="Log the summary to MLflow ($MLFLOW_TRACKING_URI, else ./mlruns; needs the "
+        "mlflow extra of dsim). Default: config 'mlflow'.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     full: bool = typer.Option(
         False, "--full", help="Every run's table, also when an overview of many runs is printed."
@@ -165,8 +172,13 @@ def command(
         executor=executor,
         num_cpus=num_cpus,
         ray_address=ray_address,
+        mlflow=mlflow,
     )
     config = load_config(conf, overrides)
+    if config.mlflow is not None:
+        from dsim.app.tracking import require_mlflow
+
+        require_mlflow()  # before any work
     source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
     check_threshold(config.threshold_s, force=force, source=source)
     before = recorded_selections(config.out, config.runs)
@@ -178,6 +190,11 @@ def command(
             progress=None if quiet else _progress_factory(err, stack),
             on_wait=None if quiet else lambda text: _say(err, f"dsim: {text}"),
         )
+    tracked = None
+    if config.mlflow is not None:
+        from dsim.app.tracking import track_summary
+
+        tracked = track_summary(outcome.summary, config.mlflow, command="run")
     if quiet:
         return
     for note in selection_changes(before, recorded_selections(config.out, config.runs)):
@@ -205,6 +222,8 @@ def command(
         f"in {outcome.seconds:.1f} s; results in {os.path.normpath(config.out)}",
         highlight=False,
     )
+    if tracked is not None:
+        err.print(tracked.text(), highlight=False)
     sys.stdout.flush()
 
 

@@ -278,6 +278,7 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
     for i, run in enumerate(dict.fromkeys(data.summary["run"])):
         out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run, labels[run])))
     out.append(("fig-bars", figures.bars_figure(data.summary)))
+    out.append(("fig-scaling", figures.scaling_figure(data.summary)))
     selection = f", {data.selection}" if data.selection else ""
     threshold = data.threshold_s
     # the timeline and the CDF of one run show the same iterations and threshold
@@ -472,6 +473,15 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             divs["fig-bars"],
         ),
         _section(
+            "scaling",
+            "Throughput and scaling",
+            "Samples per second of the whole job under each policy (per-rank batch size ÷ mean "
+            "iteration time × GPUs), and, for runs of the same job at several GPU counts, "
+            "weak-scaling efficiency against the job's smallest run (1 is perfect). Where the "
+            "data cannot tell, the panel says why (docs/SPEC.md §5.5).",
+            divs["fig-scaling"],
+        ),
+        _section(
             "timeline",
             "Timeline",
             "Stall of every GPU per iteration, measured and replayed "
@@ -512,6 +522,7 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             ("runs", "Runs"),
             ("whatif", "What-if"),
             ("bars", "Time &amp; stall"),
+            ("scaling", "Throughput"),
             ("timeline", "Timeline"),
             ("cdf", "Delay CDF"),
             ("attribution", "Attribution"),

@@ -24,6 +24,7 @@ from dsim.render.figures.labels import (
     variant_text,
     wrap_name,
 )
+from dsim.render.figures.scaling import scaling_figure
 from dsim.render.figures.spread import SPREAD_QUANTILES, quantile_spread, whiskers
 from dsim.render.figures.style import FONT, GPU_COLORS, POLICY_COLORS, gpu_color, policy_color
 from dsim.render.figures.timeline import HOVER_AT, timeline_figure
@@ -48,6 +49,7 @@ __all__ = [
     "policy_name",
     "policy_of",
     "quantile_spread",
+    "scaling_figure",
     "short_labels",
     "timeline_figure",
     "variant_text",

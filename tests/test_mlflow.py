@@ -1,0 +1,260 @@
+"""``--mlflow`` (docs/SPEC.md §7.5): the real CLI logs into a real local MLflow store, read
+back with the MLflow client. MLflow's telemetry is off in every test (no network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, run_dsim
+
+from dsim.config import MlflowSettings, Overrides, _mlflow, _Problems
+from dsim.errors import UsageError
+
+SAMPLE = "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
+NO_NETWORK = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+POLICIES = sorted(f"{f}/{s}" for f in ("actual", "avg", "min") for s in ("actual", "avg", "min"))
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """Telemetry off; no tracking URI or experiment inherited from the developer's shell."""
+    return {**NO_NETWORK, "MLFLOW_TRACKING_URI": "", "MLFLOW_EXPERIMENT_NAME": "", **extra}
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped sample, parsed once: a clean clone after README's `dsim parse` step."""
+    root = tmp_path_factory.mktemp("sample")
+    shutil.copytree(REPO / "traces" / "raw", root / "traces" / "raw")
+    proc = run_dsim("parse", "traces/raw", "--out", "traces", "-q", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+@pytest.fixture
+def clone(parsed: Path, tmp_path: Path) -> Path:
+    shutil.copytree(parsed / "traces", tmp_path / "traces")
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+def _client(uri: str):
+    mlflow = pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    return mlflow.tracking.MlflowClient(tracking_uri=uri)
+
+
+def _runs(uri: str) -> tuple[list, list, object]:
+    client = _client(uri)
+    experiment = client.get_experiment_by_name("dsim")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children, client
+
+
+def test_run_and_report_log_metrics_params_and_artifacts(clone: Path) -> None:
+    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    proc = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", cwd=clone, env=_clean_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "MLflow: 1 run(s) logged (1 new, 0 updated)" in proc.stderr
+    uri = f"sqlite:///{clone / 'mlruns' / 'mlflow.db'}"
+    assert (clone / "mlruns" / "mlflow.db").is_file()
+
+    parents, children, client = _runs(uri)
+    assert len(parents) == 1 and len(children) == 9
+    parent = parents[0]
+    assert parent.data.tags["dsim.run"] == SAMPLE
+    assert parent.data.tags["dsim.model"] == "mlp"
+    assert parent.data.tags["dsim.replay_model"] == "per-iteration"
+    assert parent.info.status == "FINISHED"
+    params = parent.data.params
+    assert params["run"] == SAMPLE
+    assert params["warmup"] == "10" and params["threshold_s"] == "0.03"
+    assert params["selected_epochs"] == "1" and params["replay_model"] == "per-iteration"
+    assert params["gpus"] == "4" and params["batch_size"] == "128"
+    assert params["replay.stall_grow_min_s"] == "0.01"
+
+    summary = pd.read_csv(clone / "results" / "summary.csv")
+    by_policy = {f"{r.fetch_align}/{r.start_align}": r for r in summary.itertuples()}
+    assert sorted(c.data.tags["dsim.policy"] for c in children) == POLICIES
+    for child in children:
+        row = by_policy[child.data.tags["dsim.policy"]]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["dsim.run"] == SAMPLE
+        assert child.data.params["fetch_align"] == row.fetch_align
+        for column in (
+            "iteration_s_mean",
+            "stall_s_mean",
+            "effective_delay_pct",
+            "speedup",
+            "throughput_job_samples_s",
+        ):
+            assert child.data.metrics[column] == pytest.approx(getattr(row, column), rel=1e-12)
+    best = summary.loc[summary["speedup"].idxmax()]
+    assert parent.data.metrics["best_speedup"] == pytest.approx(best["speedup"], rel=1e-12)
+    assert parent.data.tags["dsim.best_policy"] == f"{best['fetch_align']}/{best['start_align']}"
+
+    names = sorted(a.path for a in client.list_artifacts(parent.info.run_id))
+    assert names == ["summary.csv", "summary.parquet"]
+    local = Path(client.download_artifacts(parent.info.run_id, "summary.csv", str(clone)))
+    logged = pd.read_csv(local)
+    pd.testing.assert_frame_equal(
+        logged[["fetch_align", "start_align", "iteration_s_mean"]],
+        summary[["fetch_align", "start_align", "iteration_s_mean"]],
+    )
+
+    # The same run again updates the MLflow run; the report joins it with its HTML.
+    again = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", cwd=clone, env=_clean_env()
+    )
+    assert again.returncode == 0, again.stderr
+    assert "(0 new, 1 updated)" in again.stderr
+    report = run_dsim(
+        "report", "results", "--out", "report.html", "--mlflow", cwd=clone, env=_clean_env()
+    )
+    assert report.returncode == 0, report.stderr
+    parents2, children2, client = _runs(uri)
+    assert [p.info.run_id for p in parents2] == [parent.info.run_id]
+    assert len(children2) == 9
+    names = sorted(a.path for a in client.list_artifacts(parent.info.run_id))
+    assert names == ["report.html", "summary.csv", "summary.parquet"]
+
+    # Another threshold is another param value: a new MLflow run, not a changed one.
+    other = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "--threshold", "0.05",
+        cwd=clone, env=_clean_env(),
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    parents3, children3, _ = _runs(uri)
+    assert len(parents3) == 2 and len(children3) == 18
+    assert sorted(p.data.params["threshold_s"] for p in parents3) == ["0.03", "0.05"]
+
+
+def test_tracking_uri_from_the_environment_and_the_config(clone: Path) -> None:
+    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    elsewhere = clone / "elsewhere.db"
+    proc = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{elsewhere}"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # -q: nothing, not even MLflow's migration chatter
+    assert elsewhere.is_file() and not (clone / "mlruns" / "mlflow.db").exists()
+    assert len(_runs(f"sqlite:///{elsewhere}")[0]) == 1
+
+    conf = json.loads((clone / "configs" / "sim_conf.json").read_text("utf-8"))
+    configured = clone / "configured.db"
+    conf["mlflow"] = {"tracking_uri": f"sqlite:///{configured}", "experiment": "stalls"}
+    (clone / "configs" / "tracked.json").write_text(json.dumps(conf), "utf-8")
+    proc = run_dsim("run", "--conf", "configs/tracked.json", cwd=clone, env=_clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "experiment 'stalls'" in proc.stderr
+    client = _client(f"sqlite:///{configured}")
+    assert client.get_experiment_by_name("stalls") is not None
+    off = run_dsim(
+        "run", "--conf", "configs/tracked.json", "--no-mlflow", "-q", "--force",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{clone / 'never.db'}"),
+    )  # fmt: skip
+    assert off.returncode == 0, off.stderr
+    assert not (clone / "never.db").exists()
+
+
+def test_missing_mlflow_is_a_clear_usage_error_before_any_work(clone: Path) -> None:
+    """With mlflow not importable, `--mlflow` exits 2 naming the extra and writes nothing."""
+    code = (
+        "import sys, runpy; sys.modules['mlflow'] = None; "
+        "sys.argv = ['dsim', 'run', '--conf', 'configs/sim_conf.json', '--mlflow']; "
+        "runpy.run_module('dsim', run_name='__main__')"
+    )
+    import os
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=clone,
+        env={**os.environ, **_clean_env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert 'pip install "dsim[mlflow]"' in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (clone / "results").exists() and not (clone / "mlruns").exists()
+
+
+def test_unreachable_store_is_an_output_error(clone: Path) -> None:
+    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    (clone / "blocker").write_text("a file where a directory should be", "utf-8")
+    proc = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{clone / 'blocker' / 'x.db'}"),
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith("dsim: error: cannot log to MLflow at sqlite:///")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "override", "expected"),
+    [
+        ({}, None, None),
+        ({"mlflow": True}, None, MlflowSettings()),
+        ({"mlflow": True}, False, None),
+        ({}, True, MlflowSettings()),
+        ({"mlflow": {"experiment": "x"}}, None, MlflowSettings(experiment="x")),
+        ({"mlflow": {"tracking_uri": "sqlite:///a.db"}}, True, MlflowSettings("sqlite:///a.db")),
+    ],
+)
+def test_mlflow_setting(raw: dict, override: bool | None, expected: MlflowSettings | None) -> None:
+    problems = _Problems()
+    assert _mlflow(Overrides(mlflow=override), raw, problems) == expected
+    assert problems.items == []
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("yes", "mlflow must be true, false or an object"),
+        ({"uri": "x"}, "mlflow: unknown key 'uri'"),
+        ({"experiment": ""}, "mlflow.experiment must be a non-empty string"),
+    ],
+)
+def test_bad_mlflow_setting_is_reported(value: object, says: str) -> None:
+    problems = _Problems()
+    _mlflow(Overrides(), {"mlflow": value}, problems)
+    with pytest.raises(UsageError, match="1 problem"):
+        problems.raise_if_any("invalid config")
+    assert says in problems.items[0]
+
+
+def test_default_store_is_a_sqlite_database_under_mlruns(tmp_path: Path, monkeypatch) -> None:
+    from dsim.app.tracking import tracking_target
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri, artifacts = tracking_target(MlflowSettings())
+    assert uri == f"sqlite:///{tmp_path.resolve() / 'mlruns' / 'mlflow.db'}"
+    assert artifacts == tmp_path.resolve() / "mlruns" / "artifacts"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    assert tracking_target(MlflowSettings()) == ("sqlite:///env.db", None)
+    assert tracking_target(MlflowSettings("sqlite:///conf.db")) == ("sqlite:///conf.db", None)
+
+
+def test_telemetry_is_off_unless_the_user_says_otherwise(monkeypatch) -> None:
+    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    from dsim.app import tracking
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    tracking._import_mlflow()
+    assert tracking.os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
+    tracking._import_mlflow()
+    assert tracking.os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
