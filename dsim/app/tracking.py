@@ -42,6 +42,7 @@ from dsim import __version__
 from dsim.config import MlflowSettings
 from dsim.errors import OutputError, UsageError
 from dsim.model.results import RESULTS_FORMAT_VERSION, find_result_runs
+from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.files import write_summary_files
 from dsim.replay.policies import BASELINE
 from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
@@ -73,14 +74,7 @@ METRIC_COLUMNS = [
 #: Summary columns logged as params of a dsim run (None ones are left out).
 PARAM_COLUMNS = [
     "run",
-    "logtype",
-    "dataset",
-    "augmentation",
-    "model",
-    "epochs",
-    "batch_size",
-    "workers",
-    "threads",
+    *RUN_NAME_FIELDS,
     "gpus",
     "replay_model",
     "loader_workers",
