@@ -207,11 +207,12 @@ def _size(path: Path) -> int:
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
-    info, rep = result["info"], result["info"]["report"]
-    unit = "trace events" if info.get("format") == "kineto" else "lines"
-    read = rep.get("events", 0) if info.get("format") == "kineto" else rep["lines"]
+    info, rep = result["info"], result["info"].report
+    kineto = info.input_format == "kineto"
+    unit = "trace events" if kineto else "lines"
+    read = rep.get("events", 0) if kineto else rep["lines"]
     echo(
-        f"{result['name']}: {info['gpus']} GPUs, epochs {_span(info['epochs'])}, "
+        f"{result['name']}: {info.gpu_count} GPUs, epochs {_span(list(info.epochs_present))}, "
         f"{_iterations(info)}; {rep['fetch_records']} fetch and "
         f"{rep['train_records']} training records from {read} {unit} "
         f"-> {result['directory']}"
@@ -225,11 +226,11 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     incomplete = rep["incomplete_iterations"]["count"]
     if incomplete:
         echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
-    if info.get("gpu_util"):
-        echo(f"  {_utilisation(info['gpu_util'])}")
+    if info.gpu_util:
+        echo(f"  {_utilisation(info.gpu_util)}")
     for warning in rep.get("warnings", []):
         echo(f"  warning: {warning}")
-    if info.get("format") == "kineto":
+    if kineto:
         echo(
             "  note: profiler traces have no fetch records: the tables hold every rank's "
             "iterations and stalls; `dsim run` replays their stall what-ifs (stall-min, "
@@ -254,10 +255,10 @@ def _utilisation(util: dict) -> str:
     )
 
 
-def _iterations(info: dict) -> str:
+def _iterations(info) -> str:
     """``851 iterations per epoch``, or what is missing: ``epoch 1: 149 of 851 iterations``."""
-    present = info["iterations_per_epoch"]
-    declared = info.get("declared_iterations_per_epoch", {})
+    present = info.iterations_per_epoch
+    declared = info.declared_iterations_per_epoch or {}
     short = [e for e, n in present.items() if e in declared and n < declared[e]]
     full = sorted({n for e, n in present.items() if e not in short})
     parts = [f"{'/'.join(str(n) for n in full)} iterations per epoch"] if full else []
