@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dsim.model.resultinfo import ResultInfo
@@ -70,6 +70,7 @@ class Verdict:
     iterations_per_epoch: int | None
     gpus: int | None
     text: str
+    results: str | None = None  # the run's results directory (summary column ``results``)
 
     @property
     def best_policy(self) -> Policy:
@@ -317,7 +318,9 @@ def run_verdicts(
         info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
         trace, model = _facts(info)
         try:
-            out.append(verdict(rows, trace=trace, model=model))
+            judged = verdict(rows, trace=trace, model=model)
+            results = first.get("results")
+            out.append(replace(judged, results=results if isinstance(results, str) else None))
         except ValueError:  # no policy, or no measured run, to compare: nothing to say
             continue
     return out
