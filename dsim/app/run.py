@@ -28,6 +28,7 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_r
 from dsim.execute.cache import params_document, replay_key, trace_fingerprint
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
+from dsim.model.dataset import write_run_dataset
 from dsim.model.resultinfo import Selection
 from dsim.model.results import (
     SUMMARY_STEM,
@@ -401,8 +402,11 @@ def _replay_and_summarize(
     for plan in plans:
         info = _result_info(plan, config, model)
         written.append(write_result_info(info, config.out, plan.directory))
+    runs = find_result_runs([config.out / plan.directory for plan in plans])
+    for run in runs:  # the tidy dataset (docs/SPEC.md §7.6), rebuilt when its replays changed
+        written.extend(write_run_dataset(run, config.out))
     summary = summarize_results(
-        find_result_runs([config.out / plan.directory for plan in plans]),
+        runs,
         epochs=config.epochs,
         warmup=config.warmup,
         threshold_s=config.threshold_s,
