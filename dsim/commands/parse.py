@@ -67,16 +67,15 @@ def command(
         help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
     ),
 ) -> None:
+    from dsim.app.parse import discover_runs
     from dsim.io.atomic import remove_leftovers
-    from dsim.sources import detect_source, get_source
 
     if not math.isfinite(max_duration) or max_duration <= 0:
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
     if not 0 <= stray_rank_share <= 1:
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
     limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
-    fmt = detect_source(paths) if input_format == "auto" else input_format
-    runs = get_source(fmt).discover(paths, name=name)
+    fmt, runs = discover_runs(paths, name=name, input_format=input_format)
     remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
@@ -172,8 +171,7 @@ def _runs_bar(show: bool):
 def _parse_and_write(
     run, out: Path, strict: bool, show_progress: bool, limits: dict, fmt: str = "rawlog"
 ) -> dict:
-    from dsim.model.tables import write_run
-    from dsim.sources import get_source
+    from dsim.app.parse import parse_and_write
 
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -187,13 +185,17 @@ def _parse_and_write(
         )
         with Progress(*columns, transient=True) as bar:
             task = bar.add_task(f"parsing {run.name}", total=total)
-            parsed = get_source(fmt).parse(
-                run, strict=strict, progress=lambda n: bar.advance(task, n), **limits
+            directory, info = parse_and_write(
+                run,
+                out,
+                fmt=fmt,
+                strict=strict,
+                limits=limits,
+                progress=lambda n: bar.advance(task, n),
             )
     else:
-        parsed = get_source(fmt).parse(run, strict=strict, **limits)
-    directory = write_run(parsed.tables, out / run.name, parsed.rejects)
-    return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
+        directory, info = parse_and_write(run, out, fmt=fmt, strict=strict, limits=limits)
+    return {"name": run.name, "directory": str(directory), "info": info}
 
 
 def _size(path: Path) -> int:

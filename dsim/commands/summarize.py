@@ -96,15 +96,13 @@ def command(
         False, "--full", help="Every run's table, also when an overview of many runs is printed."
     ),
 ) -> None:
+    from dsim.app.summarize import summarize_directories
     from dsim.checks import evaluate, parse_condition, raise_if_held
     from dsim.errors import UsageError
-    from dsim.io import lock
-    from dsim.io.atomic import remove_leftovers
-    from dsim.model.results import results_directories, scan_results
-    from dsim.options import parse_epochs_option, parse_policy_option, select_runs
-    from dsim.render.files import parse_formats, summary_bytes, write_summary_files
+    from dsim.model.results import results_directories
+    from dsim.options import parse_epochs_option, parse_policy_option
+    from dsim.render.files import parse_formats, summary_bytes
     from dsim.sanity import check_threshold
-    from dsim.summary import summarize_results
 
     # Validate before any work.
     format_names = parse_formats(formats or "csv,parquet")
@@ -128,18 +126,20 @@ def command(
         if not quiet:
             typer.echo(f"dsim: {text}", err=True)
 
-    written = []
-    with lock.shared(results_directories(list(results)), say):  # no `dsim run` rewrites them now
-        scan = scan_results(list(results))
-        runs = select_runs(scan.runs, run_globs)
-        summary = summarize_results(
-            runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
-        )
-        if out is not None and not to_stdout:
-            remove_leftovers(out)  # temporaries of a killed writer
-            written = write_summary_files(summary, out, format_names)
+    done = summarize_directories(
+        results,
+        run_globs=run_globs,
+        policies=policies,
+        epochs=epoch_option,
+        warmup=warmup,
+        threshold_s=threshold,
+        out=None if to_stdout else out,
+        formats=format_names,
+        on_wait=say,
+    )
+    summary, runs, written = done.summary, done.runs, done.written
     checks = evaluate(summary, conditions)
-    for note in scan.notes(runs):
+    for note in done.notes:
         say(f"note: {note}")
     from dsim.verdict import run_verdicts
 
