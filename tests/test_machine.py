@@ -176,3 +176,14 @@ def _env() -> dict:
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("DSIM_DEBUG", None)
     return env
+
+
+def test_report_out_dash_writes_the_html_to_stdout(work: Path, run_json) -> None:
+    to_file = run_dsim("report", "results", "--out", "r.html", "-q", cwd=work)
+    assert to_file.returncode == 0, to_file.stderr
+    proc = run_dsim("report", "results", "--out", "-", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (work / "r.html").read_text(encoding="utf-8")
+    assert not (work / "-").exists()
+    refused = run_dsim("report", "results", "--out", "-", "--images", "png", cwd=work)
+    assert refused.returncode == 2 and "--images writes files" in refused.stderr
