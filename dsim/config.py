@@ -26,8 +26,9 @@ from typing import Any
 
 from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
+from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import resolve_epochs
-from dsim.model.tables import RUN_FILE, read_info
+from dsim.model.tables import read_info
 from dsim.replay.models import DEFAULT_MODEL, MODELS
 from dsim.replay.params import DEFAULT_STALL_FLOOR_S, DEFAULT_STALL_GROW_MIN_S
 from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
@@ -138,7 +139,7 @@ class SimConfig:
     #: a run without fetch records replays the stall-only defaults instead of defaulted ones.
     policies_explicit: bool = False
     mlflow: MlflowSettings | None = None  # None: no MLflow logging
-    run_infos: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+    run_infos: dict[str, RunInfo] = field(default_factory=dict, compare=False)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -273,14 +274,14 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
 
 def _check_epochs(
     epochs: list[int] | str | None,
-    run_infos: dict[str, dict[str, Any]],
+    run_infos: dict[str, RunInfo],
     problems: _Problems,
 ) -> None:
     if not isinstance(epochs, list):
         return
     for name, info in run_infos.items():
         try:
-            resolve_epochs(info.get("epochs") or [], epochs, run=name)
+            resolve_epochs(list(info.epochs_present), epochs, run=name)
         except UsageError as exc:
             problems.add(str(exc))
 
@@ -474,7 +475,7 @@ def validate_config(
     mlflow = _mlflow(overrides, raw, problems)
 
     runs = _resolve_runs(names, paths["traces"], problems) if names else []
-    run_infos: dict[str, dict[str, Any]] = {}
+    run_infos: dict[str, RunInfo] = {}
     for name in runs:
         try:
             run_infos[name] = read_info(paths["traces"] / name)

@@ -14,6 +14,7 @@ EXIT_FAILURE = 1  # internal error: a bug in dsim
 EXIT_USAGE = 2  # bad command line or config (typer/click use 2 as well)
 EXIT_INPUT = 3  # bad input data: logs, tables, results
 EXIT_OUTPUT = 4  # an output could not be written
+EXIT_CHECK = 5  # a --fail-if condition held (a CI gate), outputs were written
 EXIT_INTERRUPTED = 130
 
 
@@ -52,3 +53,9 @@ class OutputError(DsimError):
     """An output could not be written (permissions, full disk, a file in the way)."""
 
     exit_code = EXIT_OUTPUT
+
+
+class CheckFailed(DsimError):
+    """A ``--fail-if`` condition held for a run: the command did its work, the gate failed."""
+
+    exit_code = EXIT_CHECK

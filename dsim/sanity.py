@@ -15,12 +15,12 @@ such change so that ``dsim run`` says it out loud.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dsim.errors import UsageError
+from dsim.errors import InputError, UsageError
+from dsim.model.resultinfo import ResultInfo
 
 THRESHOLD_MAX_S = 1.0
 
@@ -41,11 +41,11 @@ def recorded_selections(out: Path, runs: Iterable[str]) -> dict[str, dict[str, A
     found: dict[str, dict[str, Any]] = {}
     for run in runs:
         try:
-            info = json.loads((Path(out) / run / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            info = ResultInfo.load(Path(out) / run)
+        except InputError:
             continue
-        if isinstance(info, dict) and isinstance(info.get("summary"), dict):
-            found[run] = dict(info["summary"])
+        if info.selection is not None:
+            found[run] = info.selection.document()
     return found
 
 

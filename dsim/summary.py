@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dsim.errors import UsageError
+from dsim.model.resultinfo import Selection
 from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
 from dsim.model.selection import Epochs, resolve_epochs, selection_mask
@@ -184,16 +185,14 @@ def summary_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def _run_selection(
     run: ResultRun, epochs: Epochs, warmup: int | None, threshold_s: float | None
 ) -> tuple[Epochs, int, float]:
-    saved = run.info.get("summary") or {}
-    return (
-        epochs if epochs is not None else saved.get("epochs"),
-        int(warmup if warmup is not None else saved.get("warmup", DEFAULT_WARMUP)),
-        float(
-            threshold_s
-            if threshold_s is not None
-            else saved.get("threshold_s", DEFAULT_THRESHOLD_S)
-        ),
-    )
+    saved = run.info.selection or Selection(None, None, None)
+    if epochs is None and saved.epochs is not None:
+        epochs = list(saved.epochs)
+    if warmup is None:
+        warmup = DEFAULT_WARMUP if saved.warmup is None else saved.warmup
+    if threshold_s is None:
+        threshold_s = DEFAULT_THRESHOLD_S if saved.threshold_s is None else saved.threshold_s
+    return epochs, int(warmup), float(threshold_s)
 
 
 def selected_iterations(
@@ -244,9 +243,9 @@ def summarize_results(
         if BASELINE in run.replays and BASELINE not in chosen:
             chosen.append(BASELINE)
         run_epochs, run_warmup, run_threshold = _run_selection(run, epochs, warmup, threshold_s)
-        trace = dict(run.info.get("trace") or {})
-        if trace.get("gpus") is None and isinstance(run.info.get("gpus"), list):
-            trace["gpus"] = len(run.info["gpus"])  # ranks replayed, when the trace lacks a count
+        trace = run.info.trace.document() if run.info.trace is not None else {}
+        if not trace.get("gpus") and run.info.ranks:
+            trace["gpus"] = len(run.info.ranks)  # ranks replayed, when the trace lacks a count
         for policy in chosen:
             table = run.read(policy)
             epoch = table.column("epoch").to_numpy()
@@ -263,8 +262,8 @@ def summarize_results(
                 warmup=run_warmup,
                 threshold_s=run_threshold,
             )
-            row.update(model_fields(run.info))
-            row["batch_size_rank"], row["batch_size_source"] = batch_size(run.info)
+            row.update(model_fields(run.info.document()))
+            row["batch_size_rank"], row["batch_size_source"] = batch_size(run.info.document())
             row["results"] = str(run.directory)
             row["__shown"] = wanted is None or policy in wanted
             rows.append(row)

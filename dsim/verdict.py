@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from dsim.model.resultinfo import ResultInfo
 from dsim.replay.policies import (
     ACTUAL,
     BASELINE,
@@ -69,6 +70,7 @@ class Verdict:
     iterations_per_epoch: int | None
     gpus: int | None
     text: str
+    results: str | None = None  # the run's results directory (summary column ``results``)
 
     @property
     def best_policy(self) -> Policy:
@@ -290,14 +292,22 @@ def verdict(
     )
 
 
+def _facts(info: ResultInfo | Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
+    """The trace (``run.json`` document) and model name a verdict needs from a ``result.json``."""
+    if isinstance(info, ResultInfo):
+        return (info.trace.document() if info.trace else None), info.model or DEFAULT_MODEL
+    return info.get("trace"), info.get("model") or DEFAULT_MODEL
+
+
 def run_verdicts(
-    summary: Any, infos: Mapping[str, Mapping[str, Any]] | None = None
+    summary: Any, infos: Mapping[str, ResultInfo | Mapping[str, Any]] | None = None
 ) -> list[Verdict]:
     """One ``Verdict`` per run (and results directory) of a summary DataFrame.
 
     ``infos`` maps a results run directory (the summary's ``results`` column)
-    or a run name to that run's ``result.json``, whose ``trace`` and ``model``
-    the verdict uses; runs without one get the defaults.
+    or a run name to that run's ``result.json`` (a ``ResultInfo`` or its
+    document), whose ``trace`` and ``model`` the verdict uses; runs without
+    one get the defaults.
     """
     infos = infos or {}
     keys = [k for k in ("run", "results") if k in summary.columns]
@@ -306,10 +316,11 @@ def run_verdicts(
         rows = group.to_dict("records")
         first = rows[0]
         info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
+        trace, model = _facts(info)
         try:
-            out.append(
-                verdict(rows, trace=info.get("trace"), model=info.get("model") or DEFAULT_MODEL)
-            )
+            judged = verdict(rows, trace=trace, model=model)
+            results = first.get("results")
+            out.append(replace(judged, results=results if isinstance(results, str) else None))
         except ValueError:  # no policy, or no measured run, to compare: nothing to say
             continue
     return out

@@ -40,10 +40,10 @@ def test_example_ddp_job_parses_and_replays(tmp_path: Path) -> None:
     from dsim.model.tables import read_run
 
     run = read_run(tmp_path / "traces" / NAME)
-    assert run.info["gpus"] == 2
-    assert run.info["epochs"] == [0, 1]
-    assert run.info["metadata"]["batch_size"] == 16 and run.info["metadata"]["workers"] == 1
-    report = run.info["report"]
+    assert run.info.gpu_count == 2
+    assert list(run.info.epochs_present) == [0, 1]
+    assert run.info.metadata["batch_size"] == 16 and run.info.metadata["workers"] == 1
+    report = run.info.report
     assert report["rejected"] == 0 and report["other_lines"] == 0, report
     assert report["incomplete_iterations"]["count"] == 0
     assert run.fetch.num_rows == run.train.num_rows == 2 * 2 * iterations

@@ -444,8 +444,8 @@ def test_real_parser_reads_two_ranks_with_zero_rejects(torch, tmp_path: Path) ->
     assert len(fetch) == len(expected)
     assert set(zip(train.epoch, train.iteration, train.gpu, strict=True)) == expected
     assert len(train) == len(expected)
-    assert run.info["gpus"] == 2
-    report = run.info["report"]
+    assert run.info.gpu_count == 2
+    report = run.info.report
     assert report["rejected"] == 0 and report["other_lines"] == 0, report
     assert report["fetch_records"] == report["train_records"] == len(expected)
     assert report["incomplete_iterations"]["count"] == 0

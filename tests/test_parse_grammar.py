@@ -22,8 +22,8 @@ def test_canonical_interleaved_log(tmp_path):
     parsed = parse_run(run_of(tmp_path, {"output.log": one_epoch()}))
     rep = parsed.report
     assert (rep["fetch_records"], rep["train_records"], rep["rejected"]) == (6, 6, 0)
-    assert parsed.tables.info["gpus"] == 2
-    assert parsed.tables.info["iterations_per_epoch"] == {"0": 3}
+    assert parsed.tables.info.gpu_count == 2
+    assert parsed.tables.info.iterations_per_epoch == {"0": 3}
     fetch = parsed.tables.fetch.to_pandas()
     row = fetch[(fetch.iteration == 1) & (fetch.gpu == 1)].iloc[0]
     assert row.end == np.datetime64("2021-09-01T19:48:11.5")
@@ -77,7 +77,7 @@ def test_per_rank_files_take_the_rank_from_the_file_name(tmp_path):
     }
     parsed = parse_run(run_of(tmp_path, files))
     assert sorted(parsed.tables.fetch["gpu"].to_pylist()) == [0, 1, 2]
-    assert parsed.tables.info["gpus"] == 3
+    assert parsed.tables.info.gpu_count == 3
 
 
 def test_per_rank_files_without_any_rank_are_rejected(tmp_path):

@@ -78,8 +78,8 @@ def test_a_log_cut_short_reports_the_iterations_it_holds(tmp_path):
     log.parent.mkdir()
     log.write_text("\n".join(lines) + "\n")
     parsed = parse_run(discover_runs([log])[0])
-    assert parsed.tables.info["iterations_per_epoch"] == {"0": 3, "1": 2}
-    assert parsed.tables.info["declared_iterations_per_epoch"] == {"0": 3, "1": 3}
+    assert parsed.tables.info.iterations_per_epoch == {"0": 3, "1": 2}
+    assert parsed.tables.info.declared_iterations_per_epoch == {"0": 3, "1": 3}
     result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "epochs 0,1, 3 iterations per epoch, epoch 1: 2 of 3 iterations;" in result.stdout
@@ -88,8 +88,8 @@ def test_a_log_cut_short_reports_the_iterations_it_holds(tmp_path):
 def test_fetch_only_epochs_count_their_batches(tmp_path):
     lines = [fetch_line(f"{10 + k}.0", 0, 0, "0.5", i) for k, i in enumerate([0, 1, 2, 0, 1])]
     parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
-    assert parsed.tables.info["iterations_per_epoch"] == {"0": 3, "1": 2}
-    assert "declared_iterations_per_epoch" not in parsed.tables.info
+    assert parsed.tables.info.iterations_per_epoch == {"0": 3, "1": 2}
+    assert parsed.tables.info.declared_iterations_per_epoch is None
     assert any("no training lines" in w for w in parsed.report["warnings"])
 
 

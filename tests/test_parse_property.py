@@ -98,8 +98,10 @@ def _check_round_trip(written: WrittenLog) -> None:
     assert report["blank_lines"] == written.blank_lines
     assert report["incomplete_iterations"]["count"] == 0
     gpus = len({record[2] for record in written.train})
-    assert parsed.tables.info["gpus"] == gpus
-    assert parsed.tables.info["epochs"] == sorted({record[0] for record in written.train})
+    assert parsed.tables.info.gpu_count == gpus
+    assert list(parsed.tables.info.epochs_present) == sorted(
+        {record[0] for record in written.train}
+    )
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

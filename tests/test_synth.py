@@ -231,13 +231,13 @@ def test_parse_round_trip(tmp_path):
         result = run_dsim("parse", str(run_dir), "--out", str(traces))
         assert result.returncode == 0, result.stderr
         run = read_run(traces / params.run_name)
-        report = run.info["report"]
+        report = run.info.report
         assert report["rejected"] == 0 and report["skipped"] == {}
         assert report["incomplete_iterations"]["count"] == 0
-        assert run.info["gpus"] == params.gpus
-        assert run.info["iterations_per_epoch"] == {str(e): params.iterations for e in range(2)}
-        assert run.info["metadata"] == parse_run_name(params.run_name)
-        assert run.info["metadata"]["workers"] == params.workers
+        assert run.info.gpu_count == params.gpus
+        assert run.info.iterations_per_epoch == {str(e): params.iterations for e in range(2)}
+        assert run.info.metadata == parse_run_name(params.run_name)
+        assert run.info.metadata["workers"] == params.workers
         truth = model(params)
         g = params.gpus
         for table in (run.fetch, run.train):

@@ -27,8 +27,10 @@ from dsim.attribution import (
 from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.io import parquetio
+from dsim.model.resultinfo import ResultInfo
+from dsim.model.runinfo import RUN_FILE
 from dsim.model.selection import selection_mask
-from dsim.model.tables import FETCH_FILE, RUN_FILE, TRAIN_FILE, RunTables, read_run
+from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
 
@@ -77,14 +79,14 @@ def _attribution(
     return attribution, last_over_time(arrays, mask)
 
 
-def find_trace(run: str, info: dict, traces: Path) -> tuple[Path | None, str]:
+def find_trace(run: str, info: ResultInfo, traces: Path) -> tuple[Path | None, str]:
     """The parsed trace ``traces/<run>`` that a run's replays were computed from, or None
     and why not: absent, or its tables differ from those ``result.json`` records
     (``input``), so that a report never attributes another trace than the one replayed."""
     run_dir = traces / run
     if not (run_dir / RUN_FILE).is_file():
         return None, f"its trace is not in {traces} (give its directory with --traces)"
-    recorded = info.get("input")
+    recorded = dict(info.input)
     if not isinstance(recorded, dict) or not all(
         isinstance(recorded.get(name), dict) for name in (FETCH_FILE, TRAIN_FILE)
     ):

@@ -91,17 +91,26 @@ def check_output(out: Path) -> None:
 
 
 def make_report(
-    request: ReportRequest, on_wait: Callable[[str], None] | None = None
+    request: ReportRequest,
+    on_wait: Callable[[str], None] | None = None,
+    *,
+    sink: Callable[[str], Any] | None = None,
 ) -> ReportOutcome:
-    """Read the results (under their shared lock), render the page, write it atomically."""
+    """Read the results (under their shared lock), render the page, write it atomically;
+    or hand the page to ``sink`` instead of writing ``request.out`` (``--out -``: stdout)."""
     from dsim.render.html import render_report, report_figures
 
-    check_output(request.out)
+    if sink is None:
+        check_output(request.out)
     with lock.shared(results_directories(list(request.results)), on_wait):
         data, notes = read_report_input(request)
     figs = report_figures(data)
-    remove_leftovers(request.out.parent)  # temporaries of a killed report
-    write_text(render_report(data, figs), request.out)
+    page = render_report(data, figs)
+    if sink is not None:
+        sink(page)
+    else:
+        remove_leftovers(request.out.parent)  # temporaries of a killed report
+        write_text(page, request.out)
     return ReportOutcome(data, figs, notes, request.out)
 
 

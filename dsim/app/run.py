@@ -28,8 +28,11 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_r
 from dsim.execute.cache import params_document, replay_key, trace_fingerprint
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
+from dsim.model.dataset import write_run_dataset
+from dsim.model.resultinfo import Selection
 from dsim.model.results import (
     SUMMARY_STEM,
+    ResultInfo,
     find_result_runs,
     read_replay_key,
     replay_path,
@@ -37,6 +40,7 @@ from dsim.model.results import (
     write_replay,
     write_result_info,
 )
+from dsim.model.runinfo import RunInfo
 from dsim.model.tables import read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import (
@@ -67,7 +71,7 @@ class RunPlan:
     """
 
     name: str
-    trace: dict[str, Any]
+    trace: RunInfo
     arrays: IterationArrays
     keys: dict[Policy, str]
     todo: list[Policy]
@@ -108,9 +112,9 @@ def replay_params(config: SimConfig) -> ReplayParams:
     )
 
 
-def logged_loader(info: dict[str, Any]) -> LoaderSettings | None:
+def logged_loader(info: RunInfo) -> LoaderSettings | None:
     """The loader settings a run's ``run.json`` recorded from its loader lines, if any."""
-    loader = info.get("loader")
+    loader = info.loader
     if not isinstance(loader, dict) or loader.get("num_workers") is None:
         return None
     workers = int(loader["num_workers"])
@@ -239,7 +243,7 @@ def _batch(tables: Any) -> dict[str, Any] | None:
             train.column("throughput").to_numpy(zero_copy_only=False),
             train.column("iteration_s").to_numpy(zero_copy_only=False),
         )
-    per_rank, source = trace_batch_size(tables.info, implied)
+    per_rank, source = trace_batch_size(tables.info.document(), implied)
     return None if per_rank is None else {"per_rank": per_rank, "source": source}
 
 
@@ -278,28 +282,26 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     return "; ".join([text, *absent])
 
 
-def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> dict[str, Any]:
+def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> ResultInfo:
     model = plan.model or model
-    return {
-        "run": plan.name,
-        "model": model.name,
-        "input": plan.fingerprint,
-        "trace": plan.trace,
-        "summary": {
-            "epochs": plan.epochs,
-            "warmup": DEFAULT_WARMUP if config.warmup is None else config.warmup,
-            "threshold_s": (
-                DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s
-            ),
-        },
-        "params": params_document(model, plan.params),
-        **({"loader": plan.loader} if plan.loader is not None else {}),
-        **({"batch": plan.batch} if plan.batch is not None else {}),
-        "dropped": dict(plan.arrays.dropped),
-        "iterations": plan.arrays.n_iterations,
-        "gpus": [int(g) for g in plan.arrays.gpus],
-        "policies": {f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
-    }
+    return ResultInfo(
+        run=plan.name,
+        model=model.name,
+        input=plan.fingerprint,
+        trace=plan.trace,
+        selection=Selection(
+            epochs=tuple(plan.epochs),
+            warmup=DEFAULT_WARMUP if config.warmup is None else config.warmup,
+            threshold_s=DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s,
+        ),
+        params=params_document(model, plan.params),
+        loader=plan.loader,
+        batch=plan.batch,
+        dropped=dict(plan.arrays.dropped),
+        iterations=plan.arrays.n_iterations,
+        ranks=tuple(int(g) for g in plan.arrays.gpus),
+        policies={f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
+    )
 
 
 def _cuts(model: ReplayModel, arrays: IterationArrays) -> tuple[int, ...] | None:
@@ -400,8 +402,11 @@ def _replay_and_summarize(
     for plan in plans:
         info = _result_info(plan, config, model)
         written.append(write_result_info(info, config.out, plan.directory))
+    runs = find_result_runs([config.out / plan.directory for plan in plans])
+    for run in runs:  # the tidy dataset (docs/SPEC.md §7.6), rebuilt when its replays changed
+        written.extend(write_run_dataset(run, config.out))
     summary = summarize_results(
-        find_result_runs([config.out / plan.directory for plan in plans]),
+        runs,
         epochs=config.epochs,
         warmup=config.warmup,
         threshold_s=config.threshold_s,

@@ -265,7 +265,10 @@ def track_summary(
     experiment_name = settings.experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     outcome = TrackingOutcome(uri, experiment_name)
     directories = list(dict.fromkeys(str(d) for d in summary["results"]))
-    infos = {str(r.directory): r.info for r in find_result_runs([Path(d) for d in directories])}
+    infos = {
+        str(r.directory): r.info.document()
+        for r in find_result_runs([Path(d) for d in directories])
+    }
     try:
         with _quiet_mlflow():
             if artifact_root is not None:  # SQLite creates the file, not its directory

@@ -67,16 +67,15 @@ def command(
         help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
     ),
 ) -> None:
+    from dsim.app.parse import discover_runs
     from dsim.io.atomic import remove_leftovers
-    from dsim.sources import detect_source, get_source
 
     if not math.isfinite(max_duration) or max_duration <= 0:
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
     if not 0 <= stray_rank_share <= 1:
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
     limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
-    fmt = detect_source(paths) if input_format == "auto" else input_format
-    runs = get_source(fmt).discover(paths, name=name)
+    fmt, runs = discover_runs(paths, name=name, input_format=input_format)
     remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()
     failures: list[DsimError] = []
@@ -172,8 +171,7 @@ def _runs_bar(show: bool):
 def _parse_and_write(
     run, out: Path, strict: bool, show_progress: bool, limits: dict, fmt: str = "rawlog"
 ) -> dict:
-    from dsim.model.tables import write_run
-    from dsim.sources import get_source
+    from dsim.app.parse import parse_and_write
 
     if show_progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -187,13 +185,17 @@ def _parse_and_write(
         )
         with Progress(*columns, transient=True) as bar:
             task = bar.add_task(f"parsing {run.name}", total=total)
-            parsed = get_source(fmt).parse(
-                run, strict=strict, progress=lambda n: bar.advance(task, n), **limits
+            directory, info = parse_and_write(
+                run,
+                out,
+                fmt=fmt,
+                strict=strict,
+                limits=limits,
+                progress=lambda n: bar.advance(task, n),
             )
     else:
-        parsed = get_source(fmt).parse(run, strict=strict, **limits)
-    directory = write_run(parsed.tables, out / run.name, parsed.rejects)
-    return {"name": run.name, "directory": str(directory), "info": parsed.tables.info}
+        directory, info = parse_and_write(run, out, fmt=fmt, strict=strict, limits=limits)
+    return {"name": run.name, "directory": str(directory), "info": info}
 
 
 def _size(path: Path) -> int:
@@ -207,11 +209,12 @@ def _size(path: Path) -> int:
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
-    info, rep = result["info"], result["info"]["report"]
-    unit = "trace events" if info.get("format") == "kineto" else "lines"
-    read = rep.get("events", 0) if info.get("format") == "kineto" else rep["lines"]
+    info, rep = result["info"], result["info"].report
+    kineto = info.input_format == "kineto"
+    unit = "trace events" if kineto else "lines"
+    read = rep.get("events", 0) if kineto else rep["lines"]
     echo(
-        f"{result['name']}: {info['gpus']} GPUs, epochs {_span(info['epochs'])}, "
+        f"{result['name']}: {info.gpu_count} GPUs, epochs {_span(list(info.epochs_present))}, "
         f"{_iterations(info)}; {rep['fetch_records']} fetch and "
         f"{rep['train_records']} training records from {read} {unit} "
         f"-> {result['directory']}"
@@ -225,11 +228,11 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     incomplete = rep["incomplete_iterations"]["count"]
     if incomplete:
         echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
-    if info.get("gpu_util"):
-        echo(f"  {_utilisation(info['gpu_util'])}")
+    if info.gpu_util:
+        echo(f"  {_utilisation(info.gpu_util)}")
     for warning in rep.get("warnings", []):
         echo(f"  warning: {warning}")
-    if info.get("format") == "kineto":
+    if kineto:
         echo(
             "  note: profiler traces have no fetch records: the tables hold every rank's "
             "iterations and stalls; `dsim run` replays their stall what-ifs (stall-min, "
@@ -254,10 +257,10 @@ def _utilisation(util: dict) -> str:
     )
 
 
-def _iterations(info: dict) -> str:
+def _iterations(info) -> str:
     """``851 iterations per epoch``, or what is missing: ``epoch 1: 149 of 851 iterations``."""
-    present = info["iterations_per_epoch"]
-    declared = info.get("declared_iterations_per_epoch", {})
+    present = info.iterations_per_epoch
+    declared = info.declared_iterations_per_epoch or {}
     short = [e for e, n in present.items() if e in declared and n < declared[e]]
     full = sorted({n for e, n in present.items() if e not in short})
     parts = [f"{'/'.join(str(n) for n in full)} iterations per epoch"] if full else []

@@ -7,6 +7,7 @@ Thin: options → ``dsim.app.report.make_report`` (read, choose, render, write)
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,9 +37,9 @@ def command(
             show_default=False,
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
-        "report.html"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="The HTML file to write; - writes it to stdout.")
+    ] = Path("report.html"),
     run: Annotated[
         list[str] | None,
         typer.Option("--run", "-r", help="Only runs whose name matches this glob (repeatable)."),
@@ -121,7 +122,11 @@ def command(
 
     from dsim.app.report import ReportRequest, check_output, make_report, write_images
 
-    check_output(out)
+    to_stdout = str(out) == "-"
+    if to_stdout and images is not None:
+        raise UsageError("--images writes files next to the report: give --out FILE, not -")
+    if not to_stdout:
+        check_output(out)
 
     def say(text: str) -> None:
         if not quiet:
@@ -140,9 +145,13 @@ def command(
             traces=traces,
         ),
         say,
+        sink=sys.stdout.write if to_stdout else None,
     )
     for note in outcome.notes:
         say(f"note: {note}")
+    if to_stdout:
+        sys.stdout.flush()
+        return
 
     def images_out() -> Path | None:
         fmt = str(images).lower()

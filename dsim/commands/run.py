@@ -22,7 +22,10 @@ summary. actual/actual (the measured run) is always replayed, since the
 what-if columns compare against it. Finished replays are reused when the
 trace and replay parameters are unchanged (--force recomputes), so an
 interrupted run resumes where it stopped. A second `dsim run` on the same
-RESULTS directory waits for the first to finish.
+RESULTS directory waits for the first to finish. --json prints the summary,
+verdicts and checks as one JSON object on stdout instead of the tables;
+--fail-if METRIC[@FETCH/START]OP NUMBER (repeatable) exits with code 5 when
+the condition holds for a run's measured row (or that policy's row).
 
 \b
 Examples:
@@ -33,6 +36,8 @@ Examples:
   dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
   dsim run myrun --model pipeline --workers 8     # as if the loader had 8 workers
   dsim run --conf sim_conf.json --mlflow          # also log to MLflow (./mlruns)
+  dsim run myrun --json | jq '.verdicts[0].speedup'
+  dsim run myrun --fail-if 'effective_delay_pct>10'   # a CI gate: exit 5 when it holds
 """
 
 # A progress bar is worth drawing only when the replay takes noticeable time.
@@ -143,6 +148,18 @@ def command(
         help="Log the summary to MLflow ($MLFLOW_TRACKING_URI, else ./mlruns; needs the "
         "mlflow extra of dsim). Default: config 'mlflow'.",
     ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the summary, verdicts and checks as one JSON object on stdout, nothing else.",
+    ),
+    fail_if: list[str] = typer.Option(
+        None,
+        "--fail-if",
+        metavar="CONDITION",
+        help="METRIC[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
+        "when it holds for a run's measured (or that policy's) row. Repeatable.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
     full: bool = typer.Option(
         False, "--full", help="Every run's table, also when an overview of many runs is printed."
@@ -153,10 +170,12 @@ def command(
     from rich.console import Console
 
     from dsim.app.run import run_replays
+    from dsim.checks import evaluate, parse_condition, raise_if_held
     from dsim.config import Overrides, load_config
     from dsim.options import parse_epochs_option, parse_policy_option
     from dsim.sanity import check_threshold, recorded_selections, selection_changes
 
+    conditions = [parse_condition(c) for c in fail_if or ()]
     policies = tuple(parse_policy_option(p) for p in policy_specs or ())
     overrides = Overrides(
         runs=tuple(dict.fromkeys([*(runs or ()), *(run_globs or ())])),
@@ -195,10 +214,10 @@ def command(
         from dsim.app.tracking import track_summary
 
         tracked = track_summary(outcome.summary, config.mlflow, command="run")
-    if quiet:
+    checks = evaluate(outcome.summary, conditions)
+    if quiet and not as_json:
+        raise_if_held(checks)
         return
-    for note in selection_changes(before, recorded_selections(config.out, config.runs)):
-        _say(err, f"dsim: {note}")
     from dsim.app.attribution import read_attributions
     from dsim.model.results import find_result_runs
     from dsim.render.insight import attribution_lines, print_verdicts
@@ -207,9 +226,21 @@ def command(
 
     shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]  # with model variants
     infos = {str(r.directory): r.info for r in find_result_runs(shown)}
-    blame = attribution_lines(read_attributions([config.out]), outcome.summary)
-    print_verdicts(run_verdicts(outcome.summary, infos), blame)
-    print_summary(outcome.summary, full=full)
+    verdicts = run_verdicts(outcome.summary, infos)
+    if as_json:
+        from dsim.render.machine import document, dumps
+
+        sys.stdout.write(dumps(document(outcome.summary, verdicts, checks)))
+        sys.stdout.flush()
+        if quiet:
+            raise_if_held(checks)
+            return
+    for note in selection_changes(before, recorded_selections(config.out, config.runs)):
+        _say(err, f"dsim: {note}")
+    if not as_json:
+        blame = attribution_lines(read_attributions([config.out]), outcome.summary)
+        print_verdicts(verdicts, blame)
+        print_summary(outcome.summary, full=full)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
         err.print(
@@ -225,6 +256,7 @@ def command(
     if tracked is not None:
         err.print(tracked.text(), highlight=False)
     sys.stdout.flush()
+    raise_if_held(checks)
 
 
 command.__doc__ = HELP

@@ -6,6 +6,7 @@ Thin: finds result runs (``dsim.model.results``), filters them, summarises
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -18,7 +19,11 @@ mean ± sample std of iteration time, training stall, inter-GPU delay and the
 start/fetch spreads, the share of iterations with an effective delay, and the
 what-if columns against the measured run (actual/actual). Epoch selection,
 warm-up and threshold default to what `dsim run` recorded; options override them.
-With --out the table is also written (atomically) as OUT/summary.<format>.
+With --out the table is also written (atomically) as OUT/summary.<format>;
+--out - writes the one --format to stdout instead of the table. --json prints
+the summary, verdicts and checks as one JSON object on stdout, nothing else.
+--fail-if METRIC[@FETCH/START]OP NUMBER (repeatable) exits with code 5 when
+the condition holds for a run's measured row (or that policy's row).
 Only the replays each run's result.json lists are read, and only if they
 match it; stale replays of policies no longer configured are ignored.
 
@@ -28,6 +33,9 @@ Examples:
   dsim summarize results/ --epochs all --warmup 0 --threshold 0.05
   dsim summarize results/ --policy avg/min --policy actual__actual --run 'fsN*resnet50*'
   dsim summarize results-a/ results-b/ --out summaries/ --format csv,parquet,json
+  dsim summarize results/ --json | jq '.verdicts[].text'
+  dsim summarize results/ --out - --format csv > summary.csv
+  dsim summarize results/ --fail-if 'effective_delay_pct>10' --fail-if 'speedup@min/min>1.5'
 """
 
 
@@ -36,10 +44,28 @@ def command(
         ..., help="Results directories written by `dsim run` (or run directories inside them)."
     ),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Also write the summary to OUT/summary.<format>."
+        None,
+        "--out",
+        "-o",
+        help="Also write the summary to OUT/summary.<format>; - writes one format to stdout.",
     ),
-    formats: str = typer.Option(
-        "csv,parquet", "--format", "-f", help="Formats written with --out: csv, parquet, json."
+    formats: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="Formats written with --out: csv, parquet, json (default csv,parquet).",
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the summary, verdicts and checks as one JSON object on stdout, nothing else.",
+    ),
+    fail_if: list[str] = typer.Option(
+        None,
+        "--fail-if",
+        metavar="CONDITION",
+        help="METRIC[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
+        "when it holds for a run's measured (or that policy's) row. Repeatable.",
     ),
     run_globs: list[str] = typer.Option(
         None, "--run", "-r", help="Only runs whose name matches this glob (repeatable)."
@@ -70,15 +96,28 @@ def command(
         False, "--full", help="Every run's table, also when an overview of many runs is printed."
     ),
 ) -> None:
-    from dsim.io import lock
-    from dsim.io.atomic import remove_leftovers
-    from dsim.model.results import results_directories, scan_results
-    from dsim.options import parse_epochs_option, parse_policy_option, select_runs
-    from dsim.render.files import parse_formats, write_summary_files
+    from dsim.app.summarize import summarize_directories
+    from dsim.checks import evaluate, parse_condition, raise_if_held
+    from dsim.errors import UsageError
+    from dsim.model.results import results_directories
+    from dsim.options import parse_epochs_option, parse_policy_option
+    from dsim.render.files import parse_formats, summary_bytes
     from dsim.sanity import check_threshold
-    from dsim.summary import summarize_results
 
-    format_names = parse_formats(formats)  # validate before any work
+    # Validate before any work.
+    format_names = parse_formats(formats or "csv,parquet")
+    to_stdout = out is not None and str(out) == "-"
+    if formats is not None and out is None:
+        raise UsageError(
+            "--format chooses the files --out writes: give --out DIR (or --out - for stdout), "
+            "or use --json to print the summary as JSON"
+        )
+    if to_stdout and (len(format_names) != 1 or as_json):
+        raise UsageError(
+            "--out - writes one file to stdout: choose one --format (csv, parquet or json), "
+            "without --json"
+        )
+    conditions = [parse_condition(c) for c in fail_if or ()]
     check_threshold(threshold, force=force)
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
     epoch_option = parse_epochs_option(epochs)
@@ -87,32 +126,44 @@ def command(
         if not quiet:
             typer.echo(f"dsim: {text}", err=True)
 
-    written = []
-    with lock.shared(results_directories(list(results)), say):  # no `dsim run` rewrites them now
-        scan = scan_results(list(results))
-        runs = select_runs(scan.runs, run_globs)
-        summary = summarize_results(
-            runs, epochs=epoch_option, warmup=warmup, threshold_s=threshold, policies=policies
-        )
-        if out is not None:
-            remove_leftovers(out)  # temporaries of a killed writer
-            written = write_summary_files(summary, out, format_names)
-    for note in scan.notes(runs):
+    done = summarize_directories(
+        results,
+        run_globs=run_globs,
+        policies=policies,
+        epochs=epoch_option,
+        warmup=warmup,
+        threshold_s=threshold,
+        out=None if to_stdout else out,
+        formats=format_names,
+        on_wait=say,
+    )
+    summary, runs, written = done.summary, done.runs, done.written
+    checks = evaluate(summary, conditions)
+    for note in done.notes:
         say(f"note: {note}")
-    if quiet:
-        return
-    from rich.console import Console
-
-    from dsim.app.attribution import read_attributions
-    from dsim.render.insight import attribution_lines, print_verdicts
-    from dsim.render.terminal import print_summary
     from dsim.verdict import run_verdicts
 
-    blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
-    print_verdicts(run_verdicts(summary, {str(r.directory): r.info for r in runs}), blame)
-    print_summary(summary, full=full)
-    for path in written:
-        Console(stderr=True).print(f"wrote {path}", highlight=False)
+    verdicts = run_verdicts(summary, {str(r.directory): r.info for r in runs})
+    if to_stdout:
+        sys.stdout.buffer.write(summary_bytes(summary, format_names[0]))
+        sys.stdout.flush()
+    elif as_json:
+        from dsim.render.machine import document, dumps
+
+        sys.stdout.write(dumps(document(summary, verdicts, checks)))
+        sys.stdout.flush()
+    elif not quiet:
+        from dsim.app.attribution import read_attributions
+        from dsim.render.insight import attribution_lines, print_verdicts
+        from dsim.render.terminal import print_summary
+
+        blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
+        print_verdicts(verdicts, blame)
+        print_summary(summary, full=full)
+    if not quiet:
+        for path in written:
+            typer.echo(f"wrote {path}", err=True)
+    raise_if_held(checks)
 
 
 command.__doc__ = HELP

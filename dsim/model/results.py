@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,26 @@ from dsim.errors import InputError, UsageError
 from dsim.io import parquetio
 from dsim.io.atomic import write_json, write_parquet
 from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
+from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
 from dsim.replay.policies import Policy, parse_policy_label, policy_label
 
-RESULTS_FORMAT_VERSION = 1
-RESULT_FILE = "result.json"
+__all__ = [
+    "RESULTS_FORMAT_VERSION",
+    "RESULT_FILE",
+    "ResultInfo",
+    "ResultRun",
+    "ResultsScan",
+    "find_result_runs",
+    "read_replay_key",
+    "replay_metadata",
+    "replay_path",
+    "replay_table",
+    "results_directories",
+    "scan_results",
+    "write_replay",
+    "write_result_info",
+]
+
 SUMMARY_STEM = "summary"
 
 
@@ -148,14 +165,14 @@ class ResultRun:
     """
 
     directory: Path
-    info: dict[str, Any]
+    info: ResultInfo
     replays: dict[Policy, Path] = field(default_factory=dict)
     keys: dict[Policy, str] = field(default_factory=dict)
     stale: list[Path] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return str(self.info.get("run", self.directory.name))
+        return self.info.run or self.directory.name
 
     def _check(self, meta: dict[str, Any], policy: Policy, path: Path) -> None:
         """Refuse a replay whose metadata is not what ``result.json`` lists for it."""
@@ -169,10 +186,11 @@ class ResultRun:
                 "its name says"
             )
         if not problems and meta.get("key") != self.keys[policy]:
+            recorded = self.info.document()
             differ = [
                 label
                 for part, label in _PROVENANCE_PARTS
-                if part in meta and part in self.info and meta[part] != self.info[part]
+                if part in meta and part in recorded and meta[part] != recorded[part]
             ]
             what = " and ".join(differ) if differ else "inputs or parameters"
             problems.append(
@@ -210,8 +228,14 @@ class ResultRun:
         return table
 
 
-def write_result_info(info: dict[str, Any], out: str | Path, directory: str) -> Path:
-    """``<out>/<directory>/result.json``; ``info["run"]`` names the run (default: the directory)."""
+def write_result_info(
+    info: ResultInfo | Mapping[str, Any], out: str | Path, directory: str
+) -> Path:
+    """``<out>/<directory>/result.json`` (``info.run`` names the run; a variant's directory
+    is ``RUN@...``). A mapping of ``result.json`` keys (tests, tools) is written as given,
+    with ``format_version`` and ``run`` (default: the directory) first."""
+    if isinstance(info, ResultInfo):
+        return info.save(Path(out) / directory)
     path = Path(out) / directory / RESULT_FILE
     write_json({"format_version": RESULTS_FORMAT_VERSION, "run": directory, **info}, path)
     return path
@@ -230,19 +254,8 @@ def _replay_files(directory: Path) -> dict[Policy, Path]:
 
 def _load_result_run(directory: Path) -> ResultRun:
     path = directory / RESULT_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"unreadable result description: {exc}", path) from exc
-    if not isinstance(info, dict) or info.get("format_version") != RESULTS_FORMAT_VERSION:
-        raise InputError(
-            f"results written by another dsim format (expected format_version "
-            f"{RESULTS_FORMAT_VERSION}); re-run `dsim run --force`",
-            path,
-        )
-    listed = info.get("policies")
-    if not isinstance(listed, dict) or not all(isinstance(k, str) for k in listed.values()):
-        raise InputError(f"does not list its replays (no 'policies'); {_RERUN}", path)
+    info = ResultInfo.load(directory)
+    listed = info.policies
     keys: dict[Policy, str] = {}
     for label, key in listed.items():
         try:

@@ -9,23 +9,20 @@ at nanosecond resolution.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from dsim.errors import InputError
 from dsim.io import parquetio
-from dsim.io.atomic import atomic_dir, write_json
-
-FORMAT_VERSION = 1
+from dsim.io.atomic import atomic_dir
+from dsim.model.runinfo import FORMAT_VERSION, RunInfo
 
 FETCH_FILE = "fetch.parquet"
 TRAIN_FILE = "train.parquet"
-RUN_FILE = "run.json"
 REJECTS_FILE = "rejects.csv"
 GPU_UTIL_FILE = "gpu_util.parquet"
 
@@ -58,23 +55,27 @@ TRAIN_SCHEMA = pa.schema(
 
 @dataclass
 class RunTables:
-    """One parsed run: its two tables and its ``run.json`` document.
+    """One parsed run: its two tables and its ``run.json`` (``RunInfo``).
 
-    ``info`` keys (written by ``dsim parse``): ``format_version``, ``name``,
-    ``gpus``, ``epochs`` (list of epoch numbers), ``iterations_per_epoch``
-    (dict epoch -> count), ``metadata`` (fields of the run name), ``sources``
-    (list of {path, size, sha256}), ``report`` (the parse report), and
-    ``gpu_util`` when utilisation logs were found (SPEC §1.9).
+    ``info`` may be given as a mapping of ``run.json`` keys (tests and tools
+    build runs by hand); it is typed into a ``RunInfo`` named ``name``.
 
     ``gpu_util``: utilisation samples (time, gpu, util_pct, memory_used_mib),
-    or ``None`` when the run has none.
+    or ``None`` when the run has none (SPEC §1.9).
     """
 
     name: str
     fetch: pa.Table
     train: pa.Table
-    info: dict[str, Any] = field(default_factory=dict)
+    info: RunInfo = field(default_factory=lambda: RunInfo("", 0, (), (), {}))
     gpu_util: pa.Table | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.info, Mapping):
+            document = {"format_version": FORMAT_VERSION, **self.info, "name": self.name}
+            self.info = RunInfo.from_document(document)
+        elif self.info.name != self.name:
+            self.info = replace(self.info, name=self.name)
 
 
 def _check_schema(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
@@ -98,7 +99,6 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     ``rejects.csv`` beside the tables so that users can read what was skipped.
     """
     directory = Path(directory)
-    info = {"format_version": FORMAT_VERSION, **run.info, "name": run.name}
     with atomic_dir(directory) as tmp:
         parquetio.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
         parquetio.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
@@ -106,27 +106,13 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
             parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:
             pacsv.write_csv(rejects, tmp / REJECTS_FILE)
-        write_json(info, tmp / RUN_FILE)
+        run.info.save(tmp)
     return directory
 
 
-def read_info(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / RUN_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(
-            f"no parsed run here (missing {RUN_FILE}; run `dsim parse` first)", Path(directory)
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"unreadable run description: {exc}", path) from exc
-    if not isinstance(info, dict) or info.get("format_version") != FORMAT_VERSION:
-        raise InputError(
-            f"run written by another dsim format (expected format_version {FORMAT_VERSION}); "
-            "re-run `dsim parse`",
-            path,
-        )
-    return info
+def read_info(directory: str | Path) -> RunInfo:
+    """``<directory>/run.json``, typed and version-checked (``RunInfo.load``)."""
+    return RunInfo.load(directory)
 
 
 def read_run(directory: str | Path) -> RunTables:
@@ -147,7 +133,7 @@ def read_run(directory: str | Path) -> RunTables:
             directory / GPU_UTIL_FILE, remedy="re-run `dsim parse` for this run"
         )
     return RunTables(
-        name=info.get("name", directory.name),
+        name=info.name or directory.name,
         fetch=tables[0],
         train=tables[1],
         info=info,

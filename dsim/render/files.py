@@ -7,17 +7,15 @@ a format means adding one function to ``FORMATS``.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import UsageError
 from dsim.io.atomic import write_parquet, write_text
+from dsim.render.machine import dumps, summary_records
 
 Writer = Callable[[pd.DataFrame, Path], None]
 
@@ -30,21 +28,8 @@ def write_parquet_file(summary: pd.DataFrame, path: Path) -> None:
     write_parquet(pa.Table.from_pandas(summary, preserve_index=False), path)
 
 
-def _plain(value: Any) -> Any:
-    """JSON has no NaN or infinity: undefined or unbounded statistics become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):  # NumPy scalar
-        return _plain(value.item())
-    return value
-
-
 def write_json_file(summary: pd.DataFrame, path: Path) -> None:
-    records = [
-        {key: _plain(value) for key, value in row.items()}
-        for row in summary.to_dict(orient="records")
-    ]
-    write_text(json.dumps(records, indent=2, allow_nan=False) + "\n", path)
+    write_text(dumps(summary_records(summary)), path)
 
 
 FORMATS: dict[str, Writer] = {
@@ -77,3 +62,13 @@ def write_summary_files(
         FORMATS[name](summary, path)
         paths.append(path)
     return paths
+
+
+def summary_bytes(summary: pd.DataFrame, name: str) -> bytes:
+    """The bytes ``write_summary_files`` would write for one format (``--out -``: stdout)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dsim-") as tmp:
+        path = Path(tmp) / f"summary.{name}"
+        FORMATS[name](summary, path)
+        return path.read_bytes()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +315,7 @@ def attach(parsed: ParsedRun, paths: tuple[Path, ...], strict: bool = False) -> 
                 row = log.rejects.slice(0, 1).to_pylist()[0]
                 raise InputError(row["reason"], row["file"], row["line"])
     tables = parsed.tables
-    samples, entry = summarise(logs, tables.train, list(tables.info.get("gpu_ids", [])))
+    samples, entry = summarise(logs, tables.train, list(tables.info.gpu_ids))
     report = dict(parsed.report)
     bad = [log.rejects for log in logs if log.rejects.num_rows]
     if bad:
@@ -327,10 +327,12 @@ def attach(parsed: ParsedRun, paths: tuple[Path, ...], strict: bool = False) -> 
         report["rejected"] = report.get("rejected", 0) + len(reasons)
     if entry.get("warnings"):
         report["warnings"] = [*report.get("warnings", []), *entry.pop("warnings")]
-    info = dict(tables.info)
-    info["sources"] = [*info.get("sources", []), *(log.source for log in logs)]
-    info["gpu_util"] = entry
-    info["report"] = report
+    info = replace(
+        tables.info,
+        sources=(*tables.info.sources, *(log.source for log in logs)),
+        gpu_util=entry,
+        report=report,
+    )
     rejects = pa.concat_tables(
         [parsed.rejects.cast(REJECT_SCHEMA), *(b.cast(REJECT_SCHEMA) for b in bad)]
     )

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import FETCH_SCHEMA, RunTables
 from dsim.sources.base import ParsedRun, RunSource, Source
@@ -81,17 +82,17 @@ class KinetoSource(Source):
         train = profiled.train
         gpu_ids = sorted({int(g) for g in train["gpu"].to_pylist()})
         iterations = len(set(train["iteration"].to_pylist()))
-        info = {
-            "name": run.name,
-            "format": FORMAT,
-            "gpus": len(gpu_ids),
-            "gpu_ids": gpu_ids,
-            "epochs": [0] if train.num_rows else [],
-            "iterations_per_epoch": {"0": iterations} if train.num_rows else {},
-            "metadata": parse_run_name(run.name),
-            "sources": profiled.sources,
-            "report": profiled.report,
-        }
+        info = RunInfo(
+            name=run.name,
+            input_format=FORMAT,
+            gpu_count=len(gpu_ids),
+            gpu_ids=tuple(gpu_ids),
+            epochs_present=(0,) if train.num_rows else (),
+            iterations_per_epoch={"0": iterations} if train.num_rows else {},
+            metadata=parse_run_name(run.name),
+            sources=tuple(profiled.sources),
+            report=profiled.report,
+        )
         fetch = FETCH_SCHEMA.empty_table()
         return ParsedRun(RunTables(run.name, fetch, train, info), rejects, profiled.report)
 

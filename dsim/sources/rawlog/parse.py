@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
 from dsim.sources.base import ParsedRun, RunSource
@@ -260,9 +261,7 @@ def parse_run(
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
-    info = _info(source, train, fetch_table, train_table, sources, report)
-    if settings is not None:
-        info["loader"] = settings
+    info = _info(source, train, fetch_table, train_table, sources, report).with_loader(settings)
     tables = RunTables(source.name, fetch_table, train_table, info)
     return ParsedRun(tables, rejected, report, lines)
 
@@ -538,25 +537,22 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
     )
 
 
-def _info(source, train, fetch_table, train_table, sources, report) -> dict[str, Any]:
+def _info(source, train, fetch_table, train_table, sources, report) -> RunInfo:
     gpu_ids = _gpu_ids(fetch_table, train_table)
     both = [fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy()]
     epochs = [int(e) for e in _distinct(np.concatenate(both))]
     present, declared = _iterations_per_epoch(train, fetch_table, epochs)
-    info = {
-        "name": source.name,
-        "gpus": len(gpu_ids),
-        "gpu_ids": gpu_ids,
-        "epochs": epochs,
-        "iterations_per_epoch": present,
-    }
-    if declared:
-        info["declared_iterations_per_epoch"] = declared
-    return info | {
-        "metadata": parse_run_name(source.name),
-        "sources": sources,
-        "report": report,
-    }
+    return RunInfo(
+        name=source.name,
+        gpu_count=len(gpu_ids),
+        gpu_ids=tuple(gpu_ids),
+        epochs_present=tuple(epochs),
+        iterations_per_epoch=present,
+        declared_iterations_per_epoch=declared or None,
+        metadata=parse_run_name(source.name),
+        sources=tuple(sources),
+        report=report,
+    )
 
 
 def _iterations_per_epoch(train, fetch_table, epochs) -> tuple[dict[str, int], dict[str, int]]:

@@ -1,0 +1,223 @@
+"""dsim as a library, for notebooks and scripts (re-exported by ``import dsim``).
+
+The calls follow the command line's data flow and go through the same
+application functions as the CLI (``dsim.app``), so they write and read the
+same files::
+
+    import dsim
+
+    trace = dsim.parse("logs/myrun", out="traces")        # dsim parse
+    results = dsim.run(trace, policies=["min/min"])       # dsim run
+    results.summary                                       # the summary table (DataFrame)
+    results.verdicts[0].text                              # the verdict, as dsim run prints it
+    results.iterations()                                  # long format: run, policy, iteration
+    later = dsim.load_results("results")                  # dsim summarize
+
+Errors are ``dsim.errors.DsimError`` subclasses with the CLI's messages.
+The replay call is ``dsim.run``, after the command: ``dsim.replay`` is the
+package of policies and replay models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dsim.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsim.checks import CheckResult
+    from dsim.model.results import ResultRun
+    from dsim.model.runinfo import RunInfo
+    from dsim.verdict import Verdict
+
+PathLike = str | Path
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A parsed run: ``<traces>/<name>/`` with its ``run.json`` (``info``) and two tables."""
+
+    name: str
+    directory: Path
+    info: RunInfo
+
+    @property
+    def fetch(self) -> pd.DataFrame:
+        """``fetch.parquet`` (docs/SPEC.md §2.1), read and checked."""
+        from dsim.model.tables import read_run
+
+        return read_run(self.directory).fetch.to_pandas()
+
+    @property
+    def train(self) -> pd.DataFrame:
+        """``train.parquet`` (docs/SPEC.md §2.2), read and checked."""
+        from dsim.model.tables import read_run
+
+        return read_run(self.directory).train.to_pandas()
+
+
+@dataclass
+class Results:
+    """Replay results of some runs: the summary (§5), verdicts (§5.1) and the replays.
+
+    ``runs`` holds each run directory's ``result.json`` (``run.info``, a
+    ``ResultInfo``) and its listed replays.
+    """
+
+    summary: pd.DataFrame
+    verdicts: list[Verdict]
+    runs: list[ResultRun] = field(default_factory=list)
+
+    def iterations(self) -> pd.DataFrame:
+        """Every replayed iteration in long format (the tidy dataset's ``iterations``, §7.6)."""
+        return self._dataset("iterations")
+
+    def gpus(self) -> pd.DataFrame:
+        """Every replayed iteration and rank in long format (the dataset's ``gpus``, §7.6)."""
+        return self._dataset("gpus")
+
+    def _dataset(self, table: str) -> pd.DataFrame:
+        import pyarrow as pa
+
+        from dsim.model.dataset import ITERATIONS, run_frames
+
+        parts = [run_frames(run)[0 if table == ITERATIONS else 1] for run in self.runs]
+        if not parts:
+            raise UsageError("no runs in these results")
+        return pa.concat_tables(parts).to_pandas()
+
+    def check(self, *conditions: str) -> list[CheckResult]:
+        """``--fail-if`` conditions (``"effective_delay_pct>10"``) evaluated per run (§5.6)."""
+        from dsim.checks import evaluate, parse_condition
+
+        return evaluate(self.summary, [parse_condition(c) for c in conditions])
+
+    def to_json(self, *conditions: str) -> dict[str, Any]:
+        """The ``--json`` document (§5.6), with the given conditions' checks."""
+        from dsim.render.machine import document
+
+        return document(self.summary, self.verdicts, self.check(*conditions))
+
+
+def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    return [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+
+
+def load_trace(directory: PathLike) -> Trace:
+    """A run directory written by ``dsim parse`` (``run.json`` version-checked)."""
+    from dsim.model.tables import read_info
+
+    info = read_info(directory)
+    return Trace(info.name or Path(directory).name, Path(directory), info)
+
+
+def parse(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    out: PathLike = "traces",
+    name: str | None = None,
+    input_format: str = "auto",
+    strict: bool = False,
+) -> Trace:
+    """``dsim parse PATHS --out OUT``: one run's logs (or profiler traces) → ``<out>/<run>/``.
+
+    The paths must hold one run (use the CLI for a tree of runs); ``name``
+    names it, ``input_format`` is ``auto``, ``rawlog`` or ``kineto``.
+    """
+    from dsim.app.parse import discover_runs, parse_and_write
+
+    fmt, runs = discover_runs(_paths(paths), name=name, input_format=input_format)
+    if len(runs) != 1:
+        names = ", ".join(r.name for r in runs[:5])
+        raise UsageError(f"dsim.parse reads one run; these paths hold {len(runs)}: {names}")
+    directory, info = parse_and_write(runs[0], Path(out), fmt=fmt, strict=strict)
+    return Trace(info.name, directory, info)
+
+
+def run(
+    traces: Trace | PathLike | Sequence[Trace | PathLike],
+    *,
+    policies: Sequence[str] | None = None,
+    model: str | None = None,
+    workers: int | None = None,
+    prefetch_factor: int | None = None,
+    out: PathLike = "results",
+    epochs: Sequence[int] | str | None = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    executor: str = "local",
+    force: bool = False,
+) -> Results:
+    """``dsim run``: replay parsed runs under policies (``"min/min"``; default: all nine).
+
+    ``traces`` are ``Trace`` objects or run directories, all under one traces
+    directory. Writes ``out`` as ``dsim run`` does (cached replays are
+    reused unless ``force``) and returns its results. ``executor`` is
+    ``local`` (in-process, the default here), ``ray`` or ``auto``.
+    """
+    from dsim.app.run import run_replays
+    from dsim.config import Overrides, load_config
+    from dsim.model.results import find_result_runs
+    from dsim.options import parse_policy_option
+    from dsim.sanity import check_threshold
+    from dsim.verdict import run_verdicts
+
+    items = [traces] if isinstance(traces, Trace | str | Path) else list(traces)
+    dirs = [t.directory if isinstance(t, Trace) else Path(t) for t in items]
+    parents = {d.parent.resolve() for d in dirs}
+    if len(parents) != 1:
+        raise UsageError("dsim.run: the runs must lie in one traces directory")
+    check_threshold(threshold_s, force=force)
+    overrides = Overrides(
+        runs=tuple(d.name for d in dirs),
+        traces=dirs[0].parent,
+        out=Path(out),
+        epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
+        warmup=warmup,
+        threshold_s=threshold_s,
+        executor=executor,
+        model=model,
+        workers=workers,
+        prefetch_factor=prefetch_factor,
+        policies=tuple(parse_policy_option(p) for p in policies or ()),
+    )
+    outcome = run_replays(load_config(None, overrides), force=force)
+    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]
+    runs = find_result_runs(shown)
+    verdicts = run_verdicts(outcome.summary, {str(r.directory): r.info for r in runs})
+    return Results(outcome.summary, verdicts, runs)
+
+
+def load_results(
+    paths: PathLike | Sequence[PathLike] = "results",
+    *,
+    runs: Sequence[str] | None = None,
+    policies: Sequence[str] | None = None,
+    epochs: Sequence[int] | str | None = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+) -> Results:
+    """``dsim summarize``: results directories written by ``dsim run`` → ``Results``.
+
+    ``runs`` are name globs; ``policies`` ``"fetch/start"`` labels; the
+    selection defaults to what ``dsim run`` recorded (§5).
+    """
+    from dsim.app.summarize import summarize_directories
+    from dsim.options import parse_policy_option
+    from dsim.verdict import run_verdicts
+
+    done = summarize_directories(
+        _paths(paths),
+        run_globs=runs,
+        policies=[parse_policy_option(p) for p in policies] if policies else None,
+        epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
+        warmup=warmup,
+        threshold_s=threshold_s,
+    )
+    verdicts = run_verdicts(done.summary, {str(r.directory): r.info for r in done.runs})
+    return Results(done.summary, verdicts, done.runs)

@@ -1,0 +1,64 @@
+"""``dsim summarize`` as a library call: results directories → the summary table.
+
+Shared by the command and the Python API (``dsim.api.load_results``): the
+results directories are read under their shared lock (no ``dsim run``
+rewrites them meanwhile), runs are selected, and only the replays each
+``result.json`` lists are summarised (docs/SPEC.md §5, §7.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dsim.io import lock
+from dsim.io.atomic import remove_leftovers
+from dsim.model.results import ResultRun, results_directories, scan_results
+from dsim.options import select_runs
+from dsim.render.files import write_summary_files
+from dsim.replay.policies import Policy
+from dsim.summary import Epochs, summarize_results
+
+
+@dataclass
+class Summarized:
+    """The summary of some results directories, the runs behind it and what to tell the user."""
+
+    summary: pd.DataFrame
+    runs: list[ResultRun]
+    notes: list[str] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+
+
+def summarize_directories(
+    results: Sequence[str | Path],
+    *,
+    run_globs: Sequence[str] | None = None,
+    policies: Sequence[Policy] | None = None,
+    epochs: Epochs = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    out: Path | None = None,
+    formats: Sequence[str] = (),
+    on_wait: lock.Notify | None = None,
+) -> Summarized:
+    """Summarise the runs of ``results``; with ``out``, also write ``summary.<format>`` there."""
+    paths = [Path(p) for p in results]
+    written: list[Path] = []
+    with lock.shared(results_directories(list(paths)), on_wait):
+        scan = scan_results(list(paths))
+        runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
+        summary = summarize_results(
+            runs,
+            epochs=epochs,
+            warmup=warmup,
+            threshold_s=threshold_s,
+            policies=list(policies) if policies is not None else None,
+        )
+        if out is not None:
+            remove_leftovers(out)  # temporaries of a killed writer
+            written = write_summary_files(summary, out, formats)
+    return Summarized(summary, runs, scan.notes(runs), written)

@@ -1,0 +1,182 @@
+"""``run.json``, typed: what ``dsim parse`` learnt about a run (docs/SPEC.md §2.3).
+
+The JSON document stays exactly what dsim has always written (same keys,
+same order, same bytes); ``RunInfo`` gives each field one meaning and one
+name in Python, loads and saves itself and refuses a document of another
+format version with a message that says what to do. Names that meant
+several things in JSON get unambiguous attribute names here:
+
+* ``gpus`` (JSON) is a *count* of ranks: ``RunInfo.gpu_count``; the ranks
+  themselves are ``gpu_ids``;
+* ``epochs`` (JSON) are the epochs *present* in the tables:
+  ``RunInfo.epochs_present``; the epoch count a run *name* declares is
+  ``metadata["epochs"]`` (``RunInfo.name_epochs``).
+
+Keys this version does not know are kept (``extra``) and written back after
+the known ones, so a document survives a load/save round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsim.errors import InputError
+from dsim.io.atomic import write_json
+
+FORMAT_VERSION = 1
+RUN_FILE = "run.json"
+
+# Known keys in the order ``dsim parse`` has always written them.
+_KEYS = (
+    "format_version",
+    "name",
+    "format",
+    "gpus",
+    "gpu_ids",
+    "epochs",
+    "iterations_per_epoch",
+    "declared_iterations_per_epoch",
+    "metadata",
+    "sources",
+    "report",
+    "loader",
+    "gpu_util",
+)
+
+
+def check_version(document: Any, expected: int, path: Path | None, what: str, remedy: str) -> None:
+    """Refuse a JSON document of another format version: newer ones need a newer dsim."""
+    if not isinstance(document, dict):
+        raise InputError(f"not a dsim {what} (a JSON object expected)", path)
+    found = document.get("format_version")
+    if found == expected:
+        return
+    if isinstance(found, int) and not isinstance(found, bool) and found > expected:
+        raise InputError(
+            f"{what} written by a newer dsim (format_version {found}; this dsim reads "
+            f"{expected}): upgrade dsim",
+            path,
+        )
+    raise InputError(
+        f"{what} written by another dsim format (format_version {found!r}, expected "
+        f"{expected}); {remedy}",
+        path,
+    )
+
+
+def _int_map(value: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run's ``run.json``: its ranks, epochs, iterations, name fields, sources, parse report.
+
+    ``gpu_count`` is the number of ranks (JSON ``gpus``); ``epochs_present``
+    the epochs in the tables (JSON ``epochs``). ``input_format`` is ``None``
+    for raw logs (the key is absent) and ``"kineto"`` for profiler traces.
+    """
+
+    name: str
+    gpu_count: int
+    gpu_ids: tuple[int, ...]
+    epochs_present: tuple[int, ...]
+    iterations_per_epoch: Mapping[str, int]
+    declared_iterations_per_epoch: Mapping[str, int] | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[Mapping[str, Any], ...] = ()
+    report: Mapping[str, Any] = field(default_factory=dict)
+    loader: Mapping[str, Any] | None = None
+    gpu_util: Mapping[str, Any] | None = None  # per-epoch utilisation means (§1.9), if logged
+    input_format: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def name_epochs(self) -> int | None:
+        """The epoch count the run's *name* declares (``epoch<E>``), not the epochs present."""
+        value = self.metadata.get("epochs")
+        return int(value) if isinstance(value, int) else None
+
+    def with_loader(self, loader: Mapping[str, Any] | None) -> RunInfo:
+        """The same run with the loader settings its loader lines gave (§2.3 ``loader``)."""
+        from dataclasses import replace
+
+        return replace(self, loader=loader)
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document, key for key what ``dsim parse`` writes."""
+        values = {
+            "format_version": self.format_version,
+            "name": self.name,
+            "format": self.input_format,
+            "gpus": self.gpu_count,
+            "gpu_ids": list(self.gpu_ids),
+            "epochs": list(self.epochs_present),
+            "iterations_per_epoch": dict(self.iterations_per_epoch),
+            "declared_iterations_per_epoch": (
+                None
+                if self.declared_iterations_per_epoch is None
+                else dict(self.declared_iterations_per_epoch)
+            ),
+            "metadata": dict(self.metadata),
+            "sources": [dict(s) for s in self.sources],
+            "report": dict(self.report),
+            "loader": None if self.loader is None else dict(self.loader),
+            "gpu_util": None if self.gpu_util is None else dict(self.gpu_util),
+        }
+        optional = {"format", "declared_iterations_per_epoch", "loader", "gpu_util"}
+        doc = {k: values[k] for k in _KEYS if not (k in optional and values[k] is None)}
+        doc.update({k: v for k, v in self.extra.items() if k not in doc})
+        return doc
+
+    @classmethod
+    def from_document(cls, document: Any, path: Path | None = None) -> RunInfo:
+        """A ``run.json`` document, version-checked; ``InputError`` naming ``path`` if bad."""
+        check_version(document, FORMAT_VERSION, path, "run description", "re-run `dsim parse`")
+        try:
+            declared = document.get("declared_iterations_per_epoch")
+            loader = document.get("loader")
+            util = document.get("gpu_util")
+            return cls(
+                name=str(document.get("name", path.parent.name if path else "")),
+                gpu_count=int(document.get("gpus") or 0),
+                gpu_ids=tuple(int(g) for g in document.get("gpu_ids") or ()),
+                epochs_present=tuple(int(e) for e in document.get("epochs") or ()),
+                iterations_per_epoch=_int_map(document.get("iterations_per_epoch")),
+                declared_iterations_per_epoch=None if declared is None else _int_map(declared),
+                metadata=dict(document.get("metadata") or {}),
+                sources=tuple(dict(s) for s in document.get("sources") or ()),
+                report=dict(document.get("report") or {}),
+                loader=dict(loader) if isinstance(loader, Mapping) else None,
+                gpu_util=dict(util) if isinstance(util, Mapping) else None,
+                input_format=document.get("format"),
+                extra={k: v for k, v in document.items() if k not in _KEYS},
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"malformed run description: {exc}", path) from exc
+
+    @classmethod
+    def load(cls, directory: str | Path) -> RunInfo:
+        """``<directory>/run.json``; ``InputError`` if missing, unreadable or of another format."""
+        path = Path(directory) / RUN_FILE
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(
+                f"no parsed run here (missing {RUN_FILE}; run `dsim parse` first)",
+                Path(directory),
+            ) from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"unreadable run description: {exc}", path) from exc
+        return cls.from_document(document, path)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``<directory>/run.json`` atomically."""
+        path = Path(directory) / RUN_FILE
+        write_json(self.document(), path)
+        return path

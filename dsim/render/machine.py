@@ -1,0 +1,74 @@
+"""The ``--json`` document of ``dsim run`` and ``dsim summarize`` (docs/SPEC.md §5.6).
+
+One JSON object on stdout, nothing else, so that ``jq`` and scripts read it:
+``format_version``, ``dsim_version``, ``summary`` (the summary rows, the
+same records as ``summary.json``), ``verdicts`` (one per run and results
+directory, ``dsim.verdict.Verdict`` fields) and ``checks`` (the ``--fail-if``
+conditions evaluated per run). JSON has no NaN or infinity: such numbers are
+written as null, and ``json.dumps(allow_nan=False)`` guarantees that no
+other one slips through.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dsim.checks import CheckResult
+    from dsim.verdict import Verdict
+
+#: Version of the document's layout; a change of meaning adds a key or bumps it.
+MACHINE_FORMAT_VERSION = 1
+
+
+def plain(value: Any) -> Any:
+    """JSON has no NaN or infinity: undefined or unbounded numbers become null."""
+    if hasattr(value, "item") and not isinstance(value, list | dict | str):  # NumPy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is not None and not isinstance(value, bool | int | float | str | list | dict):
+        try:  # pandas' missing values (NA, NaT)
+            import pandas as pd
+
+            if pd.isna(value):
+                return None
+        except (TypeError, ValueError):
+            pass
+    return value
+
+
+def summary_records(summary: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary's rows as JSON-ready records (NaN → null)."""
+    return [
+        {str(key): plain(value) for key, value in row.items()}
+        for row in summary.to_dict(orient="records")
+    ]
+
+
+def document(
+    summary: pd.DataFrame,
+    verdicts: Sequence[Verdict],
+    checks: Sequence[CheckResult] = (),
+) -> dict[str, Any]:
+    """The ``--json`` document (see the module docstring and docs/SPEC.md §5.6)."""
+    from dsim import __version__
+
+    return {
+        "format_version": MACHINE_FORMAT_VERSION,
+        "dsim_version": __version__,
+        "summary": summary_records(summary),
+        "verdicts": [{k: plain(v) for k, v in v.as_dict().items()} for v in verdicts],
+        "checks": [{k: plain(v) for k, v in asdict(c).items()} for c in checks],
+    }
+
+
+def dumps(doc: Any) -> str:
+    """Indented JSON; raises ``ValueError`` rather than write NaN or infinity."""
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
