@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, default_epochs, selection_mask
+from dsim.model.selection import default_epochs, selection_mask
+from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
 METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
 LABELS = {

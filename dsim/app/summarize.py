@@ -17,10 +17,11 @@ import pandas as pd
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import ResultRun, results_directories, scan_results
+from dsim.model.selection import Epochs
 from dsim.options import select_runs
 from dsim.render.files import write_summary_files
 from dsim.replay.policies import Policy
-from dsim.summary import Epochs, summarize_results
+from dsim.summary import summarize_results
 
 
 @dataclass
