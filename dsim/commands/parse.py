@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from dsim.commands.common import Quiet
 from dsim.errors import DsimError, InputError, UsageError
 
 # The library's defaults (dsim.sources.rawlog.bounds, .parse), not imported: `--help` stays fast.
@@ -47,7 +48,7 @@ def command(
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record."),
     name: str | None = typer.Option(None, "--name", help="Name of the run (one run only)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Runs parsed at once (0: one per core)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
+    quiet: Quiet = False,
     input_format: str = typer.Option(
         "auto",
         "--format",

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dsim.commands.common import Quiet
 from dsim.errors import UsageError
 from dsim.options import parse_epochs_option, parse_policy_option
 
@@ -105,7 +106,7 @@ def command(
             "./mlruns; needs the mlflow extra of dsim).",
         ),
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
     if images is not None and images.lower() not in IMAGE_FORMATS:

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from dsim.commands.common import FailIf, Full, Json, Quiet
+
 HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
 
 Writes RESULTS/<run>/<fetch>__<start>.parquet (one row per iteration),
@@ -148,22 +150,10 @@ def command(
         help="Log the summary to MLflow ($MLFLOW_TRACKING_URI, else ./mlruns; needs the "
         "mlflow extra of dsim). Default: config 'mlflow'.",
     ),
-    as_json: bool = typer.Option(
-        False,
-        "--json",
-        help="Print the summary, verdicts and checks as one JSON object on stdout, nothing else.",
-    ),
-    fail_if: list[str] = typer.Option(
-        None,
-        "--fail-if",
-        metavar="CONDITION",
-        help="METRIC[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
-        "when it holds for a run's measured (or that policy's) row. Repeatable.",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
-    full: bool = typer.Option(
-        False, "--full", help="Every run's table, also when an overview of many runs is printed."
-    ),
+    as_json: Json = False,
+    fail_if: FailIf = None,
+    quiet: Quiet = False,
+    full: Full = False,
 ) -> None:
     import contextlib
 

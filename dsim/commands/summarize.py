@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from dsim.commands.common import FailIf, Full, Json, Quiet
+
 HELP = """Summarise replay results written by `dsim run`, without replaying anything.
 
 RESULTS are results directories (or run directories inside one); several are
@@ -55,18 +57,8 @@ def command(
         "-f",
         help="Formats written with --out: csv, parquet, json (default csv,parquet).",
     ),
-    as_json: bool = typer.Option(
-        False,
-        "--json",
-        help="Print the summary, verdicts and checks as one JSON object on stdout, nothing else.",
-    ),
-    fail_if: list[str] = typer.Option(
-        None,
-        "--fail-if",
-        metavar="CONDITION",
-        help="METRIC[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
-        "when it holds for a run's measured (or that policy's) row. Repeatable.",
-    ),
+    as_json: Json = False,
+    fail_if: FailIf = None,
     run_globs: list[str] = typer.Option(
         None, "--run", "-r", help="Only runs whose name matches this glob (repeatable)."
     ),
@@ -91,10 +83,8 @@ def command(
     force: bool = typer.Option(
         False, "--force", help="Accept a --threshold of 1 s or more (it is in seconds)."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors."),
-    full: bool = typer.Option(
-        False, "--full", help="Every run's table, also when an overview of many runs is printed."
-    ),
+    quiet: Quiet = False,
+    full: Full = False,
 ) -> None:
     from dsim.app.summarize import summarize_directories
     from dsim.checks import evaluate, parse_condition, raise_if_held
