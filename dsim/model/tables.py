@@ -105,7 +105,8 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
         if run.gpu_util is not None:
             parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:
-            pacsv.write_csv(rejects, tmp / REJECTS_FILE)
+            # one chunk: pyarrow 17 writes the header again after an empty first chunk
+            pacsv.write_csv(rejects.combine_chunks(), tmp / REJECTS_FILE)
         run.info.save(tmp)
     return directory
 

@@ -335,7 +335,7 @@ def attach(parsed: ParsedRun, paths: tuple[Path, ...], strict: bool = False) -> 
     )
     rejects = pa.concat_tables(
         [parsed.rejects.cast(REJECT_SCHEMA), *(b.cast(REJECT_SCHEMA) for b in bad)]
-    )
+    ).combine_chunks()
     new_tables = RunTables(tables.name, tables.fetch, tables.train, info, gpu_util=samples)
     return ParsedRun(new_tables, rejects, report, parsed.lines)
 
