@@ -3,6 +3,8 @@ back with the MLflow client. MLflow's telemetry is off in every test (no network
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -14,6 +16,15 @@ from conftest import REPO, run_dsim
 
 from dsim.config import MlflowSettings, Overrides, _mlflow, _Problems
 from dsim.errors import UsageError
+
+
+def require_mlflow():
+    """mlflow, or a skip when it is not installed. Installed but broken (an import error
+    inside it, as with mlflow 3.9 beside polars < 0.20.31) fails: never a silent skip."""
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("needs the mlflow extra (pip install .[mlflow])")
+    return importlib.import_module("mlflow")
+
 
 SAMPLE = "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
 NO_NETWORK = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -43,7 +54,7 @@ def clone(parsed: Path, tmp_path: Path) -> Path:
 
 
 def _client(uri: str):
-    mlflow = pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    mlflow = require_mlflow()
     return mlflow.tracking.MlflowClient(tracking_uri=uri)
 
 
@@ -58,7 +69,7 @@ def _runs(uri: str) -> tuple[list, list, object]:
 
 
 def test_run_and_report_log_metrics_params_and_artifacts(clone: Path) -> None:
-    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    require_mlflow()
     proc = run_dsim(
         "run", "--conf", "configs/sim_conf.json", "--mlflow", cwd=clone, env=_clean_env()
     )
@@ -138,7 +149,7 @@ def test_run_and_report_log_metrics_params_and_artifacts(clone: Path) -> None:
 
 
 def test_tracking_uri_from_the_environment_and_the_config(clone: Path) -> None:
-    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    require_mlflow()
     elsewhere = clone / "elsewhere.db"
     proc = run_dsim(
         "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
@@ -191,7 +202,7 @@ def test_missing_mlflow_is_a_clear_usage_error_before_any_work(clone: Path) -> N
 
 
 def test_unreachable_store_is_an_output_error(clone: Path) -> None:
-    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    require_mlflow()
     (clone / "blocker").write_text("a file where a directory should be", "utf-8")
     proc = run_dsim(
         "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
@@ -249,7 +260,7 @@ def test_default_store_is_a_sqlite_database_under_mlruns(tmp_path: Path, monkeyp
 
 
 def test_telemetry_is_off_unless_the_user_says_otherwise(monkeypatch) -> None:
-    pytest.importorskip("mlflow", reason="needs the mlflow extra (pip install .[mlflow])")
+    require_mlflow()
     from dsim.app import tracking
 
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
