@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_dsim
 
 from dsim.model.results import replay_table, write_replay, write_result_info
 
-DSIM = str(Path(sys.executable).with_name("dsim"))
 EPOCH = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)
 ITERATION = np.array([0, 1, 2, 0, 1, 2], dtype=np.int32)
 METRICS = {
@@ -50,14 +48,8 @@ def make_results(out: Path, run: str, scale: float = 1.0) -> Path:
 
 
 def dsim(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [DSIM, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=120,
-    )
+    """The real CLI (conftest's ``run_dsim``) with a wide terminal, so tables keep one layout."""
+    return run_dsim(*args, cwd=cwd, env={"COLUMNS": "200"}, timeout=120)
 
 
 @pytest.fixture
