@@ -172,3 +172,19 @@ def test_why_it_misses_is_generated_from_the_swaps() -> None:
     assert "removes 80 % of the error" in text
     assert "align min, 1 w (+9.0 %): no single term's re-run value reduces the error" in text
     assert "No missed cell" in "\n".join(swap_section(swaps.iloc[0:0]))
+
+
+def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:
+    """No hand-written reading of an old sweep survives a comparison."""
+    import validation.report as report
+
+    monkeypatch.setattr(report, "render", lambda *args: "generated table\n")
+    path = tmp_path / "FIDELITY.md"
+    path.write_text(f"# Old\n\n{report.BEGIN}\nold\n{report.END}\n\n## Hand-written claim\n")
+    report.update_fidelity(path, pd.DataFrame(), {"runs": {}}, {})
+    text = path.read_text()
+    assert "Hand-written claim" not in text and "old\n" not in text
+    assert text.startswith(report.INTRO) and "generated table" in text
+    assert text.count(report.BEGIN) == 1 and text.rstrip().endswith(
+        "re-computes this file from them."
+    )

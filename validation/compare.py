@@ -294,7 +294,10 @@ def compare_runs(
 
     measured = {name: predict_per_iteration(results, name, BASELINE) for name in present}
     check_against_summary(results, measured)
-    cells = group_runs(present)
+    try:
+        cells = group_runs(present)
+    except ValueError as exc:
+        raise InputError(f"{data / MANIFEST}: {exc}") from None
     kinds = {c: run_kind(data, runs_[0], runs[runs_[0]]) for c, runs_ in cells.items()}
     what_ifs = pairs(present)
     bases: dict[str, PipelineBase] = {}
