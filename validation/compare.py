@@ -388,6 +388,7 @@ def compare(
     default_md, default_csv = default_outputs(data)
     fidelity_path = Path(fidelity) if fidelity else default_md
     csv_path = Path(csv) if csv else default_csv
+    commit = git_commit()  # before our outputs change tracked files (it would read -dirty)
     with tempfile.TemporaryDirectory(prefix="dsim-fidelity-") as tmp:
         frame, swaps = compare_runs(data, manifest, Path(tmp), jobs)
     if frame.empty:
@@ -398,7 +399,7 @@ def compare(
     write_text(swaps.to_csv(index=False, float_format="%.6g"), swaps_path)
     context = {
         "compared_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": commit,
         "command": " ".join(["python -m validation.compare", *sys.argv[1:]])
         if Path(sys.argv[0]).stem == "compare"
         else "python -m validation.compare (run by validation.sweep)",
