@@ -188,3 +188,32 @@ def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:
     assert text.count(report.BEGIN) == 1 and text.rstrip().endswith(
         "re-computes this file from them."
     )
+
+
+def test_kind_clipping_and_start_policies_from_run_files(tmp_path) -> None:
+    import json
+
+    from dsim.errors import InputError
+    from dsim.replay.policies import KNOWN
+    from validation.compare import clipping, run_kind, start_aligns
+
+    for name, job in (("a", {"kind": "decode"}), ("b", {"regime": {"kind": "mixed"}}), ("c", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.json").write_text(json.dumps(job))
+    assert run_kind(tmp_path, "a", {}) == "decode" and run_kind(tmp_path, "b", {}) == "mixed"
+    assert run_kind(tmp_path, "c", {"regime_numbers": {"kind": "cpu"}}) == "cpu"
+    assert run_kind(tmp_path, "c", {}) == "sleep"  # the first sweep's regimes
+    (tmp_path / "a" / "start_align.json").write_text('{"clipped": 4, "share": 0.5, "on": true}')
+    (tmp_path / "b" / "start_align.json").write_text('{"clipped": 6}')
+    assert clipping(tmp_path, ["a", "b", "c"]) == {"clip_clipped": 5.0, "clip_share": 0.5}
+    (tmp_path / "c" / "start_align.json").write_text("{\n  oops")
+    with pytest.raises(InputError, match=r"start_align.json: line 2: not JSON"):
+        clipping(tmp_path, ["c"])
+    names = [
+        "x_w1_p2_none_r1",
+        "x_w1_p2_none_smin_r1",
+        "x_w1_p2_none_smax_r1",
+        "x_w1_p2_none_sctl_r1",
+    ]
+    assert start_aligns(names) == [False, "min", *(["max"] if "max" in KNOWN else [])]
+    assert start_aligns(["x_w1_p2_none", "x_w1_p2_min"]) == [False]
