@@ -217,3 +217,16 @@ def test_kind_clipping_and_start_policies_from_run_files(tmp_path) -> None:
     ]
     assert start_aligns(names) == [False, "min", *(["max"] if "max" in KNOWN else [])]
     assert start_aligns(["x_w1_p2_none", "x_w1_p2_min"]) == [False]
+
+
+def test_the_models_assumption_is_read_where_exposed() -> None:
+    from types import SimpleNamespace
+
+    from validation.predict import assumption_of
+
+    assert assumption_of(SimpleNamespace(iteration_s=1), None) == "n/a"
+    inner = SimpleNamespace(calibration=SimpleNamespace(cpu_assumption="cpu-aware (2 cores)"))
+    assert assumption_of(SimpleNamespace(), inner) == "cpu-aware (2 cores)"
+    assert assumption_of(SimpleNamespace(assumption="no CPU times: fetches as measured")) == (
+        "no CPU times: fetches as measured"
+    )

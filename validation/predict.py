@@ -93,14 +93,24 @@ def supports(policy: tuple[str, str]) -> bool:
 def assumption_of(*objects: object) -> str:
     """The loader assumption the model says it made (e.g. CPU-aware or not), where it says one.
 
-    Looked up at run time on the replay result and the prepared run, so the
-    harness picks the CPU-aware model's label up without depending on it.
+    Looked up at run time, by name, on the replay result and the prepared
+    run (and their parts): any attribute whose name contains "assumption".
+    So the harness picks the CPU-aware model's label up without depending
+    on it; "n/a" where the installed model exposes none.
     """
-    for obj in objects:
-        for name in ("assumption", "loader_assumption", "cpu_assumption"):
+    seen: list[object] = []
+    queue = list(objects)
+    while queue:
+        obj = queue.pop(0)
+        if obj is None or any(obj is s for s in seen):
+            continue
+        seen.append(obj)
+        names = [n for n in dir(obj) if "assumption" in n.lower() and not n.startswith("__")]
+        for name in sorted(names):
             value = getattr(obj, name, None)
-            if value:
+            if value and not callable(value):
                 return str(value)
+        queue += [getattr(obj, part, None) for part in ("inputs", "calibration")]
     return "n/a"
 
 
