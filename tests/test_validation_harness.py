@@ -1,4 +1,6 @@
-"""The fidelity harness's pure parts: cost tables, index layout, plan, pairs, targets, metrics.
+"""The fidelity harness's pure parts: cost tables, index layout, plan, metrics, adapter.
+
+Pairs, cells, statistics and verdicts: tests/test_fidelity_compare.py.
 
 The physical runs themselves are covered by tests/test_fidelity_smoke.py
 (needs PyTorch); these need neither torch nor a DDP job.
@@ -17,14 +19,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dsim.summary import summarize_metrics
-from validation.compare import pairs
 from validation.indexing import Layout, TableSampler
 from validation.metrics import error, run_metrics
 from validation.predict import predict_per_iteration, predict_pipeline
 from validation.regimes import REGIMES, align_table, cost_table
 from validation.report import BEGIN, END, replace_block
 from validation.sweep import VARIANTS, plan
-from validation.targets import verdicts
 
 
 def test_layout_round_trip_and_bounds() -> None:
@@ -83,54 +83,6 @@ def test_plan_has_every_run_once_a_first_and_its_repeat_last() -> None:
                      "heavy_w1_p2_none_repeat"]  # fmt: skip
     assert "heavy_w2_p1_none" in names and "heavy_w1_p1_none" not in names
     assert [r.name for r in plan(["balanced"], [2], set())] == ["balanced_w2_p2_none"]
-
-
-def _manifest_runs(workers: list[int], prefetch: bool = True) -> dict[str, dict]:
-    runs = {}
-    for spec in plan(["balanced"], workers, set(VARIANTS) if prefetch else {"repeat", "min"}):
-        runs[spec.name] = {
-            "regime": spec.regime,
-            "workers": spec.workers,
-            "prefetch": spec.prefetch,
-            "align": spec.align,
-            "repeat": spec.repeat,
-        }
-    return runs
-
-
-def test_pairs_are_the_issues_what_ifs_in_table_order() -> None:
-    got = [(p.kind, p.what_if, p.base, p.target) for p in pairs(_manifest_runs([1, 2, 4]))]
-    labels = [g[1] for g in got]
-    assert labels == [
-        "align min, 1 w", "align min, 2 w", "align min, 4 w",
-        "align mean, 1 w", "align mean, 2 w", "align mean, 4 w",
-        "workers 1 -> 2", "workers 1 -> 4", "workers 2 -> 4",
-        "prefetch 2 -> 1, 2 w", "prefetch 2 -> 4, 2 w",
-        "repeat, 1 w (noise floor)", "repeat, 2 w (noise floor)", "repeat, 4 w (noise floor)",
-        "identity, 1 w", "identity, 2 w", "identity, 4 w",
-    ]  # fmt: skip
-    by_label = {g[1]: g for g in got}
-    assert by_label["workers 1 -> 4"][2:] == ("balanced_w1_p2_none", "balanced_w4_p2_none")
-    assert by_label["prefetch 2 -> 1, 2 w"][3] == "balanced_w2_p1_none"
-    assert by_label["repeat, 2 w (noise floor)"][3] == "balanced_w2_p2_none_repeat"
-    small = [p.what_if for p in pairs(_manifest_runs([2], prefetch=False))]
-    assert small == ["align min, 2 w", "repeat, 2 w (noise floor)", "identity, 2 w"]
-
-
-def test_targets_follow_the_issue() -> None:
-    ok = {"iteration_ms": 1.9, "effective_delay_pct": -2.0, "stall_ms": 9.9}
-    assert verdicts("align", ok, noise_pct=0.5) == {"iteration": True, "share": True, "stall": True}
-    bad = {"iteration_ms": 3.0, "effective_delay_pct": 2.5, "stall_ms": -10.5}
-    assert verdicts("align", bad, noise_pct=None) == {
-        "iteration": False,
-        "share": False,
-        "stall": False,
-    }
-    assert verdicts("align", bad, noise_pct=3.5)["iteration"] is True  # noise is larger
-    assert verdicts("loader", {"iteration_ms": -4.9}, None) == {"loader": True}
-    assert verdicts("loader", {"iteration_ms": 5.1}, None) == {"loader": False}
-    assert verdicts("align", {"iteration_ms": None}, None)["iteration"] is None
-    assert verdicts("repeat", bad, None) == {}
 
 
 def test_errors_are_relative_for_times_absolute_otherwise() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import math
 import shutil
@@ -34,15 +35,30 @@ import pandas as pd
 
 from dsim.errors import DsimError, InputError
 from dsim.io.atomic import write_text
+from dsim.replay.policies import KNOWN
+from validation.cells import Cell, group_runs, parse_run_name, stat, stats_of
 from validation.machine import REPO, git_commit
 from validation.metrics import METRICS, error
-from validation.predict import predict_per_iteration, predict_pipeline
+from validation.predict import (
+    PipelineBase,
+    predict_per_iteration,
+    prepare_pipeline,
+    replay_metrics,
+    supports,
+)
+from validation.swaps import term_swaps
 from validation.sweep import BASE_PREFETCH, DEFAULT_OUT, MANIFEST, load_manifest
 from validation.targets import verdicts
 
 POLICY_OF_ALIGN = {"min": ("min", "actual"), "mean": ("avg", "actual")}
 BASELINE = ("actual", "actual")
-WORKER_STEPS = ((1, 2), (1, 4), (2, 4))
+# Physical start alignments: (start of the run name, kind of what-if, label)
+START_KINDS = (
+    ("min", "start", "start min"),
+    ("max", "start", "start max"),
+    ("ctl", "control", "start control"),
+)
+MODELS = ("per_iteration", "pipeline")
 
 
 class ToolFailed(DsimError):
@@ -51,16 +67,19 @@ class ToolFailed(DsimError):
 
 @dataclass(frozen=True)
 class Pair:
-    """One what-if: predict ``target`` from ``base``'s logs."""
+    """One what-if: predict cell ``target`` from every repeat of cell ``base``.
+
+    ``pipeline_policy`` None: the installed pipeline model cannot replay it
+    ("n/a"); ``per_iteration_policy`` None: likewise for ``dsim run``.
+    """
 
     regime: str
-    kind: str  # align | loader | repeat | identity
+    kind: str  # align | start | control | loader | repeat | identity
     what_if: str
-    base: str
-    target: str
-    workers: int  # the re-run's worker count (for its noise floor)
+    base: Cell
+    target: Cell
     per_iteration_policy: tuple[str, str] | None
-    pipeline_policy: tuple[str, str]
+    pipeline_policy: tuple[str, str] | None
     pipeline_workers: int | None = None  # None: as in A
     pipeline_prefetch: int | None = None
 
@@ -92,46 +111,61 @@ def dsim(*args: str) -> None:
         raise ToolFailed(f"dsim {args[0]} failed (exit {proc.returncode}): {last}")
 
 
-def pairs(runs: dict[str, dict]) -> list[Pair]:
+def start_policy(start: str) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """(per-iteration, pipeline) policy that predicts a physical start-``start`` re-run.
+
+    ``ctl`` (the mechanism on but inactive) is predicted as no change. A
+    start alignment the installed dsim does not know (``max`` until it is
+    added) gives None: the row says "n/a" instead of failing.
+    """
+    if start == "ctl":
+        return BASELINE, BASELINE
+    policy = ("actual", start)
+    per_iteration = policy if start in KNOWN else None
+    return per_iteration, policy if start in KNOWN and supports(policy) else None
+
+
+def pairs(names: list[str] | dict[str, object]) -> list[Pair]:
     """Every what-if the stored runs allow, per regime in the table's row order."""
-    index = {
-        (r["regime"], r["workers"], r["prefetch"], r["align"], bool(r.get("repeat"))): name
-        for name, r in runs.items()
-    }
-    regimes = list(dict.fromkeys(r["regime"] for r in runs.values()))
-    workers = sorted({r["workers"] for r in runs.values()})
-    prefetches = sorted({r["prefetch"] for r in runs.values()} - {BASE_PREFETCH})
+    cells = group_runs(list(names))
+    regimes = list(dict.fromkeys(c.regime for c in cells))
     out: list[Pair] = []
     for regime in regimes:
-        a = {w: index.get((regime, w, BASE_PREFETCH, "none", False)) for w in workers}
+        mine = [c for c in cells if c.regime == regime]
+        workers = sorted({c.workers for c in mine})
+        prefetches = sorted({c.prefetch for c in mine} - {BASE_PREFETCH})
+        a = {w: Cell(regime, w, BASE_PREFETCH, "none") for w in workers}
+        a = {w: c for w, c in a.items() if c in cells}
         for align in ("min", "mean"):
             policy = POLICY_OF_ALIGN[align]
-            for w in workers:
-                target = index.get((regime, w, BASE_PREFETCH, align, False))
-                if a[w] and target:
+            for w, base in a.items():
+                target = Cell(regime, w, BASE_PREFETCH, align)
+                if target in cells:
                     label = f"align {align}, {w} w"
-                    out.append(Pair(regime, "align", label, a[w], target, w, policy, policy))
-        for lo, hi in WORKER_STEPS:
-            if a.get(lo) and a.get(hi):
-                label = f"workers {lo} -> {hi}"
-                out.append(Pair(regime, "loader", label, a[lo], a[hi], hi, None, BASELINE, hi))
-        for w in workers:
+                    out.append(Pair(regime, "align", label, base, target, policy, policy))
+        for start, kind, what in START_KINDS:
+            for w, base in a.items():
+                target = Cell(regime, w, BASE_PREFETCH, "none", start)
+                if target in cells:
+                    per_it, pipe = start_policy(start)
+                    label = f"{what}, {w} w"
+                    out.append(Pair(regime, kind, label, base, target, per_it, pipe))
+        for lo, hi in itertools.combinations(sorted(a), 2):
+            label = f"workers {lo} -> {hi}"
+            out.append(Pair(regime, "loader", label, a[lo], a[hi], None, BASELINE, hi))
+        for w, base in a.items():
             for p in prefetches:
-                target = index.get((regime, w, p, "none", False))
-                if a[w] and target:
+                target = Cell(regime, w, p, "none")
+                if target in cells:
                     label = f"prefetch {BASE_PREFETCH} -> {p}, {w} w"
-                    out.append(
-                        Pair(regime, "loader", label, a[w], target, w, None, BASELINE, None, p)
-                    )
-        for w in workers:
-            target = index.get((regime, w, BASE_PREFETCH, "none", True))
-            if a[w] and target:
-                label = f"repeat, {w} w (noise floor)"
-                out.append(Pair(regime, "repeat", label, a[w], target, w, BASELINE, BASELINE))
-        for w in workers:  # A predicted from itself: the models' identity
-            if a[w]:
-                label = f"identity, {w} w"
-                out.append(Pair(regime, "identity", label, a[w], a[w], w, BASELINE, BASELINE))
+                    out.append(Pair(regime, "loader", label, base, target, None, BASELINE, None, p))
+        for w, base in a.items():
+            if len(cells[base]) >= 2:
+                label = f"repeat, {w} w (noise)"
+                out.append(Pair(regime, "repeat", label, base, base, BASELINE, BASELINE))
+        for w, base in a.items():  # A predicted from itself: the models' identity
+            label = f"identity, {w} w"
+            out.append(Pair(regime, "identity", label, base, base, BASELINE, BASELINE))
     return out
 
 
@@ -156,14 +190,91 @@ def check_against_summary(results: Path, measured: dict[str, dict[str, float]]) 
             )
 
 
-def compare_runs(data: Path, manifest: dict, work: Path, jobs: int) -> pd.DataFrame:
-    """Parse, replay and predict every pair; one row per pair."""
+def run_kind(data: Path, name: str, manifest_entry: dict) -> str:
+    """The regime's kind (sleep | cpu | mixed | decode); the first sweep's runs are sleep."""
+    job = data / name / "job.json"
+    settings = json.loads(job.read_text()) if job.is_file() else {}
+    for source in (settings, settings.get("regime") or {}, manifest_entry,
+                   manifest_entry.get("regime_numbers") or {}):  # fmt: skip
+        if isinstance(source, dict) and source.get("kind"):
+            return str(source["kind"])
+    return "sleep"
+
+
+def start_aligns(names: list[str]) -> list[object]:
+    """``dsim run``'s START_ALIGN: actual, plus what the physical runs need and dsim knows."""
+    starts = {parse_run_name(n).cell.start for n in names} - {None, "ctl"}
+    return [False, *(s for s in ("min", "max") if s in starts and s in KNOWN)]
+
+
+def clipping(data: Path, names: list[str]) -> dict[str, float]:
+    """``clip_<key>``: each numeric top-level entry of the runs' start_align.json, mean over runs.
+
+    The physical start-alignment runs log how often the causal rule clipped
+    a start; the file's fields are the physical side's, so they are taken
+    as they come (numbers only) rather than assumed.
+    """
+    values: dict[str, list[float]] = {}
+    for name in names:
+        path = data / name / "start_align.json"
+        if not path.is_file():
+            continue
+        try:
+            entries = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(entries, dict):
+            continue
+        for key, value in entries.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values.setdefault(f"clip_{key}", []).append(float(value))
+    return {key: stat(v).mean for key, v in values.items()}
+
+
+def _predictions(
+    pair: Pair,
+    cells: dict[Cell, list[str]],
+    results: Path,
+    measured: dict[str, dict[str, float]],
+    bases: dict[str, PipelineBase],
+) -> tuple[list[dict], dict[str, list[dict] | None]]:
+    """(measured rows, model -> predicted rows), one row per repeat."""
+    base_runs, target_runs = cells[pair.base], cells[pair.target]
+    if pair.kind == "repeat":  # repeat 1 predicts the others: the noise a model cannot beat
+        first = measured[base_runs[0]]
+        return [measured[r] for r in base_runs[1:]], {"per_iteration": [first], "pipeline": [first]}
+    meas = [measured[r] for r in target_runs]
+    preds: dict[str, list[dict] | None] = {}
+    per_it = pair.per_iteration_policy
+    preds["per_iteration"] = (
+        [predict_per_iteration(results, b, per_it) for b in base_runs] if per_it else None
+    )
+    pipe = pair.pipeline_policy
+    preds["pipeline"] = (
+        [
+            replay_metrics(bases[b], pipe, pair.pipeline_workers, pair.pipeline_prefetch)
+            for b in base_runs
+        ]
+        if pipe
+        else None
+    )
+    return meas, preds
+
+
+def compare_runs(
+    data: Path, manifest: dict, work: Path, jobs: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Parse, replay and predict every pair; one row per pair, and the term swaps of misses."""
     runs = manifest["runs"]
     logs, traces, results = work / "logs", work / "traces", work / "results"
     present = [name for name in runs if any((data / name).glob("rank*.log*"))]
     if not present:
         raise InputError(f"{data}: no run with logs")
     for name in present:
+        try:
+            parse_run_name(name)
+        except ValueError as exc:
+            raise InputError(f"{data / MANIFEST}: {exc}") from None
         unpack_logs(data / name, logs / name)
     dsim("parse", str(logs), "--out", str(traces), "--quiet", "--jobs", str(jobs))
     for name in present:
@@ -173,7 +284,7 @@ def compare_runs(data: Path, manifest: dict, work: Path, jobs: int) -> pd.DataFr
     conf = {
         "FILE": present,
         "FETCH_ALIGN": [False, "min", "avg"],
-        "START_ALIGN": [False],
+        "START_ALIGN": start_aligns(present),
         "traces": str(traces),
         "out": str(results),
         "executor": "local",
@@ -183,52 +294,81 @@ def compare_runs(data: Path, manifest: dict, work: Path, jobs: int) -> pd.DataFr
 
     measured = {name: predict_per_iteration(results, name, BASELINE) for name in present}
     check_against_summary(results, measured)
-    what_ifs = pairs({n: runs[n] for n in present})
-    noise = {  # run-to-run noise of the mean iteration time: |A - repeat|, % of the repeat
-        (p.regime, p.workers): abs(
-            error(
-                "iteration_ms", measured[p.base]["iteration_ms"], measured[p.target]["iteration_ms"]
-            )
-        )
-        for p in what_ifs
-        if p.kind == "repeat"
-    }
-    rows = []
+    try:
+        cells = group_runs(present)
+    except ValueError as exc:
+        raise InputError(f"{data / MANIFEST}: {exc}") from None
+    kinds = {c: run_kind(data, runs_[0], runs[runs_[0]]) for c, runs_ in cells.items()}
+    what_ifs = pairs(present)
+    bases: dict[str, PipelineBase] = {}
+
+    def base_of(name: str) -> PipelineBase:
+        if name not in bases:
+            bases[name] = prepare_pipeline(traces / name)
+        return bases[name]
+
     for p in what_ifs:
-        meas = measured[p.target]
-        per_it = (
-            predict_per_iteration(results, p.base, p.per_iteration_policy)
-            if p.per_iteration_policy
-            else None
-        )
-        pipe = predict_pipeline(
-            traces / p.base, p.pipeline_policy, p.pipeline_workers, p.pipeline_prefetch
-        )
+        if p.pipeline_policy and p.kind != "repeat":
+            for b in cells[p.base]:
+                base_of(b)
+    rows, swaps = [], []
+    for p in what_ifs:
+        meas_rows, preds = _predictions(p, cells, results, measured, bases)
+        meas = stats_of(meas_rows, METRICS)
+        base_runs = cells[p.base]
+        target_runs = base_runs[1:] if p.kind == "repeat" else cells[p.target]
         row: dict[str, object] = {
             "regime": p.regime,
+            "regime_kind": kinds[p.target],
             "kind": p.kind,
             "what_if": p.what_if,
-            "base_run": p.base,
-            "target_run": p.target,
-            "workers": p.workers,
-            "noise_pct": noise.get((p.regime, p.workers)),
+            "base_cell": p.base.label,
+            "target_cell": p.target.label,
+            "base_run": ";".join(base_runs[:1] if p.kind == "repeat" else base_runs),
+            "target_run": ";".join(target_runs),
+            "n_base": 1 if p.kind == "repeat" else len(base_runs),
+            "n_target": len(target_runs),
+            "workers": p.target.workers,
             "per_iteration_policy": "/".join(p.per_iteration_policy or ()) or "n/a",
-            "pipeline_policy": "/".join(p.pipeline_policy),
-            "pipeline_workers": p.pipeline_workers or runs[p.base]["workers"],
-            "pipeline_prefetch": p.pipeline_prefetch or runs[p.base]["prefetch"],
+            "pipeline_policy": "/".join(p.pipeline_policy or ()) or "n/a",
+            "pipeline_workers": p.pipeline_workers or p.base.workers,
+            "pipeline_prefetch": p.pipeline_prefetch or p.base.prefetch,
         }
-        for model, pred in (("per_iteration", per_it), ("pipeline", pipe)):
-            errors = {}
+        if p.kind in ("start", "control"):
+            row.update(clipping(data, target_runs))
+        pipe_rows = preds["pipeline"] or []
+        assumptions = sorted({str(r.get("assumption", "n/a")) for r in pipe_rows})
+        row["pipeline_assumption"] = ";".join(assumptions) or "n/a"
+        for m in METRICS:
+            row[f"{m}_measured"] = meas[m].mean
+            row[f"{m}_measured_sd"] = meas[m].sd
+        judged = {}
+        for model in MODELS:
+            pred = stats_of(preds[model], METRICS) if preds[model] else None
+            judged[model] = pred
             for m in METRICS:
-                row[f"{m}_measured"] = meas[m]
-                row[f"{m}_{model}"] = pred[m] if pred else None
-                errors[m] = error(m, pred[m], meas[m]) if pred else None
-                row[f"{m}_err_{model}"] = errors[m]
-            for target, ok in verdicts(p.kind, errors, row["noise_pct"]).items():
-                row[f"target_{target}_{model}"] = {True: "met", False: "missed"}.get(ok, "n/a")
+                value = pred[m] if pred else None
+                row[f"{m}_{model}"] = value.mean if value else None
+                row[f"{m}_{model}_sd"] = value.sd if value else None
+                row[f"{m}_err_{model}"] = error(m, value.mean if value else None, meas[m].mean)
+            for target, v in verdicts(p.kind, pred, meas).items():
+                row[f"target_{target}_{model}"] = v.word
+                row[f"band_{target}_{model}"] = v.bound
+                row[f"flips_{target}_{model}"] = v.flips
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    return frame
+        missed = [t for t in ("iteration", "loader") if row.get(f"target_{t}_pipeline") == "missed"]
+        if missed and p.pipeline_policy:
+            targets = {t: base_of(t) for t in target_runs}
+            swaps += term_swaps(
+                row,
+                [bases[b] for b in base_runs],
+                list(targets.values()),
+                p.pipeline_policy,
+                p.pipeline_workers,
+                p.pipeline_prefetch,
+                meas["iteration_ms"].mean,
+            )
+    return pd.DataFrame(rows), pd.DataFrame(swaps)
 
 
 def compare(
@@ -248,22 +388,26 @@ def compare(
     default_md, default_csv = default_outputs(data)
     fidelity_path = Path(fidelity) if fidelity else default_md
     csv_path = Path(csv) if csv else default_csv
+    commit = git_commit()  # before our outputs change tracked files (it would read -dirty)
     with tempfile.TemporaryDirectory(prefix="dsim-fidelity-") as tmp:
-        frame = compare_runs(data, manifest, Path(tmp), jobs)
+        frame, swaps = compare_runs(data, manifest, Path(tmp), jobs)
     if frame.empty:
         raise InputError(f"{data}: no pair of runs to compare (A and a re-run)")
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     write_text(frame.to_csv(index=False, float_format="%.6g"), csv_path)
+    swaps_path = csv_path.with_name(csv_path.stem + "_swaps.csv")
+    write_text(swaps.to_csv(index=False, float_format="%.6g"), swaps_path)
     context = {
         "compared_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": commit,
         "command": " ".join(["python -m validation.compare", *sys.argv[1:]])
         if Path(sys.argv[0]).stem == "compare"
         else "python -m validation.compare (run by validation.sweep)",
         "data": _shown_path(data),
         "csv": _shown_path(csv_path),
+        "swaps_csv": _shown_path(swaps_path),
     }
-    update_fidelity(fidelity_path, frame, manifest, context)
+    update_fidelity(fidelity_path, frame, manifest, context, swaps)
     print(f"wrote {csv_path} and {fidelity_path} ({len(frame)} rows)")
     return frame
 

@@ -13,16 +13,17 @@ from the harness's ``job.json``, else from what the trace implies.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from dsim.model.results import replay_path
 from dsim.model.tables import read_run
-from dsim.replay.arrays import build_iteration_arrays
-from dsim.replay.models.pipeline import PipelineModel
+from dsim.replay.arrays import IterationArrays, build_iteration_arrays
+from dsim.replay.models.pipeline import PipelineModel, PreparedPipeline
 from dsim.replay.params import TORCH_DEFAULT_PREFETCH, LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
 from validation.metrics import run_metrics
@@ -61,6 +62,82 @@ def loader_settings(trace_dir: Path, fetch: pd.DataFrame) -> tuple[int, int, str
     return int(fetch["worker"].max()) + 1, TORCH_DEFAULT_PREFETCH, "implied by the trace"
 
 
+TERMS = ("fetch", "lat_sent", "lat_free", "hand", "deliver", "after", "loop")
+
+
+@dataclass(frozen=True)
+class PipelineBase:
+    """A parsed run prepared once for the pipeline model: arrays, model and calibration."""
+
+    arrays: IterationArrays
+    model: PipelineModel
+    prepared: PreparedPipeline
+
+
+def prepare_pipeline(trace_dir: Path) -> PipelineBase:
+    """Read and calibrate a parsed run under its traced loader settings (``loader_settings``)."""
+    trace_dir = Path(trace_dir)
+    tables = read_run(trace_dir)
+    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    traced_workers, traced_prefetch, source = loader_settings(trace_dir, tables.fetch.to_pandas())
+    arrays = replace(arrays, loader=LoaderSettings(traced_workers, traced_prefetch, source))
+    model = PipelineModel()
+    return PipelineBase(arrays, model, model.prepare(arrays, ReplayParams()))
+
+
+def supports(policy: tuple[str, str]) -> bool:
+    """Whether dsim's pipeline model (as installed now) replays ``policy``: checked, not assumed."""
+    return bool(PipelineModel().supports(tuple(policy)))
+
+
+def assumption_of(*objects: object) -> str:
+    """The loader assumption the model says it made (e.g. CPU-aware or not), where it says one.
+
+    Looked up at run time, by name, on the replay result and the prepared
+    run (and their parts): any attribute whose name contains "assumption".
+    So the harness picks the CPU-aware model's label up without depending
+    on it; "n/a" where the installed model exposes none.
+    """
+    seen: list[object] = []
+    queue = list(objects)
+    while queue:
+        obj = queue.pop(0)
+        if obj is None or any(obj is s for s in seen):
+            continue
+        seen.append(obj)
+        names = [n for n in dir(obj) if "assumption" in n.lower() and not n.startswith("__")]
+        for name in sorted(names):
+            value = getattr(obj, name, None)
+            if value and not callable(value):
+                return str(value)
+        queue += [getattr(obj, part, None) for part in ("inputs", "calibration")]
+    return "n/a"
+
+
+def replay_metrics(
+    base: PipelineBase,
+    policy: tuple[str, str],
+    workers: int | None,
+    prefetch: int | None,
+    prepared: PreparedPipeline | None = None,
+) -> dict[str, object]:
+    """The metrics of one pipeline replay of ``base`` (or of ``prepared``, a swapped copy)."""
+    params = ReplayParams(workers=workers, prefetch_factor=prefetch)
+    prep = base.prepared if prepared is None else prepared
+    result = base.model.replay(prep, tuple(policy), params)
+    metrics: dict[str, object] = dict(
+        run_metrics(
+            base.arrays.epoch,
+            base.arrays.iteration,
+            result.iteration_s,
+            result.stall_s,
+            result.delay_s,
+        )
+    )
+    metrics["assumption"] = assumption_of(result, prep)
+    return metrics
+
+
 def predict_pipeline(
     trace_dir: Path, policy: tuple[str, str], workers: int | None, prefetch: int | None
 ) -> dict[str, float]:
@@ -72,14 +149,50 @@ def predict_pipeline(
     --prefetch-factor P`` (arrays, ``PipelineModel.prepare`` and ``replay``),
     with the traced loader settings taken as ``loader_settings`` says.
     """
-    trace_dir = Path(trace_dir)
-    tables = read_run(trace_dir)
-    arrays = build_iteration_arrays(tables.fetch, tables.train)
-    traced_workers, traced_prefetch, source = loader_settings(trace_dir, tables.fetch.to_pandas())
-    arrays = replace(arrays, loader=LoaderSettings(traced_workers, traced_prefetch, source))
-    model = PipelineModel()
-    params = ReplayParams(workers=workers, prefetch_factor=prefetch)
-    result = model.replay(model.prepare(arrays, params), tuple(policy), params)
-    return run_metrics(
-        arrays.epoch, arrays.iteration, result.iteration_s, result.stall_s, result.delay_s
-    )
+    out = replay_metrics(prepare_pipeline(trace_dir), policy, workers, prefetch)
+    out.pop("assumption")
+    return out  # type: ignore[return-value]
+
+
+def term_means(prepared: PreparedPipeline) -> dict[str, np.ndarray]:
+    """Per calibrated term (and the fetch durations), its mean per rank over finite values."""
+    out = {}
+    for term in TERMS:
+        values = _term(prepared, term)
+        if values is None:
+            continue
+        finite = np.where(np.isfinite(values), values, np.nan)
+        with np.errstate(all="ignore"):
+            out[term] = (
+                np.nanmean(finite, axis=0) if len(finite) else np.full(values.shape[1:], np.nan)
+            )
+    return out
+
+
+def _term(prepared: PreparedPipeline, term: str) -> np.ndarray | None:
+    holder = prepared.inputs if term == "fetch" else prepared.calibration
+    value = getattr(holder, term, None)
+    return None if value is None else np.asarray(value, dtype=np.float64)
+
+
+def swap_term(prepared: PreparedPipeline, term: str, means: np.ndarray) -> PreparedPipeline:
+    """``prepared`` with ``term`` shifted per rank so that its per-rank mean is ``means``.
+
+    The per-batch variation of the base run is kept; only the level moves,
+    to what the re-run measured. Non-finite entries (constraints that never
+    bind) stay as they are; a rank without a finite mean on either side is
+    left unchanged.
+    """
+    values = _term(prepared, term)
+    if values is None:
+        raise ValueError(f"the pipeline model has no term {term!r}")
+    own = term_means(prepared)[term]
+    shift = np.where(np.isfinite(own) & np.isfinite(means), means - own, 0.0)
+    shifted = np.where(np.isfinite(values), values + shift, values)
+    if term == "fetch":
+        shifted = np.maximum(shifted, 0.0)  # a fetch never lasts less than nothing
+        return replace(
+            prepared, inputs=replace(prepared.inputs, fetch=np.ascontiguousarray(shifted))
+        )
+    calibration = replace(prepared.calibration, **{term: np.ascontiguousarray(shifted)})
+    return replace(prepared, calibration=calibration)

@@ -1,0 +1,232 @@
+"""The comparison side of the fidelity harness on small synthetic inputs (no DDP job, no parse).
+
+Run names (new and the first sweep's), cells and repeats, mean ± sd, the
+verdict rule max(threshold, 2σ) with its flips, the pairs a sweep allows,
+the term swap of the pipeline model's calibration and the "why it misses"
+sentences generated from numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from dsim.replay.models.pipeline import PreparedPipeline
+from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+from validation.cells import Cell, format_stat, group_runs, parse_run_name, stat
+from validation.compare import pairs
+from validation.predict import supports, swap_term, term_means
+from validation.report import swap_section
+from validation.swaps import removed_pct
+from validation.targets import judge, verdicts
+
+
+def test_run_names_new_and_legacy() -> None:
+    new = parse_run_name("cpu_w8_p2_none_smin_r3")
+    assert new.cell == Cell("cpu", 8, 2, "none", "min") and new.repeat == 3
+    assert parse_run_name("compute-bound_w2_p4_none").cell == Cell("compute-bound", 2, 4, "none")
+    assert parse_run_name("compute-bound_w2_p2_none").repeat == 1
+    legacy = parse_run_name("data-bound_w1_p2_none_repeat")
+    assert legacy.cell == Cell("data-bound", 1, 2, "none") and legacy.repeat == 2
+    assert parse_run_name("mixed_w1_p2_mean_r1").cell.align == "mean"
+    assert parse_run_name("decode_w2_p2_none_sctl_r2").cell.start == "ctl"
+    for bad in ("heavy_w1_none", "heavy_w1_p2_best", "heavy_w1_p2_none_sfoo_r1", "x_w1_p2_none_r0"):
+        with pytest.raises(ValueError, match="run"):
+            parse_run_name(bad)
+
+
+def test_runs_group_into_cells_by_repeat() -> None:
+    names = ["a_w1_p2_none_r2", "a_w1_p2_min_r1", "a_w1_p2_none_r1", "a_w1_p2_none_r3"]
+    cells = group_runs(names)
+    assert list(cells) == [Cell("a", 1, 2, "none"), Cell("a", 1, 2, "min")]
+    assert cells[Cell("a", 1, 2, "none")] == ["a_w1_p2_none_r1", "a_w1_p2_none_r2",
+                                              "a_w1_p2_none_r3"]  # fmt: skip
+    legacy = group_runs(["h_w2_p2_none_repeat", "h_w2_p2_none"])
+    assert legacy == {Cell("h", 2, 2, "none"): ["h_w2_p2_none", "h_w2_p2_none_repeat"]}
+    with pytest.raises(ValueError, match="twice"):
+        group_runs(["h_w2_p2_none", "h_w2_p2_none_r1"])
+
+
+def test_stat_is_mean_and_sample_sd() -> None:
+    s = stat([10.0, 12.0, 14.0])
+    assert (s.mean, s.sd, s.n) == (12.0, 2.0, 3)
+    assert stat([5.0]).sd is None and stat([5.0]).n == 1
+    assert stat([float("nan"), 4.0, 6.0]).n == 2
+    assert math.isnan(stat([]).mean)
+    assert format_stat(s) == "12.00 ± 2.00 (3)" and format_stat(stat([5.0])) == "5.00 (n = 1)"
+
+
+def test_verdict_is_max_threshold_two_sigma() -> None:
+    meas = stat([100.0, 100.0])  # sd 0
+    assert judge(stat([101.9]), meas, 2.0, relative=True).met  # within 2 %
+    v = judge(stat([103.0]), meas, 2.0, relative=True)
+    assert not v.met and not v.flips and v.error == pytest.approx(3.0)
+    noisy = stat([98.0, 102.0])  # sd 2.83 -> sigma 2.83 %, 2 sigma 5.66 %
+    v = judge(stat([105.0]), noisy, 2.0, relative=True)
+    assert v.met and v.flips and v.bound == pytest.approx(2 * math.sqrt(8))
+    # the prediction's own sd widens the band: sigma = hypot(sd_pred, sd_meas)
+    both = judge(stat([104.0, 106.0]), noisy, 2.0, relative=True)
+    assert both.two_sigma == pytest.approx(2 * math.hypot(math.sqrt(2), math.sqrt(8)))
+    share = judge(stat([12.5]), stat([10.0]), 2.0, relative=False)  # points, not %
+    assert share.error == pytest.approx(2.5) and not share.met
+    assert judge(None, meas, 2.0, relative=True).word == "n/a"
+
+
+def test_verdicts_per_kind() -> None:
+    meas = {"iteration_ms": stat([100.0, 100.0]), "effective_delay_pct": stat([10.0, 10.0])}
+    pred = {"iteration_ms": stat([104.0]), "effective_delay_pct": stat([10.5])}
+    assert {k: v.word for k, v in verdicts("align", pred, meas).items()} == {
+        "iteration": "missed",
+        "share": "met",
+    }
+    assert set(verdicts("start", pred, meas)) == set(verdicts("control", pred, meas))
+    assert verdicts("loader", pred, meas)["loader"].met  # 4 % within 5 %
+    assert verdicts("repeat", pred, meas) == {} and verdicts("identity", pred, meas) == {}
+    assert verdicts("align", None, meas)["iteration"].met is None
+
+
+def _names(workers: list[int], repeats: int) -> list[str]:
+    cells = [f"cpu_w{w}_p2_{a}" for w in workers for a in ("none", "min", "mean")]
+    cells += [f"cpu_w{w}_p2_none_s{s}" for w in workers for s in ("min", "max", "ctl")]
+    cells += ["cpu_w2_p1_none", "cpu_w2_p4_none"]
+    return [f"{c}_r{k}" for k in range(1, repeats + 1) for c in cells]  # interleaved
+
+
+def test_pairs_of_a_new_sweep() -> None:
+    got = pairs(_names([1, 2, 4, 8], 3))
+    labels = [p.what_if for p in got]
+    workers = [x for x in labels if x.startswith("workers")]
+    assert workers == ["workers 1 -> 2", "workers 1 -> 4", "workers 1 -> 8",
+                       "workers 2 -> 4", "workers 2 -> 8", "workers 4 -> 8"]  # fmt: skip
+    by = {p.what_if: p for p in got}
+    assert by["align min, 8 w"].base == Cell("cpu", 8, 2, "none")
+    assert by["start min, 2 w"].pipeline_policy == ("actual", "min")
+    assert by["start min, 2 w"].kind == "start"
+    assert by["start control, 4 w"].kind == "control"
+    assert by["start control, 4 w"].pipeline_policy == ("actual", "actual")
+    max_policy = by["start max, 1 w"].pipeline_policy  # n/a until dsim knows a max start
+    assert max_policy == (("actual", "max") if supports(("actual", "max")) else None)
+    assert by["prefetch 2 -> 4, 2 w"].pipeline_prefetch == 4
+    assert by["repeat, 4 w (noise)"].target == Cell("cpu", 4, 2, "none")
+    assert labels[-1] == "identity, 8 w"
+    assert len(labels) == len(set(labels))
+
+
+def test_pairs_of_the_first_sweep_with_legacy_names() -> None:
+    names = ["h_w1_p2_none", "h_w1_p2_min", "h_w2_p2_none", "h_w2_p2_none_repeat"]
+    labels = [p.what_if for p in pairs(names)]
+    assert labels == ["align min, 1 w", "workers 1 -> 2", "repeat, 2 w (noise)",
+                      "identity, 1 w", "identity, 2 w"]  # fmt: skip
+
+
+def _prepared() -> PreparedPipeline:
+    n, g = 4, 2
+    zeros = np.zeros((n, g))
+    inputs = PipelineInputs(
+        np.array([[0, n]]), np.arange(n), zeros, np.array([[1.0, 3.0]] * n), zeros, zeros,
+        zeros, np.zeros((n, g), dtype=np.int64),
+    )  # fmt: skip
+    after = np.array([[0.010, 0.020], [0.012, np.inf], [0.014, 0.020], [0.016, 0.020]])
+    cal = Calibration(1, 2, zeros, zeros, zeros, zeros, after, zeros)
+    return PreparedPipeline(inputs, cal)
+
+
+def test_term_swap_moves_the_per_rank_mean_and_keeps_the_variation() -> None:
+    prep = _prepared()
+    assert term_means(prep)["after"] == pytest.approx([0.013, 0.020])  # inf left out
+    swapped = swap_term(prep, "after", np.array([0.015, 0.025]))
+    after = swapped.calibration.after
+    assert term_means(swapped)["after"] == pytest.approx([0.015, 0.025])
+    assert np.diff(after[:, 0]) == pytest.approx(np.diff(prep.calibration.after[:, 0]))
+    assert np.isinf(after[1, 1])  # a never-binding entry stays so
+    assert swapped.inputs is prep.inputs
+    fetch = swap_term(prep, "fetch", np.array([-1.0, 2.0])).inputs.fetch
+    assert fetch[:, 0] == pytest.approx(0.0) and fetch[:, 1] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no term"):
+        swap_term(prep, "nonsense", np.zeros(2))
+
+
+def test_why_it_misses_is_generated_from_the_swaps() -> None:
+    assert removed_pct(10.0, 2.0) == pytest.approx(80.0)
+    assert removed_pct(-10.0, 15.0) == pytest.approx(-50.0)
+    assert math.isnan(removed_pct(0.0, 1.0))
+    swaps = pd.DataFrame(
+        [
+            ("cpu", "cpu", "workers 1 -> 2", "fetch", 40.0, 52.0, -20.0, 99.0, -4.0, 80.0),
+            ("cpu", "cpu", "workers 1 -> 2", "after", 9.0, 9.5, -20.0, 99.0, -19.0, 5.0),
+            ("cpu", "cpu", "align min, 1 w", "hand", 3.0, 3.1, 9.0, 99.0, 9.5, -5.6),
+        ],
+        columns=["regime", "regime_kind", "what_if", "term", "base_term_ms", "rerun_term_ms",
+                 "err_pct", "swapped_ms", "swapped_err_pct", "removed_pct"],
+    )  # fmt: skip
+    text = "\n".join(swap_section(swaps))
+    assert "- cpu, workers 1 -> 2: error -20.0 % → -4.0 % with the re-run's `fetch`" in text
+    assert "removes 80 % of the error" in text
+    assert "align min, 1 w (+9.0 %): no single term's re-run value reduces the error" in text
+    assert "No missed cell" in "\n".join(swap_section(swaps.iloc[0:0]))
+
+
+def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:
+    """No hand-written reading of an old sweep survives a comparison."""
+    import validation.report as report
+
+    monkeypatch.setattr(report, "render", lambda *args: "generated table\n")
+    path = tmp_path / "FIDELITY.md"
+    path.write_text(f"# Old\n\n{report.BEGIN}\nold\n{report.END}\n\n## Hand-written claim\n")
+    report.update_fidelity(path, pd.DataFrame(), {"runs": {}}, {})
+    text = path.read_text()
+    assert "Hand-written claim" not in text and "old\n" not in text
+    assert text.startswith(report.INTRO) and "generated table" in text
+    assert text.count(report.BEGIN) == 1 and text.rstrip().endswith(
+        "re-computes this file from them."
+    )
+
+
+def test_kind_clipping_and_start_policies_from_run_files(tmp_path) -> None:
+    import json
+
+    from dsim.errors import InputError
+    from dsim.replay.policies import KNOWN
+    from validation.compare import clipping, run_kind, start_aligns
+
+    for name, job in (("a", {"kind": "decode"}), ("b", {"regime": {"kind": "mixed"}}), ("c", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.json").write_text(json.dumps(job))
+    assert run_kind(tmp_path, "a", {}) == "decode" and run_kind(tmp_path, "b", {}) == "mixed"
+    assert run_kind(tmp_path, "c", {"regime_numbers": {"kind": "cpu"}}) == "cpu"
+    assert run_kind(tmp_path, "c", {}) == "sleep"  # the first sweep's regimes
+    (tmp_path / "a" / "start_align.json").write_text('{"clipped": 4, "share": 0.5, "on": true}')
+    (tmp_path / "b" / "start_align.json").write_text('{"clipped": 6}')
+    assert clipping(tmp_path, ["a", "b", "c"]) == {"clip_clipped": 5.0, "clip_share": 0.5}
+    (tmp_path / "c" / "start_align.json").write_text("{\n  oops")
+    with pytest.raises(InputError, match=r"start_align.json: line 2: not JSON"):
+        clipping(tmp_path, ["c"])
+    names = [
+        "x_w1_p2_none_r1",
+        "x_w1_p2_none_smin_r1",
+        "x_w1_p2_none_smax_r1",
+        "x_w1_p2_none_sctl_r1",
+    ]
+    assert start_aligns(names) == [False, "min", *(["max"] if "max" in KNOWN else [])]
+    assert start_aligns(["x_w1_p2_none", "x_w1_p2_min"]) == [False]
+
+
+def test_the_models_assumption_is_read_where_exposed() -> None:
+    from types import SimpleNamespace
+
+    from validation.predict import assumption_of
+
+    assert assumption_of(SimpleNamespace(iteration_s=1), None) == "n/a"
+    inner = SimpleNamespace(calibration=SimpleNamespace(cpu_assumption="cpu-aware (2 cores)"))
+    assert assumption_of(SimpleNamespace(), inner) == "cpu-aware (2 cores)"
+    assert assumption_of(SimpleNamespace(assumption="no CPU times: fetches as measured")) == (
+        "no CPU times: fetches as measured"
+    )

@@ -1,0 +1,88 @@
+"""Why a prediction misses, measured: swap one calibrated term for the re-run's value.
+
+The pipeline model carries every term it cannot see over from run A: the
+fetch durations and the calibrated latencies of
+``dsim.replay.models.pipeline_kernel.Calibration`` (``lat_sent``,
+``lat_free``, ``hand``, ``deliver``, ``after``, ``loop``). When a what-if
+misses, one of them may have changed physically (CPU contention stretches
+fetches; compute + all-reduce grow with load in ``after``; the hand-over
+in ``hand``). The re-run is calibrated too, under its own loader settings,
+and for each term in turn the prediction is replayed with that term's
+per-rank mean moved to the re-run's (``validation.predict.swap_term``).
+The share of the error a swap removes is the evidence FIDELITY.md's
+"why it misses" sentences quote; nothing else is said.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from validation.cells import stat
+from validation.metrics import error
+from validation.predict import TERMS, PipelineBase, replay_metrics, swap_term, term_means
+
+
+def removed_pct(before: float, after: float) -> float:
+    """Share of the absolute error a swap removes, in % (negative: the swap makes it worse)."""
+    if not math.isfinite(before) or before == 0 or not math.isfinite(after):
+        return math.nan
+    return 100.0 * (1.0 - abs(after) / abs(before))
+
+
+def target_means(targets: list[PipelineBase]) -> dict[str, np.ndarray]:
+    """Per term, the per-rank means of the re-run's repeats, averaged over the repeats."""
+    out: dict[str, np.ndarray] = {}
+    per_run = [term_means(t.prepared) for t in targets]
+    for term in TERMS:
+        values = [m[term] for m in per_run if term in m]
+        shapes = {v.shape for v in values}
+        if values and len(shapes) == 1:
+            with np.errstate(all="ignore"):
+                out[term] = np.nanmean(np.stack(values), axis=0)
+    return out
+
+
+def term_swaps(
+    row: dict,
+    bases: list[PipelineBase],
+    targets: list[PipelineBase],
+    policy: tuple[str, str],
+    workers: int | None,
+    prefetch: int | None,
+    measured_ms: float,
+) -> list[dict]:
+    """One row per term: the prediction with that term swapped, and the error it removes."""
+    goal = target_means(targets)
+    before = row["iteration_ms_err_pipeline"]
+    out = []
+    for term in TERMS:
+        if term not in goal:
+            continue
+        own, preds = [], []
+        for base in bases:
+            means = term_means(base.prepared).get(term)
+            if means is None or means.shape != goal[term].shape:
+                break
+            own.append(float(np.nanmean(means)))
+            swapped = swap_term(base.prepared, term, goal[term])
+            preds.append(replay_metrics(base, policy, workers, prefetch, swapped)["iteration_ms"])
+        else:
+            predicted = stat(preds).mean
+            after = error("iteration_ms", predicted, measured_ms)
+            out.append(
+                {
+                    "regime": row["regime"],
+                    "regime_kind": row["regime_kind"],
+                    "what_if": row["what_if"],
+                    "term": term,
+                    "base_term_ms": 1e3 * stat(own).mean,
+                    "rerun_term_ms": 1e3 * float(np.nanmean(goal[term])),
+                    "err_pct": before,
+                    "swapped_ms": predicted,
+                    "swapped_err_pct": after,
+                    "removed_pct": removed_pct(float(before), float(after)),
+                }
+            )
+    return out
