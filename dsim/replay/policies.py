@@ -9,10 +9,17 @@ name        fetch duration F'[g]         fetch start S'[g]
 ``actual``  F[g] (unchanged)             S[g] (unchanged)
 ``min``     min over GPUs of F           min over GPUs of S
 ``avg``     mean over GPUs of F          (max S + min S) / 2, the midpoint
+``max``     (not a fetch alignment)      max over GPUs of S (a barrier)
 ==========  ===========================  ================================
 
 ``avg`` of starts is the midpoint, as the original analysis computed it; new
-aggregates get new names and never change these.
+aggregates get new names and never change these. ``max`` is a start
+alignment only: every GPU starts batch i when the last one could (a
+barrier). It is known but not in ``DEFAULT``, so configs replay what they
+always did; on the fetch side it is a ``UsageError``. The pipeline model
+applies every start aggregate causally (a fetch never starts before its
+rank's own causal start, docs/SPEC.md §4.2); the per-iteration model sets
+every start to it, as §3 does for ``min`` and ``avg``.
 
 Stall alignments (docs/SPEC.md §4.3) align neither side: ``stall-min`` and
 ``stall-avg`` replace every GPU's training stall by the min / mean over GPUs,
@@ -90,6 +97,10 @@ def _midpoint(values: np.ndarray) -> np.ndarray:
     return hi - (hi - column_reduce(values, np.minimum)) / 2
 
 
+def _max(values: np.ndarray) -> np.ndarray:
+    return column_reduce(values, np.maximum)
+
+
 #: name -> Alignment, in display order (the measured run first).
 REGISTRY: dict[str, Alignment] = {}
 
@@ -102,6 +113,7 @@ def register(alignment: Alignment) -> Alignment:
 ACTUAL = register(Alignment("actual", "actual", None, None)).name
 AVG = register(Alignment("avg", "avg", fetch=_mean, start=_midpoint)).name
 MIN = register(Alignment("min", "min", fetch=_min, start=_min)).name
+MAX = register(Alignment("max", "max", fetch=None, start=_max)).name
 STALL_AVG = register(Alignment("stall-avg", "stall avg", None, None, stall=_mean)).name
 STALL_MIN = register(Alignment("stall-min", "stall min", None, None, stall=_min)).name
 
@@ -140,9 +152,21 @@ def needs_fetch(policy: Policy) -> bool:
     )
 
 
+def is_start_only(name: str) -> bool:
+    """Whether ``name`` aligns starts but has no fetch side (``max``): fetch-side use is refused."""
+    alignment = REGISTRY.get(name)
+    return alignment is not None and alignment.fetch is None and alignment.start is not None
+
+
 def check_pair(policy: Policy) -> None:
-    """A stall alignment stands on the fetch side with start ``actual``; else a ``UsageError``."""
+    """A stall alignment stands on the fetch side with start ``actual``, a start-only alignment
+    on the start side; else a ``UsageError``."""
     fetch, start = policy
+    if is_start_only(fetch):
+        raise UsageError(
+            f"{fetch} aligns fetch starts only: it goes on the start side (actual/{fetch}), "
+            f"not {fetch}/{start}"
+        )
     if is_stall_alignment(start):
         raise UsageError(
             f"{start} is a stall alignment: it goes on the fetch side ({start}/actual)"
@@ -174,6 +198,9 @@ def policy_pairs(fetch_aligns: Iterable[object], start_aligns: Iterable[object])
     start = [normalize_policy(v) for v in start_aligns]
     for name in start:
         check_pair((ACTUAL, name))
+    for name in fetch:
+        if is_start_only(name):
+            check_pair((name, ACTUAL))
     pairs = itertools.product(fetch, start)
     return list(
         dict.fromkeys(p for p in pairs if not (is_stall_alignment(p[0]) and p[1] != ACTUAL))
