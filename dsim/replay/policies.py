@@ -31,11 +31,11 @@ their pair form; only the ``stall-only`` replay model replays them. Configs may 
 
 Adding a policy is one ``register`` call here: every aggregate has the same
 signature, ``f(values [N, G]) -> [N]``, and the replay models, the config,
-the options and the figures all read this registry. ``KNOWN`` (the fetch
-and start alignments that may be asked for; ``STALL_ALIGNMENTS`` are apart)
-is separate from ``DEFAULT`` (what a config without explicit
-``FETCH_ALIGN``/``START_ALIGN`` replays), so a new policy never changes what
-existing configs compute.
+the options and the figures all read this registry. ``KNOWN`` (the
+alignments that may stand on either side) and ``START_KNOWN`` (those and the
+start-only ones; ``STALL_ALIGNMENTS`` are apart) are separate from
+``DEFAULT`` (what a config without explicit ``FETCH_ALIGN``/``START_ALIGN``
+replays), so a new policy never changes what existing configs compute.
 
 Exactness: aggregates reduce the GPU columns one at a time, left to right
 (``column_reduce``), so that the kernel stays bitwise equal to the row-by-row
@@ -117,17 +117,30 @@ MAX = register(Alignment("max", "max", fetch=None, start=_max)).name
 STALL_AVG = register(Alignment("stall-avg", "stall avg", None, None, stall=_mean)).name
 STALL_MIN = register(Alignment("stall-min", "stall min", None, None, stall=_min)).name
 
-#: Every alignment of fetches and starts that may be asked for, in display order; every
-#: pair of them is a policy of the fetch models.
-KNOWN: tuple[str, ...] = tuple(name for name, a in REGISTRY.items() if a.stall is None)
+
+def is_start_only(name: str) -> bool:
+    """Whether ``name`` aligns starts but has no fetch side (``max``): fetch-side use is refused."""
+    alignment = REGISTRY.get(name)
+    return alignment is not None and alignment.fetch is None and alignment.start is not None
+
+
+#: The alignments that may stand on either side, in display order; every pair of them is
+#: a policy of the fetch models.
+KNOWN: tuple[str, ...] = tuple(
+    name for name, a in REGISTRY.items() if a.stall is None and not is_start_only(name)
+)
+#: Alignments of starts only (``max``): they pair with any fetch alignment of ``KNOWN``.
+START_ONLY: tuple[str, ...] = tuple(name for name in REGISTRY if is_start_only(name))
+#: Every start alignment that may be asked for, in display order.
+START_KNOWN: tuple[str, ...] = KNOWN + START_ONLY
+#: Former name of ``KNOWN``.
+POLICIES = KNOWN
 #: The stall alignments (the stall-only model; they pair only with start ``actual``).
 STALL_ALIGNMENTS: tuple[str, ...] = (STALL_AVG, STALL_MIN)
 #: What a config without FETCH_ALIGN / START_ALIGN replays: 3 x 3 = 9 pairs.
 DEFAULT: tuple[str, ...] = (ACTUAL, AVG, MIN)
 #: What a run without fetch records replays by default (the ``stall-only`` model).
 STALL_ONLY: tuple[Policy, ...] = ((ACTUAL, ACTUAL), (STALL_AVG, ACTUAL), (STALL_MIN, ACTUAL))
-#: Former name of ``KNOWN``.
-POLICIES = KNOWN
 
 BASELINE: Policy = (ACTUAL, ACTUAL)
 
@@ -150,12 +163,6 @@ def needs_fetch(policy: Policy) -> bool:
         (a := REGISTRY.get(side)) is not None and (a.fetch is not None or a.start is not None)
         for side in policy
     )
-
-
-def is_start_only(name: str) -> bool:
-    """Whether ``name`` aligns starts but has no fetch side (``max``): fetch-side use is refused."""
-    alignment = REGISTRY.get(name)
-    return alignment is not None and alignment.fetch is None and alignment.start is not None
 
 
 def check_pair(policy: Policy) -> None:
