@@ -19,6 +19,9 @@ Rules (docs/SPEC.md §5.1):
   fewer aligned sides first, then the order of ``dsim.replay.policies.POLICIES``;
 * a policy *helps* when it saves at least ``HELPS_MIN_SAVING`` (1 %) of the
   measured mean iteration time; otherwise the verdict says nothing helps;
+* a per-iteration verdict whose best policy aligns starts to ``min`` or
+  ``avg`` names the assumption it rests on (a fetch may start before its
+  worker is free), which the pipeline model does not make;
 * time saved per epoch = (measured − best mean iteration time) × iterations
   per epoch (the epoch length the run declared), an extrapolation of the
   selected iterations' means to a whole epoch.
@@ -34,7 +37,9 @@ from typing import Any
 from dsim.model.resultinfo import ResultInfo
 from dsim.replay.policies import (
     ACTUAL,
+    AVG,
     BASELINE,
+    MIN,
     POLICIES,
     REGISTRY,
     STALL_AVG,
@@ -203,6 +208,13 @@ def _what(policy: Policy, loader: str | None = None) -> str:
     return f"{what} {loader}" if loader is not None else what
 
 
+#: Start alignments that move a start earlier than the rank's own: the per-iteration model
+#: replays them without asking whether the rank's worker was free (SPEC §3, §5.1).
+_EARLIER_STARTS = (MIN, AVG)
+#: The assumption a per-iteration verdict that aligns starts rests on, in its words.
+ASSUMES_EARLY_START = ", assuming a rank's fetch may start before its worker is free"
+
+
 def _pct(value: float) -> str:
     return f"{value:.1f} %"
 
@@ -249,6 +261,8 @@ def verdict(
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
         where = f" on {gpus} GPUs" if gpus else ""
+        if model == DEFAULT_MODEL and policy[1] in _EARLIER_STARTS:
+            where += ASSUMES_EARLY_START
         if saved is not None:
             text += (
                 f"; ≈ {format_duration(saved)} saved per epoch of {per_epoch} iterations{where}."
