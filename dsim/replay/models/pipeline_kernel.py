@@ -16,7 +16,12 @@ this model re-simulates the mechanics of stock PyTorch per rank
   ``d`` seconds after the fetch ended (if it had to wait) or ``h`` seconds
   after asking (if the batch was already there: the hand-over cost);
 * an iteration ends on every rank a rank-specific time after the *last*
-  rank's batch arrived (the gradients' all-reduce waits for the slowest).
+  rank's batch arrived (the gradients' all-reduce waits for the slowest);
+* a start alignment only ever delays a fetch (SPEC §4.2): rank r starts batch
+  k at ``max(s_r, aggregate of the ranks' s_q)``, ``s_r`` its causal start
+  (index sent, worker free). So start-min is start actual here, and no start
+  alignment lets a worker build two batches at once -- which is what let the
+  earlier non-causal rule predict more than the loader could deliver.
 
 Every term the logs do not show is calibrated per batch and rank from the
 measured run: the latency from an index being sent, or from the worker's
