@@ -19,6 +19,11 @@ Rules (docs/SPEC.md §5.1):
   fewer aligned sides first, then the order of ``dsim.replay.policies.POLICIES``;
 * a policy *helps* when it saves at least ``HELPS_MIN_SAVING`` (1 %) of the
   measured mean iteration time; otherwise the verdict says nothing helps;
+* a per-iteration verdict whose best policy aligns starts to ``min`` or
+  ``avg`` names the assumption it rests on (a fetch may start before its
+  worker is free), which the pipeline model does not make; a pipeline verdict
+  whose best policy aligns starts to ``min`` says that this changes nothing
+  there (SPEC §4.2);
 * time saved per epoch = (measured − best mean iteration time) × iterations
   per epoch (the epoch length the run declared), an extrapolation of the
   selected iterations' means to a whole epoch.
@@ -34,7 +39,9 @@ from typing import Any
 from dsim.model.resultinfo import ResultInfo
 from dsim.replay.policies import (
     ACTUAL,
+    AVG,
     BASELINE,
+    MIN,
     POLICIES,
     REGISTRY,
     STALL_AVG,
@@ -43,6 +50,7 @@ from dsim.replay.policies import (
 )
 
 DEFAULT_MODEL = "per-iteration"
+PIPELINE_MODEL = "pipeline"  # its start-min is start actual (causal starts)
 STALL_ONLY_MODEL = "stall-only"  # its verdict says that only stalls were replayed
 HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
 _TIE_RTOL = 1e-9
@@ -203,6 +211,16 @@ def _what(policy: Policy, loader: str | None = None) -> str:
     return f"{what} {loader}" if loader is not None else what
 
 
+#: Start alignments that move a start earlier than the rank's own: the per-iteration model
+#: replays them without asking whether the rank's worker was free (SPEC §3, §5.1).
+_EARLIER_STARTS = (MIN, AVG)
+#: The assumption a per-iteration verdict that aligns starts rests on, in its words.
+ASSUMES_EARLY_START = ", assuming a rank's fetch may start before its worker is free"
+#: What a pipeline verdict whose best policy aligns starts to ``min`` says (SPEC §4.2): the
+#: gain is the fetch side's, the start side replays as ``actual``.
+PIPELINE_START_MIN = "; start-min cannot move a pipelined fetch earlier (it is start actual here)"
+
+
 def _pct(value: float) -> str:
     return f"{value:.1f} %"
 
@@ -249,6 +267,10 @@ def verdict(
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
         where = f" on {gpus} GPUs" if gpus else ""
+        if model == DEFAULT_MODEL and policy[1] in _EARLIER_STARTS:
+            where += ASSUMES_EARLY_START
+        elif model == PIPELINE_MODEL and policy[1] == MIN:
+            where += PIPELINE_START_MIN
         if saved is not None:
             text += (
                 f"; ≈ {format_duration(saved)} saved per epoch of {per_epoch} iterations{where}."

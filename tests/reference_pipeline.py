@@ -9,6 +9,11 @@ Notation (all times in seconds, per rank r and batch k of one segment):
 ``FS``/``FE`` fetch start/end, ``F`` fetch duration, ``A`` batch arrival
 (the training line's timestamp), ``ST`` stall, ``T`` iteration time,
 ``req = A - ST`` when the loop asked for the batch, ``end = req + T``.
+
+Causality (SPEC §4.2): a replayed fetch starts at its rank's causal start
+``max(index sent + lat_sent, worker free + lat_free)`` or, under a start
+alignment, at the policy's aggregate of the ranks' causal starts if that is
+later -- never earlier.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class RefResult:
     delay_s: list[float]
     fetch_diff_s: list[float]
     start_diff_s: list[float]
+    start_s: list[list[float]]  # [N][G] replayed fetch starts (seconds since the origin)
     gpu_stall_s: list[list[float]]  # [N][G]
     end_s: list[list[float]]  # [N][G] when each rank's iteration ended (seconds since the origin)
 
@@ -58,15 +64,20 @@ def _aggregate(values: list[float], how: str) -> list[float]:
     raise ValueError(how)
 
 
-def _aggregate_start(values: list[float], how: str) -> list[float]:
+def _aggregate_start(causal: list[float], how: str) -> list[float]:
+    """Replayed starts: each rank's causal start, delayed to the policy's aggregate if later."""
     if how == "actual":
-        return list(values)
-    if how == "min":
-        return [min(values)] * len(values)
-    if how == "avg":
-        hi, lo = max(values), min(values)
-        return [hi - (hi - lo) / 2] * len(values)
-    raise ValueError(how)
+        target = -BIG
+    elif how == "min":
+        target = min(causal)  # never later than any causal start: min changes nothing
+    elif how == "avg":
+        hi, lo = max(causal), min(causal)
+        target = hi - (hi - lo) / 2
+    elif how == "max":
+        target = max(causal)
+    else:
+        raise ValueError(how)
+    return [max(s, target) for s in causal]
 
 
 def reference_pipeline(
@@ -90,7 +101,7 @@ def reference_pipeline(
     new_w = workers if new_workers is None else new_workers
     new_p = prefetch if new_prefetch is None else new_prefetch
     same_loader = new_w == workers and new_p == prefetch
-    out = RefResult([], [], [], [], [], [], [])
+    out = RefResult([], [], [], [], [], [], [], [])
     for lo, hi in segments(epoch, iteration):
         m = hi - lo
         rows = range(lo, hi)
@@ -173,7 +184,7 @@ def reference_pipeline(
         fs2 = [[0.0] * g_count for _ in range(m)]
         last_end2: list[dict[int, float]] = [{} for _ in range(g_count)]
         for k in range(m):
-            natural = []
+            causal = []
             for r in range(g_count):
                 req2[k][r] = req[0][r] if k == 0 else end2[k - 1][r] + loop[k][r]
                 who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
@@ -184,8 +195,8 @@ def reference_pipeline(
                 else:
                     sent = a2[k - new_p * new_w][r]
                 free = last_end2[r].get(who, -BIG) if new_w > 0 else -BIG
-                natural.append(max(sent + lat_sent[k][r], free + lat_free[k][r]))
-            fs2[k] = _aggregate_start(natural, policy[1])
+                causal.append(max(sent + lat_sent[k][r], free + lat_free[k][r]))
+            fs2[k] = _aggregate_start(causal, policy[1])
             for r in range(g_count):
                 who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
                 done = fs2[k][r] + fetch_new[k][r]
@@ -201,6 +212,7 @@ def reference_pipeline(
             out.delay_s.append(max(stalls) - min(stalls))
             out.fetch_diff_s.append(max(fetch_new[k]) - min(fetch_new[k]))
             out.start_diff_s.append(max(fs2[k]) - min(fs2[k]))
+            out.start_s.append(list(fs2[k]))
             out.gpu_stall_s.append(stalls)
             out.end_s.append(list(end2[k]))
     return out

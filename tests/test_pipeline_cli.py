@@ -15,9 +15,9 @@ from dsim.execute import Job, PolicyResult, execute
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models.pipeline import PipelineModel
 from dsim.replay.params import ReplayParams
-from dsim.replay.policies import KNOWN
+from dsim.replay.policies import KNOWN, START_KNOWN
 
-PAIRS = tuple((f, s) for f in KNOWN for s in KNOWN)
+PAIRS = tuple((f, s) for f in KNOWN for s in START_KNOWN)
 RUN = "pipe_run"
 
 

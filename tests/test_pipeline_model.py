@@ -15,9 +15,10 @@ from dsim.replay.models.pipeline_kernel import (
 )
 from tests.reference_pipeline import reference_pipeline
 
-POLICIES = [(f, s) for f in ("actual", "min", "avg") for s in ("actual", "min", "avg")]
+STARTS = ("actual", "min", "avg", "max")
+POLICIES = [(f, s) for f in ("actual", "min", "avg") for s in STARTS]
 METRICS = ("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s", "gpu_stall_s")
-PAIRS = {**{m: m for m in METRICS}, "gpu_end_s": "end_s"}
+PAIRS = {**{m: m for m in METRICS}, "gpu_end_s": "end_s", "gpu_start_s": "start_s"}
 
 
 @st.composite

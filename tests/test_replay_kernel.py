@@ -20,14 +20,14 @@ from dsim.replay.models.per_iteration import (
     replay,
     replay_prepared,
 )
-from dsim.replay.policies import KNOWN
+from dsim.replay.policies import KNOWN, START_KNOWN
 
 try:
     from reference_replay import reference_replay
 except ImportError:  # tests collected as a package
     from tests.reference_replay import reference_replay
 
-ALL_PAIRS = list(itertools.product(KNOWN, KNOWN))
+ALL_PAIRS = list(itertools.product(KNOWN, START_KNOWN))
 
 
 def make_arrays(start, fetch, iteration_time, stall) -> IterationArrays:

@@ -17,15 +17,22 @@ from dsim.execute.units import chunk_bounds
 from dsim.replay import models
 from dsim.replay.arrays import IterationArrays
 from dsim.replay.models import DEFAULT_MODEL, MODELS, get_model
-from dsim.replay.models.per_iteration import PerIterationModel, prepare, replay_prepared
+from dsim.replay.models.per_iteration import (
+    PerIterationModel,
+    prepare,
+    prepare_columns,
+    replay_prepared,
+)
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import (
     DEFAULT,
     KNOWN,
     REGISTRY,
     STALL_ALIGNMENTS,
+    START_KNOWN,
     Alignment,
     normalize_policy,
+    policy_pairs,
 )
 
 RUN = "synth_run"
@@ -97,10 +104,35 @@ def test_execution_chunks_where_the_model_allows(monkeypatch: pytest.MonkeyPatch
 def test_known_policies_are_separate_from_the_default_set(monkeypatch) -> None:
     """A registered policy is accepted by name, and no default set grows with it."""
     assert DEFAULT == ("actual", "avg", "min")
-    assert set(DEFAULT) <= set(KNOWN) == set(REGISTRY) - set(STALL_ALIGNMENTS)
+    assert set(DEFAULT) <= set(KNOWN)
+    assert set(START_KNOWN) == set(REGISTRY) - set(STALL_ALIGNMENTS) == {*KNOWN, "max"}
+    assert "max" not in DEFAULT  # known, asked for by name only
     monkeypatch.setitem(REGISTRY, "test-extra", Alignment("test-extra", "x", np.min, np.min))
     assert normalize_policy("TEST-EXTRA") == "test-extra"
     assert DEFAULT == ("actual", "avg", "min")
+
+
+def test_max_aligns_starts_only() -> None:
+    """A barrier on fetch durations means nothing: ``max`` on the fetch side is refused."""
+    from dsim.options import parse_policy_option
+
+    assert parse_policy_option("avg/max") == ("avg", "max")
+    with pytest.raises(UsageError, match="max aligns fetch starts only"):
+        parse_policy_option("max/actual")
+    with pytest.raises(UsageError, match="max aligns fetch starts only"):
+        policy_pairs(["max"], [False])
+    assert policy_pairs([False], ["max"]) == [("actual", "max")]
+    start = np.array([[0.0, 0.1], [0.2, 0.25]])
+    prep = prepare_columns(
+        start, np.full((2, 2), 0.05), np.full((2, 2), 0.2), np.full((2, 2), 0.02)
+    )
+    with pytest.raises(ValueError, match="starts only"):
+        replay_prepared(prep, ("max", "actual"))
+    # The per-iteration model sets every start to the last one's, as §3 does with min and avg:
+    # GPU 0 of row 0 now ends its fetch 0.1 s later: its stall (above 10 ms) grows by 0.1 s.
+    out = replay_prepared(prep, ("actual", "max"))
+    np.testing.assert_allclose(out.gpu_stall_s[0], [0.12, 0.02])
+    np.testing.assert_allclose(out.start_diff_s, [0.0, 0.0])
 
 
 @pytest.fixture

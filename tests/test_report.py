@@ -304,7 +304,7 @@ def test_run_without_replays(tmp_path: Path) -> None:
     [
         (["--run", "nothing*"], "matches no run"),
         (["--policy", "min/avg", "--run", "*openimage*", "--timeline-run", RUN_A], "matches none"),
-        (["--policy", "max/min"], "unknown policy"),
+        (["--policy", "median/min"], "unknown policy"),
         (["--policy", "avg"], "expected FETCH/START"),
         (["--epochs", "7"], "epoch(s) 7 not in run"),
         (["--epochs", "one"], "--epochs"),

@@ -52,7 +52,8 @@ def test_best_policy_in_plain_words_with_absolute_numbers() -> None:
     assert v.text == (
         "Aligning fetch and start (min/min) would make iterations 3.16× faster: "
         "stall 2.23 → 0.10 s (−96 %), effective delay 43.9 % → 2.9 % of iterations; "
-        "≈ 29 min saved per epoch of 851 iterations on 4 GPUs. (per-iteration replay model)"
+        "≈ 29 min saved per epoch of 851 iterations on 4 GPUs, assuming a rank's fetch may "
+        "start before its worker is free. (per-iteration replay model)"
     )
 
 
@@ -65,7 +66,22 @@ def test_one_side_and_sub_second_values_in_ms() -> None:
     )
     # no trace: the epoch length is unknown, the saving is per iteration
     assert v.saved_s_per_epoch is None
-    assert "10 ms saved per iteration on 4 GPUs." in v.text
+    assert "10 ms saved per iteration on 4 GPUs, assuming a rank's fetch may start" in v.text
+
+
+def test_only_a_per_iteration_start_alignment_names_the_early_start_assumption() -> None:
+    """The pipeline model never starts a fetch before its worker is free; nor do fetch
+    alignments or the max start (a barrier only delays) in the per-iteration model."""
+    clause = "assuming a rank's fetch may start before its worker is free"
+    start_min = rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9))
+    assert clause in verdict(start_min, trace=TRACE).text
+    pipeline = verdict(start_min, trace=TRACE, model="pipeline").text
+    assert clause not in pipeline
+    assert "; start-min cannot move a pipelined fetch earlier (it is start actual here)." in (
+        pipeline
+    )
+    assert clause not in verdict(rows(MEASURED, ("min", "actual", 0.95, 0.1, 2.9))).text
+    assert clause not in verdict(rows(MEASURED, ("min", "max", 0.95, 0.1, 2.9))).text
 
 
 def test_ties_go_to_the_simpler_policy() -> None:

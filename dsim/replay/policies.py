@@ -9,10 +9,17 @@ name        fetch duration F'[g]         fetch start S'[g]
 ``actual``  F[g] (unchanged)             S[g] (unchanged)
 ``min``     min over GPUs of F           min over GPUs of S
 ``avg``     mean over GPUs of F          (max S + min S) / 2, the midpoint
+``max``     (not a fetch alignment)      max over GPUs of S (a barrier)
 ==========  ===========================  ================================
 
 ``avg`` of starts is the midpoint, as the original analysis computed it; new
-aggregates get new names and never change these.
+aggregates get new names and never change these. ``max`` is a start
+alignment only: every GPU starts batch i when the last one could (a
+barrier). It is known but not in ``DEFAULT``, so configs replay what they
+always did; on the fetch side it is a ``UsageError``. The pipeline model
+applies every start aggregate causally (a fetch never starts before its
+rank's own causal start, docs/SPEC.md §4.2); the per-iteration model sets
+every start to it, as §3 does for ``min`` and ``avg``.
 
 Stall alignments (docs/SPEC.md §4.3) align neither side: ``stall-min`` and
 ``stall-avg`` replace every GPU's training stall by the min / mean over GPUs,
@@ -24,11 +31,11 @@ their pair form; only the ``stall-only`` replay model replays them. Configs may 
 
 Adding a policy is one ``register`` call here: every aggregate has the same
 signature, ``f(values [N, G]) -> [N]``, and the replay models, the config,
-the options and the figures all read this registry. ``KNOWN`` (the fetch
-and start alignments that may be asked for; ``STALL_ALIGNMENTS`` are apart)
-is separate from ``DEFAULT`` (what a config without explicit
-``FETCH_ALIGN``/``START_ALIGN`` replays), so a new policy never changes what
-existing configs compute.
+the options and the figures all read this registry. ``KNOWN`` (the
+alignments that may stand on either side) and ``START_KNOWN`` (those and the
+start-only ones; ``STALL_ALIGNMENTS`` are apart) are separate from
+``DEFAULT`` (what a config without explicit ``FETCH_ALIGN``/``START_ALIGN``
+replays), so a new policy never changes what existing configs compute.
 
 Exactness: aggregates reduce the GPU columns one at a time, left to right
 (``column_reduce``), so that the kernel stays bitwise equal to the row-by-row
@@ -90,6 +97,10 @@ def _midpoint(values: np.ndarray) -> np.ndarray:
     return hi - (hi - column_reduce(values, np.minimum)) / 2
 
 
+def _max(values: np.ndarray) -> np.ndarray:
+    return column_reduce(values, np.maximum)
+
+
 #: name -> Alignment, in display order (the measured run first).
 REGISTRY: dict[str, Alignment] = {}
 
@@ -102,20 +113,34 @@ def register(alignment: Alignment) -> Alignment:
 ACTUAL = register(Alignment("actual", "actual", None, None)).name
 AVG = register(Alignment("avg", "avg", fetch=_mean, start=_midpoint)).name
 MIN = register(Alignment("min", "min", fetch=_min, start=_min)).name
+MAX = register(Alignment("max", "max", fetch=None, start=_max)).name
 STALL_AVG = register(Alignment("stall-avg", "stall avg", None, None, stall=_mean)).name
 STALL_MIN = register(Alignment("stall-min", "stall min", None, None, stall=_min)).name
 
-#: Every alignment of fetches and starts that may be asked for, in display order; every
-#: pair of them is a policy of the fetch models.
-KNOWN: tuple[str, ...] = tuple(name for name, a in REGISTRY.items() if a.stall is None)
+
+def is_start_only(name: str) -> bool:
+    """Whether ``name`` aligns starts but has no fetch side (``max``): fetch-side use is refused."""
+    alignment = REGISTRY.get(name)
+    return alignment is not None and alignment.fetch is None and alignment.start is not None
+
+
+#: The alignments that may stand on either side, in display order; every pair of them is
+#: a policy of the fetch models.
+KNOWN: tuple[str, ...] = tuple(
+    name for name, a in REGISTRY.items() if a.stall is None and not is_start_only(name)
+)
+#: Alignments of starts only (``max``): they pair with any fetch alignment of ``KNOWN``.
+START_ONLY: tuple[str, ...] = tuple(name for name in REGISTRY if is_start_only(name))
+#: Every start alignment that may be asked for, in display order.
+START_KNOWN: tuple[str, ...] = KNOWN + START_ONLY
+#: Former name of ``KNOWN``.
+POLICIES = KNOWN
 #: The stall alignments (the stall-only model; they pair only with start ``actual``).
 STALL_ALIGNMENTS: tuple[str, ...] = (STALL_AVG, STALL_MIN)
 #: What a config without FETCH_ALIGN / START_ALIGN replays: 3 x 3 = 9 pairs.
 DEFAULT: tuple[str, ...] = (ACTUAL, AVG, MIN)
 #: What a run without fetch records replays by default (the ``stall-only`` model).
 STALL_ONLY: tuple[Policy, ...] = ((ACTUAL, ACTUAL), (STALL_AVG, ACTUAL), (STALL_MIN, ACTUAL))
-#: Former name of ``KNOWN``.
-POLICIES = KNOWN
 
 BASELINE: Policy = (ACTUAL, ACTUAL)
 
@@ -141,8 +166,14 @@ def needs_fetch(policy: Policy) -> bool:
 
 
 def check_pair(policy: Policy) -> None:
-    """A stall alignment stands on the fetch side with start ``actual``; else a ``UsageError``."""
+    """A stall alignment stands on the fetch side with start ``actual``, a start-only alignment
+    on the start side; else a ``UsageError``."""
     fetch, start = policy
+    if is_start_only(fetch):
+        raise UsageError(
+            f"{fetch} aligns fetch starts only: it goes on the start side (actual/{fetch}), "
+            f"not {fetch}/{start}"
+        )
     if is_stall_alignment(start):
         raise UsageError(
             f"{start} is a stall alignment: it goes on the fetch side ({start}/actual)"
@@ -174,6 +205,9 @@ def policy_pairs(fetch_aligns: Iterable[object], start_aligns: Iterable[object])
     start = [normalize_policy(v) for v in start_aligns]
     for name in start:
         check_pair((ACTUAL, name))
+    for name in fetch:
+        if is_start_only(name):
+            check_pair((name, ACTUAL))
     pairs = itertools.product(fetch, start)
     return list(
         dict.fromkeys(p for p in pairs if not (is_stall_alignment(p[0]) and p[1] != ACTUAL))

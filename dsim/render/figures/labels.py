@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from dsim.replay.policies import BASELINE, KNOWN, Policy, label
+from dsim.replay.policies import BASELINE, START_KNOWN, Policy, label
 
 
 def policy_name(policy: Policy) -> str:
@@ -24,7 +24,7 @@ def policy_of(row: Mapping[str, object]) -> Policy:
 
 def ordered_policies(policies: Sequence[Policy]) -> list[Policy]:
     """Baseline first, then in the canonical order of the policy names."""
-    rank = {name: i for i, name in enumerate(KNOWN)}
+    rank = {name: i for i, name in enumerate(START_KNOWN)}
 
     def key(p: Policy) -> tuple[int, int, int, str, str]:
         return (p != BASELINE, rank.get(p[0], 99), rank.get(p[1], 99), p[0], p[1])
@@ -35,7 +35,7 @@ def ordered_policies(policies: Sequence[Policy]) -> list[Policy]:
 def ordered_names(names: Iterable[str]) -> list[str]:
     """Distinct alignment names in canonical order; unknown ones after, sorted."""
     present = set(names)
-    known = [n for n in KNOWN if n in present]
+    known = [n for n in START_KNOWN if n in present]
     return known + sorted(present - set(known))
 
 

@@ -214,6 +214,8 @@ def _check_policy(policy: Policy) -> None:
             raise ValueError(f"unknown policy {side!r}; expected one of {', '.join(REGISTRY)}")
         if REGISTRY[side].stall is not None:  # it would otherwise replay as ``actual``
             raise ValueError(f"{side} is a stall alignment: the stall-only model replays it")
+    if REGISTRY[policy[0]].fetch is None and REGISTRY[policy[0]].start is not None:
+        raise ValueError(f"{policy[0]} aligns starts only: it cannot stand on the fetch side")
 
 
 def replay_prepared(

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the kernel imports numba (~0.3 s): only runs of this model 
     from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
 
 #: Alignments the pipeline kernel knows (it aggregates start times inside the recurrence).
-SUPPORTED = ("actual", "min", "avg")
+SUPPORTED = ("actual", "min", "avg", "max")
 
 
 @dataclass(frozen=True)

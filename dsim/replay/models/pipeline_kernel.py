@@ -16,7 +16,12 @@ this model re-simulates the mechanics of stock PyTorch per rank
   ``d`` seconds after the fetch ended (if it had to wait) or ``h`` seconds
   after asking (if the batch was already there: the hand-over cost);
 * an iteration ends on every rank a rank-specific time after the *last*
-  rank's batch arrived (the gradients' all-reduce waits for the slowest).
+  rank's batch arrived (the gradients' all-reduce waits for the slowest);
+* a start alignment only ever delays a fetch (SPEC §4.2): rank r starts batch
+  k at ``max(s_r, aggregate of the ranks' s_q)``, ``s_r`` its causal start
+  (index sent, worker free). So start-min is start actual here, and no start
+  alignment lets a worker build two batches at once -- which is what let the
+  earlier non-causal rule predict more than the loader could deliver.
 
 Every term the logs do not show is calibrated per batch and rank from the
 measured run: the latency from an index being sent, or from the worker's
@@ -52,8 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-ACTUAL, MIN, AVG = 0, 1, 2
-_CODES = {"actual": ACTUAL, "min": MIN, "avg": AVG}
+ACTUAL, MIN, AVG, MAX = 0, 1, 2, 3
+_CODES = {"actual": ACTUAL, "min": MIN, "avg": AVG, "max": MAX}
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,7 @@ def _replay(  # pragma: no cover - compiled
     end2 = np.empty((n, g))
     req2 = np.empty((n, g))
     arr2 = np.empty((n, g))
+    start2 = np.empty((n, g))
     end_prev = np.empty(g)
     natural = np.empty(g)
     f_new = np.empty(g)
@@ -280,19 +286,22 @@ def _replay(  # pragma: no cover - compiled
                     slot = worker[i, r] if same_loader else iteration[i] % new_w
                     free = last_end[r, slot]
                 natural[r] = max(sent + lat_sent[i, r], free + lat_free[i, r])
-            # Start-align: every rank starts as the policy says, from the ranks' natural starts.
+            # Start-align only ever delays a fetch: never before its rank's causal start (its
+            # index sent, its worker free), so min gives the causal start back (SPEC §4.2).
             lo_s = natural[0]
             hi_s = natural[0]
             for r in range(1, g):
                 lo_s = min(lo_s, natural[r])
                 hi_s = max(hi_s, natural[r])
-            if start_mode == MIN:
-                for r in range(g):
-                    natural[r] = lo_s
-            elif start_mode == AVG:
+            if start_mode == AVG:
                 mid = hi_s - (hi_s - lo_s) / 2
                 for r in range(g):
-                    natural[r] = mid
+                    natural[r] = max(natural[r], mid)
+            elif start_mode == MAX:
+                for r in range(g):
+                    natural[r] = hi_s
+            for r in range(g):
+                start2[i, r] = natural[r]
             last = -np.inf
             for r in range(g):
                 done = natural[r] + f_new[r]
@@ -329,7 +338,7 @@ def _replay(  # pragma: no cover - compiled
                 lo_s = min(lo_s, natural[r])
                 hi_s = max(hi_s, natural[r])
             start_diff[i] = hi_s - lo_s
-    return iteration_s, stall_s, delay_s, fetch_diff, start_diff, gpu_stall, end2
+    return iteration_s, stall_s, delay_s, fetch_diff, start_diff, gpu_stall, end2, start2
 
 
 def replay_pipeline(
@@ -339,7 +348,13 @@ def replay_pipeline(
     workers: int | None = None,
     prefetch: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Replay a calibrated run under ``policy`` and loader settings (default: as measured)."""
+    """Replay a calibrated run under ``policy`` and loader settings (default: as measured).
+
+    Besides the metrics, ``gpu_start_s`` holds every replayed fetch start [N, G]: the
+    causality tests check them against the worker's previous batch.
+    """
+    if policy[0] == "max":  # the kernel would take it for another fetch aggregate
+        raise ValueError("max aligns starts only: it cannot stand on the fetch side")
     new_w = calibration.workers if workers is None else int(workers)
     new_p = calibration.prefetch if prefetch is None else int(prefetch)
     same = new_w == calibration.workers and new_p == calibration.prefetch
@@ -352,6 +367,6 @@ def replay_pipeline(
     )  # fmt: skip
     names = (
         *("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s"),
-        *("gpu_stall_s", "gpu_end_s"),
+        *("gpu_stall_s", "gpu_end_s", "gpu_start_s"),
     )
     return dict(zip(names, out, strict=True))
