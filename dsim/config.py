@@ -48,8 +48,9 @@ REJECTED_KEYS = {
         "the measured training times; remove the key"
     ),
     "FETCH_DELAY": (
-        "the original simulator's fixed delay added to every fetch) is not supported: dsim "
-        "replays the measured fetch durations; remove the key"
+        "the original simulator's fixed gap between a worker's fetches) is not supported: "
+        "dsim replays the measured fetch starts, and the pipeline model calibrates the gaps "
+        "from the run; remove the key"
     ),
 }
 KNOWN_KEYS = frozenset(
