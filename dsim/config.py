@@ -37,16 +37,22 @@ DEFAULT_TRACES = Path("traces")
 DEFAULT_OUT = Path("results")
 EXECUTORS = ("auto", "local", "ray")
 
-#: Keys the original analysis used; accepted so its configs run unchanged, and ignored.
-LEGACY_KEYS = frozenset(
-    {
-        "IOFILE",
-        "TRAINING_TIME",
-        "PADDING_TIME",
-        "FETCH_DELAY",
-        "PREFETCH_DELAY",
-    }
-)
+#: Keys the original analysis used; accepted so its configs run unchanged, and ignored:
+#: none of them changes what dsim's models replay.
+LEGACY_KEYS = frozenset({"IOFILE", "PADDING_TIME", "PREFETCH_DELAY"})
+#: Keys of the original analysis's dependency replay that would change its numbers: ignoring
+#: them would report a replay the user did not ask for, so they are rejected, each with why.
+REJECTED_KEYS = {
+    "TRAINING_TIME": (
+        "the original simulator's constant training time) is not supported: dsim replays "
+        "the measured training times; remove the key"
+    ),
+    "FETCH_DELAY": (
+        "the original simulator's fixed gap between a worker's fetches) is not supported: "
+        "dsim replays the measured fetch starts, and the pipeline model calibrates the gaps "
+        "from the run; remove the key"
+    ),
+}
 KNOWN_KEYS = frozenset(
     {
         "FILE",
@@ -406,6 +412,9 @@ def validate_config(
 
     for key in raw:
         if key in KNOWN_KEYS or key in LEGACY_KEYS:
+            continue
+        if key in REJECTED_KEYS:
+            problems.add(f"{key} ({REJECTED_KEYS[key]}")
             continue
         spelled = {k.lower(): k for k in KNOWN_KEYS | LEGACY_KEYS}
         close = difflib.get_close_matches(str(key).lower(), sorted(spelled), n=1)

@@ -168,6 +168,8 @@ def model_fields(info: Mapping[str, Any]) -> dict[str, Any]:
         "loader_workers": assumed.get("workers"),
         "loader_prefetch_factor": assumed.get("prefetch_factor"),
         "loader_changed": bool(loader.get("changed", False)),
+        # where the measured settings came from: "log" (LOADER lines) or "implied" (worker ids)
+        "loader_source": (loader.get("measured") or {}).get("source"),
     }
 
 

@@ -52,6 +52,7 @@ from dsim.replay.policies import (
 DEFAULT_MODEL = "per-iteration"
 PIPELINE_MODEL = "pipeline"  # its start-min is start actual (causal starts)
 STALL_ONLY_MODEL = "stall-only"  # its verdict says that only stalls were replayed
+PIPELINE_MODEL = "pipeline"  # its verdict says how it was calibrated (loader, consistency)
 HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
 _TIE_RTOL = 1e-9
 
@@ -123,6 +124,31 @@ def _loader_change(rows: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     workers, prefetch = first.get("loader_workers"), first.get("loader_prefetch_factor")
     return f"with {int(workers)} DataLoader workers and prefetch {int(prefetch)}"
+
+
+def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
+    """Which loader settings the pipeline model was calibrated with, and how dsim knows them:
+    measured (the run's LOADER lines) or inferred (worker ids; PyTorch's prefetch default)."""
+    measured = (loader or {}).get("measured")
+    if not isinstance(measured, Mapping):
+        return None
+    workers, prefetch = int(measured["workers"]), int(measured["prefetch_factor"])
+    if measured.get("source") == "implied":
+        return (
+            f"Calibrated with {workers} DataLoader workers (inferred from worker ids) and "
+            f"prefetch {prefetch} (PyTorch's default, assumed)."
+        )
+    return (
+        f"Calibrated with {workers} DataLoader workers and prefetch {prefetch} "
+        "(measured: the run's LOADER lines)."
+    )
+
+
+#: What the pipeline verdict adds when the trace cannot come from synchronous DDP (SPEC §1.7.1).
+INCONSISTENT_NOTE = (
+    "The trace is inconsistent with synchronous DDP (run.json 'consistency'): the calibration "
+    "absorbs impossible terms, so these what-ifs are suspect."
+)
 
 
 def _baseline(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
@@ -230,11 +256,14 @@ def verdict(
     *,
     trace: Mapping[str, Any] | None = None,
     model: str = DEFAULT_MODEL,
+    loader_record: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """The verdict of one run from its summary rows (one per policy).
 
-    ``trace`` is the run's ``run.json`` (for the GPU count and the epoch
-    length); ``model`` names the replay model the rows come from.
+    ``trace`` is the run's ``run.json`` (for the GPU count, the epoch
+    length and its consistency figures); ``model`` names the replay model the
+    rows come from; ``loader_record`` is ``result.json``'s ``loader`` (pipeline
+    model: the settings it was calibrated with, and where they came from).
     """
     if not rows:
         raise ValueError("no summary rows")
@@ -292,6 +321,13 @@ def verdict(
     text += f" ({model} replay model)"
     if model == STALL_ONLY_MODEL:
         text = text[:-1] + ": from the measured stalls alone)"
+    if model == PIPELINE_MODEL:
+        calibration = loader_calibration(loader_record)
+        if calibration is not None:
+            text += f" {calibration}"
+        consistency = (trace or {}).get("consistency")
+        if isinstance(consistency, Mapping) and consistency.get("problems"):
+            text += f" {INCONSISTENT_NOTE}"
     return Verdict(
         run=run,
         model=model,
@@ -314,11 +350,15 @@ def verdict(
     )
 
 
-def _facts(info: ResultInfo | Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
-    """The trace (``run.json`` document) and model name a verdict needs from a ``result.json``."""
+def _facts(
+    info: ResultInfo | Mapping[str, Any],
+) -> tuple[Mapping[str, Any] | None, str, Mapping[str, Any] | None]:
+    """The trace (``run.json`` document), model name and loader record a verdict needs from a
+    ``result.json``."""
     if isinstance(info, ResultInfo):
-        return (info.trace.document() if info.trace else None), info.model or DEFAULT_MODEL
-    return info.get("trace"), info.get("model") or DEFAULT_MODEL
+        trace = info.trace.document() if info.trace else None
+        return trace, info.model or DEFAULT_MODEL, info.loader
+    return info.get("trace"), info.get("model") or DEFAULT_MODEL, info.get("loader")
 
 
 def run_verdicts(
@@ -338,9 +378,9 @@ def run_verdicts(
         rows = group.to_dict("records")
         first = rows[0]
         info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
-        trace, model = _facts(info)
+        trace, model, loader = _facts(info)
         try:
-            judged = verdict(rows, trace=trace, model=model)
+            judged = verdict(rows, trace=trace, model=model, loader_record=loader)
             results = first.get("results")
             out.append(replace(judged, results=results if isinstance(results, str) else None))
         except ValueError:  # no policy, or no measured run, to compare: nothing to say

@@ -9,7 +9,7 @@ import pytest
 from tracegen import ORIGINAL_CONFIG as ORIGINAL
 from tracegen import write_synthetic
 
-from dsim.config import LEGACY_KEYS, Overrides, load_config
+from dsim.config import LEGACY_KEYS, REJECTED_KEYS, Overrides, load_config
 from dsim.errors import UsageError
 from dsim.options import parse_epochs_option
 from dsim.replay.policies import BASELINE
@@ -52,6 +52,22 @@ def test_original_analysis_config_runs_unchanged(workdir: Path) -> None:
     assert config.stall_floor_s == 0.000002 and config.stall_grow_min_s == 0.01
     assert config.executor == "auto"
     assert set(ORIGINAL) | {"IOFILE"} >= LEGACY_KEYS
+
+
+@pytest.mark.parametrize(
+    ("key", "instead"),
+    [("TRAINING_TIME", "measured training times;"), ("FETCH_DELAY", "measured fetch starts,")],
+)
+def test_dependency_replay_keys_are_rejected_not_ignored(
+    workdir: Path, key: str, instead: str
+) -> None:
+    """The original dependency replay's keys would change the numbers: never silently ignored."""
+    path = _write(workdir / "sim_conf.json", {**ORIGINAL, key: 0.2})
+    message = _error(path)
+    assert f"invalid config {path}: 1 problem: {key} (the original simulator's" in message
+    assert f"is not supported: dsim replays the {instead}" in message
+    assert message.endswith("remove the key")
+    assert key not in LEGACY_KEYS and set(REJECTED_KEYS) == {"TRAINING_TIME", "FETCH_DELAY"}
 
 
 def test_baseline_always_included_and_policies_normalised(workdir: Path) -> None:

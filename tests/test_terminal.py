@@ -132,3 +132,17 @@ def test_wrap_words_never_inside_a_word() -> None:
     assert wrap_words("aaa_bbb_ccc", 8) == ["aaa_bbb_", "ccc"]
     assert wrap_words("x (4 GPUs, 2 iterations)", 12) == ["x (4 GPUs, 2", "iterations)"]
     assert wrap_words("abcdefghij", 4) == ["abcdefghij"]  # no separator: left whole
+
+
+def test_run_title_says_where_the_loader_settings_came_from() -> None:
+    from dsim.render.terminal import _run_title
+
+    row = {"run": "r", "gpus": 4, "replay_model": "pipeline", "loader_workers": 4,
+           "loader_prefetch_factor": 2, "loader_changed": False}  # fmt: skip
+    implied = _run_title({**row, "loader_source": "implied"})
+    assert implied.endswith(
+        "4 workers, prefetch 2 (workers inferred from worker ids, prefetch PyTorch's default: "
+        "assumed))"
+    )
+    assert _run_title({**row, "loader_source": "log"}).endswith("(as logged: LOADER lines))")
+    assert _run_title({**row, "loader_changed": True}).endswith("prefetch 2 (what-if))")

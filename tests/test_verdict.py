@@ -191,3 +191,38 @@ def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
     assert only_loader.text.startswith(
         "Running with 8 DataLoader workers and prefetch 4 would make iterations 1.50× faster"
     )
+
+
+IMPLIED = {"measured": {"workers": 4, "prefetch_factor": 2, "source": "implied"}}
+LOGGED = {"measured": {"workers": 3, "prefetch_factor": 4, "source": "log"}}
+INCONSISTENT = {**TRACE, "consistency": {"problems": ["iteration ends differ across ranks"]}}
+
+
+def test_pipeline_verdict_says_which_loader_settings_were_measured_and_which_inferred() -> None:
+    specs = rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9))
+    implied = verdict(specs, trace=TRACE, model="pipeline", loader_record=IMPLIED).text
+    assert implied.endswith(
+        "(pipeline replay model) Calibrated with 4 DataLoader workers (inferred from worker ids) "
+        "and prefetch 2 (PyTorch's default, assumed)."
+    )
+    logged = verdict(specs, trace=TRACE, model="pipeline", loader_record=LOGGED).text
+    assert logged.endswith(
+        "Calibrated with 3 DataLoader workers and prefetch 4 (measured: the run's LOADER lines)."
+    )
+    assert "inconsistent" not in implied + logged
+
+
+def test_pipeline_verdict_notes_a_trace_inconsistent_with_synchronous_ddp() -> None:
+    specs = rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9))
+    text = verdict(specs, trace=INCONSISTENT, model="pipeline", loader_record=IMPLIED).text
+    assert text.endswith(
+        "The trace is inconsistent with synchronous DDP (run.json 'consistency'): the "
+        "calibration absorbs impossible terms, so these what-ifs are suspect."
+    )
+    # through result.json, as summarize and report build verdicts
+    info = {"trace": INCONSISTENT, "model": "pipeline", "loader": IMPLIED}
+    (judged,) = run_verdicts(pd.DataFrame(specs), {"r": info})
+    assert judged.text == text
+    # the per-iteration model calibrates nothing: no note, no loader sentence
+    plain = verdict(specs, trace=INCONSISTENT, loader_record=IMPLIED).text
+    assert plain.endswith("(per-iteration replay model)")

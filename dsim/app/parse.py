@@ -8,9 +8,11 @@ functions, so both write the same run directories.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dsim.model.consistency import consistency
 from dsim.model.runinfo import RunInfo
 from dsim.model.tables import write_run
 from dsim.sources import RunSource, detect_source, get_source
@@ -39,5 +41,8 @@ def parse_and_write(
     if progress is not None:
         kwargs["progress"] = progress
     parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
-    directory = write_run(parsed.tables, Path(out) / run.name, parsed.rejects)
-    return directory, parsed.tables.info
+    tables = parsed.tables
+    # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
+    tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
+    directory = write_run(tables, Path(out) / run.name, parsed.rejects)
+    return directory, tables.info

@@ -208,9 +208,11 @@ def _size(path: Path) -> int:
 
 
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
+    info, rep = result["info"], result["info"].report
+    if info.inconsistent:  # on stderr even with --quiet: the run's replays are suspect
+        typer.echo(inconsistency_warning(result["name"], info.inconsistent), err=True)
     if quiet:
         return
-    info, rep = result["info"], result["info"].report
     kineto = info.input_format == "kineto"
     unit = "trace events" if kineto else "lines"
     read = rep.get("events", 0) if kineto else rep["lines"]
@@ -239,6 +241,15 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
             "iterations and stalls; `dsim run` replays their stall what-ifs (stall-min, "
             "stall-avg); alignment replays need dsim.instrument's fetch lines"
         )
+
+
+def inconsistency_warning(name: str, problems: list[str]) -> str:
+    """Two lines on stderr: the run, and why its timelines cannot come from synchronous DDP."""
+    return (
+        f"warning: run {name}: per-rank timelines inconsistent with synchronous DDP: "
+        f"{'; '.join(problems)}\n  (ranks of one DDP job end each iteration together in the "
+        "all-reduce; replays of this trace are suspect, see run.json 'consistency')"
+    )
 
 
 def _utilisation(util: dict) -> str:

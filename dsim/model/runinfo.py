@@ -45,6 +45,7 @@ _KEYS = (
     "report",
     "loader",
     "gpu_util",
+    "consistency",
 )
 
 
@@ -92,6 +93,8 @@ class RunInfo:
     report: Mapping[str, Any] = field(default_factory=dict)
     loader: Mapping[str, Any] | None = None
     gpu_util: Mapping[str, Any] | None = None  # per-epoch utilisation means (§1.9), if logged
+    # how consistent the ranks' timelines are with synchronous DDP (dsim.model.consistency)
+    consistency: Mapping[str, Any] | None = None
     input_format: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -107,6 +110,18 @@ class RunInfo:
         from dataclasses import replace
 
         return replace(self, loader=loader)
+
+    def with_consistency(self, figures: Mapping[str, Any] | None) -> RunInfo:
+        """The same run with its timelines' consistency figures (§2.3 ``consistency``)."""
+        from dataclasses import replace
+
+        return replace(self, consistency=figures)
+
+    @property
+    def inconsistent(self) -> list[str]:
+        """Why the run's timelines cannot come from synchronous DDP ([] when they can, or
+        when the figures are absent: runs parsed before dsim measured them)."""
+        return list((self.consistency or {}).get("problems") or [])
 
     def document(self) -> dict[str, Any]:
         """The JSON document, key for key what ``dsim parse`` writes."""
@@ -128,8 +143,9 @@ class RunInfo:
             "report": dict(self.report),
             "loader": None if self.loader is None else dict(self.loader),
             "gpu_util": None if self.gpu_util is None else dict(self.gpu_util),
+            "consistency": None if self.consistency is None else dict(self.consistency),
         }
-        optional = {"format", "declared_iterations_per_epoch", "loader", "gpu_util"}
+        optional = {"format", "declared_iterations_per_epoch", "loader", "gpu_util", "consistency"}
         doc = {k: values[k] for k in _KEYS if not (k in optional and values[k] is None)}
         doc.update({k: v for k, v in self.extra.items() if k not in doc})
         return doc
@@ -142,6 +158,7 @@ class RunInfo:
             declared = document.get("declared_iterations_per_epoch")
             loader = document.get("loader")
             util = document.get("gpu_util")
+            figures = document.get("consistency")
             return cls(
                 name=str(document.get("name", path.parent.name if path else "")),
                 gpu_count=int(document.get("gpus") or 0),
@@ -154,6 +171,7 @@ class RunInfo:
                 report=dict(document.get("report") or {}),
                 loader=dict(loader) if isinstance(loader, Mapping) else None,
                 gpu_util=dict(util) if isinstance(util, Mapping) else None,
+                consistency=dict(figures) if isinstance(figures, Mapping) else None,
                 input_format=document.get("format"),
                 extra={k: v for k, v in document.items() if k not in _KEYS},
             )

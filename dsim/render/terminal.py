@@ -125,6 +125,16 @@ def wrap_words(text: str, width: int) -> list[str]:
     return lines or [""]
 
 
+def _loader_origin(row: dict[str, Any]) -> str:
+    """Whether the run's own loader settings were logged or inferred (SPEC §4.2)."""
+    source = row.get("loader_source")
+    if source == "implied":
+        return " (workers inferred from worker ids, prefetch PyTorch's default: assumed)"
+    if source == "log":
+        return " (as logged: LOADER lines)"
+    return " (as measured)"  # results written before dsim recorded the source
+
+
 def _run_title(row: dict[str, Any]) -> str:
     """Run name, GPU count and iteration count (the same for every policy of a run)."""
     facts = []
@@ -138,7 +148,7 @@ def _run_title(row: dict[str, Any]) -> str:
         if not _missing(row.get("loader_workers")):
             workers, prefetch = int(row["loader_workers"]), row.get("loader_prefetch_factor")
             text += f", {workers} workers, prefetch {int(prefetch)}"
-            text += " (what-if)" if row.get("loader_changed") else " (as measured)"
+            text += " (what-if)" if row.get("loader_changed") else _loader_origin(row)
         facts.append(text)
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
 

@@ -1,0 +1,145 @@
+"""How consistent a run's per-rank timelines are with one synchronous DDP job (docs/SPEC.md §2.3).
+
+In synchronous DDP the gradient all-reduce ends every rank's iteration at
+(nearly) the same time, each rank asks for its next batch only after its
+iteration ended, and no rank finishes an iteration before the last rank's
+batch arrived. A trace that breaks these rules cannot come from such a job
+(ranks of different jobs, shifted clocks, tables rebuilt by hand), and a
+model calibrated on it absorbs impossible terms. The figures are computed
+from the train table alone (§1.2: an iteration was requested at arrival −
+``Data`` and ended at arrival − ``Data`` + ``Time``):
+
+* ``end_spread_s``: per iteration, latest − earliest end over ranks (median, p95);
+* ``loop_gap_s``: per rank, the next request − this iteration's end, within an
+  epoch (min, max, share below −``TOLERANCE_S``);
+* ``compute_after_arrival``: per rank and iteration, the rank's end − the latest
+  arrival over ranks (share below −``TOLERANCE_S``).
+
+Pure functions of NumPy arrays; only iterations every rank has a training
+record for count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+#: Slack for rounding of logged timestamps and durations (printed to 1 µs–1 ms) and for the
+#: time between the all-reduce and the training line's print on each rank.
+TOLERANCE_S = 0.005
+#: Iteration ends further apart than this across ranks cannot be one all-reduce ending every rank.
+END_SPREAD_MAX_S = 0.050
+#: Share of iterations (or rank-iterations) allowed to break a rule before the trace is called
+#: inconsistent: single late prints and clock hiccups happen in real logs (the shipped profiler
+#: sample has one iteration of 40 whose ends differ by 0.19 s).
+SHARE_MAX = 0.05
+#: Fewer complete iterations than this say nothing either way.
+MIN_ITERATIONS = 3
+
+
+def _s(value: float) -> float:
+    """Seconds to the microsecond: the logs' precision at best."""
+    return round(float(value), 6)
+
+
+def _share(mask: np.ndarray) -> float:
+    return round(float(mask.mean()), 4) if mask.size else 0.0
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    return {"median": _s(np.median(values)), "p95": _s(np.percentile(values, 95))}
+
+
+def consistency(train: pa.Table) -> dict[str, Any] | None:
+    """The figures above for one run's train table; ``None`` with fewer than 2 ranks or
+    fewer than ``MIN_ITERATIONS`` iterations every rank trained."""
+    if train.num_rows == 0:
+        return None
+    gpu = train.column("gpu").to_numpy()
+    ranks = np.unique(gpu)
+    if ranks.size < 2:
+        return None
+    epoch = train.column("epoch").to_numpy().astype(np.int64)
+    iteration = train.column("iteration").to_numpy().astype(np.int64)
+    start_ns = train.column("start").cast(pa.int64()).to_numpy()
+    arrival = (start_ns - start_ns.min()) / 1e9
+    stall = train.column("stall_s").to_numpy()
+    time_s = train.column("iteration_s").to_numpy()
+    return timeline_consistency(
+        epoch, iteration, np.searchsorted(ranks, gpu), arrival, stall, time_s
+    )
+
+
+def timeline_consistency(
+    epoch: np.ndarray,
+    iteration: np.ndarray,
+    rank: np.ndarray,
+    arrival: np.ndarray,
+    stall: np.ndarray,
+    time_s: np.ndarray,
+) -> dict[str, Any] | None:
+    """The figures from per-record arrays (``rank`` 0..n−1; ``arrival`` seconds on one axis)."""
+    n_ranks = int(rank.max()) + 1
+    keys, inverse = np.unique(np.stack([epoch, iteration]), axis=1, return_inverse=True)
+    inverse = inverse.ravel()
+    n_iter = keys.shape[1]
+    grid_arrival = np.full((n_iter, n_ranks), np.nan)
+    grid_end = np.full((n_iter, n_ranks), np.nan)
+    grid_request = np.full((n_iter, n_ranks), np.nan)
+    grid_arrival[inverse, rank] = arrival
+    grid_request[inverse, rank] = arrival - stall
+    grid_end[inverse, rank] = arrival - stall + time_s
+    complete = ~np.isnan(grid_end).any(axis=1)
+    if int(complete.sum()) < MIN_ITERATIONS:
+        return None
+    end, arr = grid_end[complete], grid_arrival[complete]
+    spread = end.max(axis=1) - end.min(axis=1)
+    after = (end - arr.max(axis=1, keepdims=True)).ravel()  # per rank and iteration
+    # the next iteration of the same epoch on the same rank: consecutive keys, one epoch
+    follows = (keys[0, 1:] == keys[0, :-1]) & (keys[1, 1:] == keys[1, :-1] + 1)
+    gaps = (grid_request[1:] - grid_end[:-1])[follows].ravel()
+    gaps = gaps[~np.isnan(gaps)]
+    spread_stats = {**_stats(spread), "over_share": _share(spread > END_SPREAD_MAX_S)}
+    figures: dict[str, Any] = {
+        "iterations": int(complete.sum()),
+        "end_spread_s": spread_stats,
+        "loop_gap_s": {
+            "min": _s(gaps.min()) if gaps.size else None,
+            "max": _s(gaps.max()) if gaps.size else None,
+            "negative_share": _share(gaps < -TOLERANCE_S),
+        },
+        "compute_after_arrival": {
+            "negative_share": _share(after < -TOLERANCE_S),
+        },
+        "tolerance_s": TOLERANCE_S,
+    }
+    figures["problems"] = problems(figures)
+    return figures
+
+
+def problems(figures: dict[str, Any]) -> list[str]:
+    """What makes a run's figures impossible for synchronous DDP, in words ([] when none)."""
+    out = []
+    spread = figures["end_spread_s"]
+    if spread["over_share"] > SHARE_MAX:
+        out.append(
+            f"iteration ends differ across ranks by more than {END_SPREAD_MAX_S * 1000:.0f} ms "
+            f"in {100 * spread['over_share']:.1f} % of iterations (median {spread['median']:.3g} "
+            f"s, p95 {spread['p95']:.3g} s)"
+        )
+    gap = figures["loop_gap_s"]
+    if gap["negative_share"] > SHARE_MAX:
+        out.append(
+            f"a rank requests its next batch before its iteration ended in "
+            f"{100 * gap['negative_share']:.1f} % of ranks' iterations (loop gaps "
+            f"{gap['min']:.3g} to {gap['max']:.3g} s)"
+        )
+    after = figures["compute_after_arrival"]["negative_share"]
+    if after > SHARE_MAX:
+        out.append(
+            f"a rank's iteration ends before the last rank's batch arrived in {100 * after:.1f} % "
+            "of ranks' iterations"
+        )
+    return out
