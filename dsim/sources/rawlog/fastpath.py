@@ -236,7 +236,12 @@ def fast_records(
             taken += [lo + f_rows, lo + t_rows]
     keep = np.ones(n, dtype=bool)
     keep[np.concatenate(taken)] = False
-    return _stack(fetch_parts), _stack(train_parts), np.flatnonzero(keep)
+    fetch, train = _stack(fetch_parts), _stack(train_parts)
+    # Canonical lines carry no CPU times: lines with them (SPEC §1.1-1.2) take the general path.
+    for records in (fetch, train):
+        records["cpu_s"] = np.full(len(records["line"]), np.nan)
+        records["runq_s"] = np.full(len(records["line"]), np.nan)
+    return fetch, train, np.flatnonzero(keep)
 
 
 def _stack(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
