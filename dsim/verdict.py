@@ -212,11 +212,14 @@ def verdict(
     *,
     trace: Mapping[str, Any] | None = None,
     model: str = DEFAULT_MODEL,
+    loader_record: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """The verdict of one run from its summary rows (one per policy).
 
     ``trace`` is the run's ``run.json`` (for the GPU count and the epoch
-    length); ``model`` names the replay model the rows come from.
+    length); ``model`` names the replay model the rows come from;
+    ``loader_record`` is ``result.json``'s ``loader`` record, whose ``cpu`` entry says how the
+    pipeline model treated CPU contention (SPEC §4.2).
     """
     if not rows:
         raise ValueError("no summary rows")
@@ -267,7 +270,7 @@ def verdict(
             f"< 1 % of the iteration time ({format_pair(base_iter, after_iter)}); "
             f"effective delay {_pct(base_eff)} of iterations."
         )
-    text += f" ({model} replay model)"
+    text += f" ({model} replay model{cpu_note(model, loader_record)})"
     if model == STALL_ONLY_MODEL:
         text = text[:-1] + ": from the measured stalls alone)"
     return Verdict(
@@ -292,11 +295,27 @@ def verdict(
     )
 
 
-def _facts(info: ResultInfo | Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str]:
-    """The trace (``run.json`` document) and model name a verdict needs from a ``result.json``."""
+def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
+    """``; CPU-aware: 2 cores, 4 ranks per node`` or the independence assumption (pipeline only)."""
+    if model != "pipeline":
+        return ""
+    cpu = (loader or {}).get("cpu")
+    if not isinstance(cpu, Mapping):
+        return "; fetch durations assumed independent of load: the logs carry no CPU times"
+    ranks = f"{cpu.get('ranks_per_node')} ranks per node"
+    if cpu.get("ranks_per_node_assumed"):
+        ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"
+    return f"; CPU-aware: {cpu.get('cores')} cores, {ranks}"
+
+
+def _facts(
+    info: ResultInfo | Mapping[str, Any],
+) -> tuple[Mapping[str, Any] | None, str, Mapping[str, Any] | None]:
+    """The trace (``run.json`` document), model name and loader record of a ``result.json``."""
     if isinstance(info, ResultInfo):
-        return (info.trace.document() if info.trace else None), info.model or DEFAULT_MODEL
-    return info.get("trace"), info.get("model") or DEFAULT_MODEL
+        trace = info.trace.document() if info.trace else None
+        return trace, info.model or DEFAULT_MODEL, info.loader
+    return info.get("trace"), info.get("model") or DEFAULT_MODEL, info.get("loader")
 
 
 def run_verdicts(
@@ -316,9 +335,9 @@ def run_verdicts(
         rows = group.to_dict("records")
         first = rows[0]
         info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
-        trace, model = _facts(info)
+        trace, model, loader = _facts(info)
         try:
-            judged = verdict(rows, trace=trace, model=model)
+            judged = verdict(rows, trace=trace, model=model, loader_record=loader)
             results = first.get("results")
             out.append(replace(judged, results=results if isinstance(results, str) else None))
         except ValueError:  # no policy, or no measured run, to compare: nothing to say
