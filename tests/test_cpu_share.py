@@ -131,3 +131,15 @@ def test_parse_and_run_a_cpu_bound_log_end_to_end(tmp_path: Path) -> None:
     table = pd.read_csv(tmp_path / "results" / "summary.csv")
     what_if = table[table["loader_changed"]]
     assert (what_if["speedup"] < 1.1).all()  # the CPU-free model would say ~2x
+
+
+def test_validation_predictions_use_the_cpu_model(tmp_path: Path) -> None:
+    from dsim.model.tables import write_run
+    from validation.predict import predict_pipeline
+
+    logs = write_cpu_logs(tmp_path / "logs")
+    (source,) = discover_runs([logs], name="run")
+    write_run(parse_run(source, strict=True).tables, tmp_path / "run")
+    measured = predict_pipeline(tmp_path / "run", BASE, None, None)
+    two = predict_pipeline(tmp_path / "run", BASE, 2, None)
+    assert two["iteration_ms"] > 0.9 * measured["iteration_ms"]  # CPU-bound: no large gain

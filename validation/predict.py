@@ -76,7 +76,11 @@ def predict_pipeline(
     tables = read_run(trace_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     traced_workers, traced_prefetch, source = loader_settings(trace_dir, tables.fetch.to_pandas())
-    arrays = replace(arrays, loader=LoaderSettings(traced_workers, traced_prefetch, source))
+    node = json.loads((trace_dir / "run.json").read_text()).get("loader") or {}
+    settings = LoaderSettings(
+        traced_workers, traced_prefetch, source, node.get("cores"), node.get("local_world_size")
+    )  # the node's fields switch on the CPU-aware replay when the trace has CPU times
+    arrays = replace(arrays, loader=settings)
     model = PipelineModel()
     params = ReplayParams(workers=workers, prefetch_factor=prefetch)
     result = model.replay(model.prepare(arrays, params), tuple(policy), params)
