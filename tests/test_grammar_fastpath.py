@@ -246,6 +246,10 @@ def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> 
     assert np.array_equal(train["runq_s"], [np.nan, 0.0002, np.nan], equal_nan=True)
     _, rejects = _parse(_block(lines, "\n"), fast=True)
     assert rejects.column("reason").to_pylist() == [grammar.BAD_CPU] * 2
+    # dsim.instrument's own spelling is canonical: the fast path takes it whole.
+    canonical = _block([lines[1], lines[2], lines[4]], "\n")
+    _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(3), grammar.MAX_DURATION_S)
+    assert len(rest) == 0
 
 
 def test_loader_line_node_fields_are_optional() -> None:
