@@ -263,7 +263,8 @@ def verdict(
     ``trace`` is the run's ``run.json`` (for the GPU count, the epoch
     length and its consistency figures); ``model`` names the replay model the
     rows come from; ``loader_record`` is ``result.json``'s ``loader`` (pipeline
-    model: the settings it was calibrated with, and where they came from).
+    model: the settings it was calibrated with, and where they came from; its ``cpu`` entry
+    says how the pipeline model treated CPU contention, SPEC §4.2).
     """
     if not rows:
         raise ValueError("no summary rows")
@@ -318,7 +319,7 @@ def verdict(
             f"< 1 % of the iteration time ({format_pair(base_iter, after_iter)}); "
             f"effective delay {_pct(base_eff)} of iterations."
         )
-    text += f" ({model} replay model)"
+    text += f" ({model} replay model{cpu_note(model, loader_record)})"
     if model == STALL_ONLY_MODEL:
         text = text[:-1] + ": from the measured stalls alone)"
     if model == PIPELINE_MODEL:
@@ -348,6 +349,19 @@ def verdict(
         gpus=gpus,
         text=text,
     )
+
+
+def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
+    """``; CPU-aware: 2 cores, 4 ranks per node`` or the independence assumption (pipeline only)."""
+    if model != "pipeline":
+        return ""
+    cpu = (loader or {}).get("cpu")
+    if not isinstance(cpu, Mapping):
+        return "; fetch durations assumed independent of load: the logs carry no CPU times"
+    ranks = f"{cpu.get('ranks_per_node')} ranks per node"
+    if cpu.get("ranks_per_node_assumed"):
+        ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"
+    return f"; CPU-aware: {cpu.get('cores')} cores, {ranks}"
 
 
 def _facts(

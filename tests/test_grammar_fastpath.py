@@ -218,3 +218,49 @@ def test_fast_decimals_are_correctly_rounded(tokens: list[str]) -> None:
     small = expected <= grammar.MAX_DURATION_S
     assert rest.tolist() == np.flatnonzero(~small).tolist()  # all taken but the out-of-range
     assert fetch["fetch_s"].view(np.int64).tolist() == expected[small].view(np.int64).tolist()
+
+
+OLD_FETCH = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 2, END FETCH at_time 8.11 data idx0"
+OLD_TRAIN = (
+    "2021-09-01 19:48:55.191641 GPU: 0 Epoch: [1][  0/851]\tTime 9.77 (9.77)\tData 8.59 (8.59)"
+)
+
+
+def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> None:
+    lines = [
+        OLD_FETCH,
+        OLD_FETCH.replace("idx0", "idx1 cpu 0.031000000 runq 0.002500000"),
+        OLD_FETCH.replace("idx0", "idx2 cpu 0.5"),
+        OLD_TRAIN,
+        OLD_TRAIN.replace("[  0/", "[  1/") + "\tCPU 0.004100 (0.004000)\tRunq 0.0002 (0.0001)",
+        # CPU before other fields; a field named after it is left to the generic tail
+        OLD_TRAIN.replace("[  0/", "[  2/") + "\tCPU 0.25 (0.2)\tLoss 6.9 (6.9)",
+        OLD_FETCH.replace("idx0", "idx3 cpu -1"),  # a bad CPU time rejects the record
+        OLD_TRAIN.replace("[  0/", "[  3/") + "\tCPU x (0.2)",
+    ]
+    records = _assert_same(_block(lines, "\n"))
+    fetch, train = records.fetch, records.train
+    assert np.array_equal(fetch["cpu_s"], [np.nan, 0.031, 0.5], equal_nan=True)
+    assert np.array_equal(fetch["runq_s"], [np.nan, 0.0025, np.nan], equal_nan=True)
+    assert np.array_equal(train["cpu_s"], [np.nan, 0.0041, 0.25], equal_nan=True)
+    assert np.array_equal(train["runq_s"], [np.nan, 0.0002, np.nan], equal_nan=True)
+    _, rejects = _parse(_block(lines, "\n"), fast=True)
+    assert rejects.column("reason").to_pylist() == [grammar.BAD_CPU] * 2
+    # dsim.instrument's own spelling is canonical: the fast path takes it whole.
+    canonical = _block([lines[1], lines[2], lines[4]], "\n")
+    _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(3), grammar.MAX_DURATION_S)
+    assert len(rest) == 0
+
+
+def test_loader_line_node_fields_are_optional() -> None:
+    base = (
+        "2021-09-01 19:48:54.841 GPU: 1 LOADER num_workers 2 prefetch_factor none batch_size 8"
+        " persistent_workers 0 pin_memory 1"
+    )
+    records = _assert_same(
+        _block([base, base + " cores 16 local_world_size none", base + " cores 4"], "\n")
+    )
+    old, new = records.loader
+    assert "cores" not in old and (new["cores"], new["local_world_size"]) == (16, None)
+    _, rejects = _parse(_block([base + " cores 4"], "\n"), fast=True)
+    assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER]

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,20 +28,24 @@ pytestmark = pytest.mark.torch
 # The two line kinds of docs/SPEC.md §1, written independently of dsim's grammar module.
 FETCH_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) DEBUG:\tGPU: (?P<gpu>\d+) "
-    r"worker_id: (?P<worker>\d+), END FETCH at_time (?P<secs>\d+\.\d+) data idx(?P<idx>\d+)$"
+    r"worker_id: (?P<worker>\d+), END FETCH at_time (?P<secs>\d+\.\d+) data idx(?P<idx>\d+)"
+    r"( cpu (?P<cpu>\d+\.\d{9})( runq (?P<runq>\d+\.\d{9}))?)?$"
 )
 TRAIN_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) GPU: (?P<gpu>\d+) "
     r"Epoch: \[(?P<epoch>\d+)\]\[ *(?P<it>\d+)/(?P<total>\d+)\]"
     r"\tTime (?P<time>\d+\.\d+) \((?P<time_avg>\d+\.\d+)\)"
     r"\tData (?P<data>\d+\.\d+) \((?P<data_avg>\d+\.\d+)\)"
-    r"(\tThroughput (?P<thr>\d+\.\d+) \((?P<thr_avg>\d+\.\d+)\))?$"
+    r"(\tThroughput (?P<thr>\d+\.\d+) \((?P<thr_avg>\d+\.\d+)\))?"
+    r"(\tCPU (?P<cpu>\d+\.\d+) \((?P<cpu_avg>\d+\.\d+)\))?"
+    r"(\tRunq (?P<runq>\d+\.\d+) \((?P<runq_avg>\d+\.\d+)\))?$"
 )
 LOADER_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) GPU: (?P<gpu>\d+) LOADER"
     r" num_workers (?P<num_workers>\d+) prefetch_factor (?P<prefetch_factor>\d+|none)"
     r" batch_size (?P<batch_size>\d+|none) persistent_workers (?P<persistent_workers>[01])"
-    r" pin_memory (?P<pin_memory>[01])$"
+    r" pin_memory (?P<pin_memory>[01])"
+    r"( cores (?P<cores>\d+) local_world_size (?P<local_world_size>\d+|none))?$"
 )
 
 
@@ -83,6 +88,40 @@ def test_lines_match_the_grammar_even_for_tiny_and_huge_values() -> None:
     assert "[1][  7/851]" in t and m["thr"] == "52.365"
     no_rate = training_line(0.0, 0, 0, 0, 1, (1e-9, 1e-9), (0.0, 0.0), None)
     assert TRAIN_RE.match(no_rate.rstrip("\n")) and "Throughput" not in no_rate
+    assert "cpu" not in fetch_line(0.0, 0, 0, 1.0, 0) and "CPU" not in no_rate
+
+
+def test_cpu_fields_are_appended_only_when_known() -> None:
+    from dsim.instrument.lines import loader_line
+
+    f = fetch_line(0.0, 1, 2, 0.05, 3, 0.031, 0.0025).rstrip("\n")
+    m = FETCH_RE.match(f)
+    assert m and m["cpu"] == "0.031000000" and m["runq"] == "0.002500000"
+    m = FETCH_RE.match(fetch_line(0.0, 1, 2, 0.05, 3, 0.031).rstrip("\n"))
+    assert m and m["cpu"] == "0.031000000" and m["runq"] is None
+    t = training_line(0.0, 0, 0, 0, 1, (0.1, 0.1), (0.0, 0.0), None, (0.02, 0.03), (1e-4, 2e-4))
+    m = TRAIN_RE.match(t.rstrip("\n"))
+    assert m and (m["cpu"], m["cpu_avg"], m["runq"]) == ("0.020000", "0.030000", "0.000100")
+    base = dict(num_workers=1, prefetch_factor=2, batch_size=4, persistent_workers=0, pin_memory=0)
+    old = loader_line(0.0, 0, base)
+    assert old.rstrip("\n").endswith("pin_memory 0")  # no node fields: the old line exactly
+    m = LOADER_RE.match(loader_line(0.0, 0, {**base, "cores": 2, "local_world_size": None})[:-1])
+    assert m and m["cores"] == "2" and m["local_world_size"] == "none"
+
+
+def test_thread_times_read_schedstat_and_count_this_threads_work() -> None:
+    from dsim.instrument import cpu
+
+    assert cpu.parse_schedstat(b"1500000000 250000 7\n") == (1.5, 0.00025)
+    c0, q0 = cpu.thread_times()
+    deadline = time.perf_counter() + 0.05
+    while time.perf_counter() < deadline:  # spin: CPU work, not sleep
+        pass
+    c1, q1 = cpu.thread_times()
+    assert 0.02 < c1 - c0 < 1.0
+    if Path("/proc/thread-self/schedstat").exists():
+        assert q0 is not None and q1 is not None and q1 >= q0
+    assert cpu.usable_cores() >= 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -279,6 +318,8 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
             "batch_size": str(cfg["batch"]) if cfg["batch"] else "none",
             "persistent_workers": str(int(bool(workers and cfg["persistent"]))),
             "pin_memory": "0",
+            "cores": str(len(os.sched_getaffinity(0))),
+            "local_world_size": os.environ.get("LOCAL_WORLD_SIZE", "none"),
         }
         assert [{k: v for k, v in r.items() if k != "ts"} for r in loaders] == [settings] * len(
             expected
@@ -296,6 +337,10 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
             assert int(r["total"]) == n
             assert float(r["time"]) + 2e-6 >= float(r["data"]) >= 0
             assert (r["thr"] is None) == (cfg["batch"] is None)
+            assert float(r["cpu"]) >= 0 and (r["runq"] is not None) == _has_schedstat()
+        for r in fetches:  # the worker's CPU time for the batch cannot exceed its wall time much
+            assert 0 <= float(r["cpu"]) <= float(r["secs"]) + 0.01
+            assert (r["runq"] is not None) == _has_schedstat()
 
     if n:  # the real parser, strict: any rejected line fails
         from dsim.sources.rawlog.discover import discover_runs
@@ -309,6 +354,10 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
         for table in (tables.fetch, tables.train):
             columns = table.select(["epoch", "iteration", "gpu"]).to_pydict()
             assert Counter(zip(*columns.values(), strict=True)) == expected_keys
+
+
+def _has_schedstat() -> bool:
+    return Path("/proc/thread-self/schedstat").exists()
 
 
 def test_timer_logs_each_finished_iteration_syncs_once_and_skips_a_broken_one(
@@ -449,3 +498,8 @@ def test_real_parser_reads_two_ranks_with_zero_rejects(torch, tmp_path: Path) ->
     assert report["rejected"] == 0 and report["other_lines"] == 0, report
     assert report["fetch_records"] == report["train_records"] == len(expected)
     assert report["incomplete_iterations"]["count"] == 0
+    # CPU times travel into the tables (SPEC §2.1), the node's fields into run.json.
+    assert (fetch.cpu_s >= 0).all() and (train.cpu_s >= 0).all()
+    assert ("runq_s" in fetch) == ("runq_s" in train) == _has_schedstat()
+    assert run.info.loader["cores"] == len(os.sched_getaffinity(0))
+    assert "local_world_size" in run.info.loader

@@ -276,7 +276,7 @@ def test_verdict_and_attribution_render_in_chromium(  # type: ignore[no-untyped-
     assert first == "verdict"
     says = page.locator("#verdict p.say").all_inner_texts()
     assert len(says) == 2 and "(per-iteration replay model)" in says[0]
-    assert "(pipeline replay model)" in says[1]
+    assert "(pipeline replay model; fetch durations assumed independent of load" in says[1]
     assert page.locator("#verdict ul.blame li").count() == 4  # straggler, workers: per variant
     for div_id in ATTRIBUTION_FIGURES:
         info = _drawn(page, div_id)

@@ -131,9 +131,24 @@ def test_only_the_measured_run_gives_no_verdict() -> None:
     assert run_verdicts(pd.DataFrame(rows(MEASURED))) == []
 
 
+def test_pipeline_verdict_names_its_cpu_assumption() -> None:
+    cpu = {"cores": 2, "ranks_per_node": 4, "ranks_per_node_assumed": False}
+    row = ("min", "min", 0.95, 0.10, 2.9)
+    v = verdict(rows(MEASURED, row), model="pipeline", loader_record={"cpu": cpu})
+    assert v.text.endswith("(pipeline replay model; CPU-aware: 2 cores, 4 ranks per node)")
+    cpu["ranks_per_node_assumed"] = True
+    v = verdict(rows(MEASURED, row), model="pipeline", loader_record={"cpu": cpu})
+    assert "4 ranks per node (assumed: all ranks on one node" in v.text
+    per_iteration = verdict(rows(MEASURED, row), loader_record={"cpu": cpu})
+    assert per_iteration.text.endswith("(per-iteration replay model)")
+
+
 def test_model_is_named_and_data_is_plain() -> None:
     v = verdict(rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9)), model="pipeline")
-    assert v.text.endswith("(pipeline replay model)")
+    assert v.text.endswith(
+        "(pipeline replay model; fetch durations assumed independent of load: "
+        "the logs carry no CPU times)"
+    )
     data = v.as_dict()
     assert data["best_fetch_align"] == "min" and data["text"] == v.text
     assert not math.isnan(data["speedup"])

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from dsim.model.results import replay_path
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
-from dsim.replay.models.pipeline import PipelineModel, PreparedPipeline
+from dsim.replay.models.pipeline import PipelineModel, PreparedPipeline, cpu_assumption
 from dsim.replay.params import TORCH_DEFAULT_PREFETCH, LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
 from validation.metrics import run_metrics
@@ -80,7 +80,11 @@ def prepare_pipeline(trace_dir: Path) -> PipelineBase:
     tables = read_run(trace_dir)
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     traced_workers, traced_prefetch, source = loader_settings(trace_dir, tables.fetch.to_pandas())
-    arrays = replace(arrays, loader=LoaderSettings(traced_workers, traced_prefetch, source))
+    node = json.loads((trace_dir / "run.json").read_text()).get("loader") or {}
+    settings = LoaderSettings(
+        traced_workers, traced_prefetch, source, node.get("cores"), node.get("local_world_size")
+    )  # the node's fields switch on the CPU-aware replay when the trace has CPU times
+    arrays = replace(arrays, loader=settings)
     model = PipelineModel()
     return PipelineBase(arrays, model, model.prepare(arrays, ReplayParams()))
 
@@ -134,7 +138,12 @@ def replay_metrics(
             result.delay_s,
         )
     )
-    metrics["assumption"] = assumption_of(result, prep)
+    cpu = cpu_assumption(base.arrays)
+    metrics["assumption"] = (
+        f"CPU-aware: {cpu['cores']} cores, {cpu['ranks_per_node']} ranks per node"
+        if cpu
+        else "no CPU times: fetch durations independent of load"
+    )
     return metrics
 
 

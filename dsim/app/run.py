@@ -119,7 +119,14 @@ def logged_loader(info: RunInfo) -> LoaderSettings | None:
         return None
     workers = int(loader["num_workers"])
     prefetch = loader.get("prefetch_factor")
-    return LoaderSettings(workers, int(prefetch) if prefetch is not None else 2, "log")
+    cores, ranks = loader.get("cores"), loader.get("local_world_size")
+    return LoaderSettings(
+        workers,
+        int(prefetch) if prefetch is not None else 2,
+        "log",
+        None if cores is None else int(cores),
+        None if ranks is None else int(ranks),
+    )
 
 
 def variant_directory(name: str, model: ReplayModel, loader: dict[str, Any] | None) -> str:
@@ -151,6 +158,12 @@ def _loader_plan(
         "assumed": {"workers": workers, "prefetch_factor": prefetch},
         "changed": (workers, prefetch) != (measured.workers, measured.prefetch_factor),
     }
+    if model.name == "pipeline":  # CPU contention (SPEC §4.2): only logs with CPU times
+        from dsim.replay.models.pipeline import cpu_assumption
+
+        cpu = cpu_assumption(arrays)
+        if cpu is not None:
+            record["cpu"] = cpu
     return replace(params, workers=workers, prefetch_factor=prefetch), record
 
 

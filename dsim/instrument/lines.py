@@ -33,15 +33,28 @@ def format_timestamp(wall: float) -> str:
     return f"{_second[1]}.{min(int((wall - second) * 1e6), 999_999):06d}"
 
 
-def fetch_line(wall_end: float, rank: int, worker: int, seconds: float, batch: int) -> str:
+def fetch_line(
+    wall_end: float,
+    rank: int,
+    worker: int,
+    seconds: float,
+    batch: int,
+    cpu: float | None = None,
+    runq: float | None = None,
+) -> str:
     """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
 
     Fixed-point seconds: ``repr`` would print tiny durations as ``1e-05``,
-    which the grammar does not accept.
+    which the grammar does not accept. ``cpu`` (seconds the worker's thread
+    ran on a core for this batch) and ``runq`` (seconds it waited for one)
+    follow as ``cpu X runq Y`` when known (SPEC §1.1); ``runq`` only with ``cpu``.
     """
+    tail = ""
+    if cpu is not None:
+        tail = f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
     return (
         f"{format_timestamp(wall_end)} DEBUG:\tGPU: {rank} worker_id: {worker}, "
-        f"END FETCH at_time {seconds:.9f} data idx{batch}\n"
+        f"END FETCH at_time {seconds:.9f} data idx{batch}{tail}\n"
     )
 
 
@@ -54,8 +67,16 @@ def training_line(
     time_s: tuple[float, float],
     data_s: tuple[float, float],
     throughput: tuple[float, float] | None,
+    cpu: tuple[float, float] | None = None,
+    runq: tuple[float, float] | None = None,
 ) -> str:
-    """One iteration in the PyTorch ImageNet example's format; pairs are (value, running mean)."""
+    """One iteration in the PyTorch ImageNet example's format; pairs are (value, running mean).
+
+    ``cpu`` (the training process's CPU seconds in the iteration, all its
+    threads) and ``runq`` (its main thread's wait for a core) are appended as
+    ``CPU`` and ``Runq`` fields in the example's ``Name value (mean)`` form,
+    which parsers that do not know them skip (SPEC §1.2).
+    """
     width = len(str(total))
     line = (
         f"{format_timestamp(wall_start)} GPU: {rank} "
@@ -64,10 +85,15 @@ def training_line(
     )
     if throughput is not None:
         line += f"\tThroughput {throughput[0]:.3f} ({throughput[1]:.3f})"
+    if cpu is not None:
+        line += f"\tCPU {cpu[0]:.6f} ({cpu[1]:.6f})"
+        if runq is not None:
+            line += f"\tRunq {runq[0]:.6f} ({runq[1]:.6f})"
     return line + "\n"
 
 
 LOADER_FIELDS = ("num_workers", "prefetch_factor", "batch_size", "persistent_workers", "pin_memory")
+NODE_FIELDS = ("cores", "local_world_size")  # appended when the settings carry ``cores``
 
 
 def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
@@ -75,9 +101,12 @@ def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
 
     Integers as digits, booleans as 0/1, an unset value (``prefetch_factor``
     without workers, ``batch_size`` with a custom batch sampler) as ``none``.
+    With ``cores`` in ``settings``, the node's fields follow: the cores the
+    process may use and the ranks on the node (``none`` when unknown).
     """
     fields = []
-    for name in LOADER_FIELDS:
+    names = LOADER_FIELDS + (NODE_FIELDS if "cores" in settings else ())
+    for name in names:
         value = settings.get(name)
         text = "none" if value is None else str(int(value))
         fields.append(f"{name} {text}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dsim.errors import UsageError
+from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 
 
@@ -125,14 +126,19 @@ class TimedDataset:
         return [self._dsim_dataset[i] for i in indices]
 
     def _build(self, tagged: _Tagged) -> _Collated:
+        cpu0, runq0 = thread_times()  # this thread builds the whole batch
         start = time.perf_counter()
         index = tagged.index
         samples = self._read(index) if self._dsim_auto else self._dsim_dataset[index]
         batch = self._dsim_collate(samples)
         seconds = time.perf_counter() - start
+        cpu1, runq1 = thread_times()
         wall_end = time.time()
+        runq = None if runq0 is None or runq1 is None else runq1 - runq0
         self._dsim_sink.write(
-            fetch_line(wall_end, self._dsim_rank, _worker_id(), seconds, tagged.batch)
+            fetch_line(
+                wall_end, self._dsim_rank, _worker_id(), seconds, tagged.batch, cpu1 - cpu0, runq
+            )
         )
         return _Collated(batch)
 
@@ -179,6 +185,8 @@ def _settings(loader: Any) -> dict[str, object]:
         "batch_size": loader.batch_size,
         "persistent_workers": bool(loader.persistent_workers),
         "pin_memory": bool(loader.pin_memory),
+        "cores": usable_cores(),
+        "local_world_size": local_world_size(),
     }
 
 

@@ -6,6 +6,9 @@ epoch's iterator is requested, so worker start-up counts as waiting), Data is
 the time until the batch arrived, Time runs until the step ended, including
 the wait, and the line's timestamp is the batch's arrival. Consecutive Times
 therefore add up to the epoch's wall time. Means in parentheses are per epoch.
+CPU is the training process's CPU time over the iteration (all its threads;
+with ``num_workers=0`` that includes building the batch), Runq its main
+thread's wait for a core (Linux only).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dsim.errors import UsageError
+from dsim.instrument.cpu import process_cpu, thread_times
 from dsim.instrument.lines import make_sink, resolve_rank, training_line
 
 T = TypeVar("T")
@@ -73,9 +77,12 @@ class TrainingTimer:
                 raise UsageError("the loader has no len(); pass total= to iterate()") from None
         batch_size = self.batch_size or getattr(loader, "batch_size", None)
         times, waits, rates = _Mean(), _Mean(), _Mean()
+        cpus, runqs = _Mean(), _Mean()
         clock, sync, write, rank = time.perf_counter, self.sync, self.sink.write, self.rank
 
         begin = clock()
+        cpu_begin = process_cpu()
+        runq_begin = thread_times()[1]
         batches = iter(loader)
         for iteration in itertools.count():
             try:
@@ -88,6 +95,9 @@ class TrainingTimer:
             if sync is not None:
                 sync()
             end = clock()
+            cpu_end = process_cpu()
+            runq_end = thread_times()[1]
+            runq = None if runq_end is None or runq_begin is None else runq_end - runq_begin
             elapsed = end - begin
             rate = rates.add(batch_size / elapsed) if batch_size and elapsed > 0 else None
             write(
@@ -100,6 +110,8 @@ class TrainingTimer:
                     times.add(elapsed),
                     waits.add(arrived - begin),
                     rate,
+                    cpus.add(cpu_end - cpu_begin),
+                    None if runq is None else runqs.add(runq),
                 )
             )
-            begin = end
+            begin, cpu_begin, runq_begin = end, cpu_end, runq_end

@@ -52,6 +52,18 @@ TRAIN_SCHEMA = pa.schema(
     ]
 )
 
+# Optional float64 columns of both tables, present only when the logs carry CPU times
+# (SPEC §2.1): the training process's or the batch's CPU seconds and run-queue wait.
+CPU_COLUMNS = ("cpu_s", "runq_s")
+
+
+def with_cpu(schema: pa.Schema, columns) -> pa.Schema:
+    """``schema`` plus those of ``CPU_COLUMNS`` named in ``columns``, in that order."""
+    for name in CPU_COLUMNS:
+        if name in columns:
+            schema = schema.append(pa.field(name, pa.float64(), nullable=True))
+    return schema
+
 
 @dataclass
 class RunTables:
@@ -86,6 +98,7 @@ def _check_schema(table: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
             f"(re-run `dsim parse` to rebuild it)",
             path,
         )
+    schema = with_cpu(schema, table.column_names)
     try:
         return table.select(schema.names).cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -100,8 +113,12 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     """
     directory = Path(directory)
     with atomic_dir(directory) as tmp:
-        parquetio.write_table(run.fetch.cast(FETCH_SCHEMA), tmp / FETCH_FILE)
-        parquetio.write_table(run.train.cast(TRAIN_SCHEMA), tmp / TRAIN_FILE)
+        for table, schema, name in (
+            (run.fetch, FETCH_SCHEMA, FETCH_FILE),
+            (run.train, TRAIN_SCHEMA, TRAIN_FILE),
+        ):
+            full = with_cpu(schema, table.column_names)
+            parquetio.write_table(table.select(full.names).cast(full), tmp / name)
         if run.gpu_util is not None:
             parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:

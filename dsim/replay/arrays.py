@@ -49,6 +49,11 @@ class IterationArrays:
     origin_ns: int  # timestamp (ns since 1970, naive) that ``start`` is relative to
     dropped: dict[str, int] = field(default_factory=dict)  # dropped iterations by reason
     loader: LoaderSettings | None = None  # as logged (run.json); None: not logged
+    # CPU times (SPEC §2.1), float64 [N, G], NaN where a line lacked them; None: not logged.
+    fetch_cpu: np.ndarray | None = None
+    fetch_runq: np.ndarray | None = None
+    train_cpu: np.ndarray | None = None
+    train_runq: np.ndarray | None = None
 
     @property
     def n_iterations(self) -> int:
@@ -73,7 +78,27 @@ class IterationArrays:
             origin_ns=self.origin_ns,
             dropped=dict(self.dropped),
             loader=self.loader,
+            **{name: _rows(getattr(self, name), rows) for name in CPU_FIELDS},
         )
+
+
+CPU_FIELDS = ("fetch_cpu", "fetch_runq", "train_cpu", "train_runq")
+
+
+def _rows(values: np.ndarray | None, rows: np.ndarray | slice) -> np.ndarray | None:
+    return None if values is None else values[rows]
+
+
+def _optional(
+    table: pa.Table, name: str, flat: np.ndarray, n: int, g: int, keep: np.ndarray
+) -> np.ndarray | None:
+    """An optional float column (``cpu_s``, ``runq_s``) as [N, G]; NaN where absent."""
+    if name not in table.column_names:
+        return None
+    values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+    out = np.full(n * g, np.nan)
+    out[flat] = values
+    return np.asfortranarray(out.reshape(n, g)[keep])
 
 
 def _column(table: pa.Table, name: str, what: str, dtype: type) -> np.ndarray:
@@ -190,4 +215,8 @@ def build_iteration_arrays(
         worker=np.asfortranarray(worker),
         origin_ns=origin_ns,
         dropped=dropped,
+        fetch_cpu=_optional(fetch, "cpu_s", f_flat, n, g, keep),
+        fetch_runq=_optional(fetch, "runq_s", f_flat, n, g, keep),
+        train_cpu=_optional(train, "cpu_s", t_flat, n, g, keep),
+        train_runq=_optional(train, "runq_s", t_flat, n, g, keep),
     )

@@ -60,6 +60,10 @@ class LoaderSettings:
     workers: int
     prefetch_factor: int
     source: str = "log"
+    #: The node, when the loader lines carry it (SPEC §1.2): cores the job may use and
+    #: ranks per node (``None``: not logged). Only the CPU-aware pipeline model reads them.
+    cores: int | None = None
+    local_world_size: int | None = None
 
     @classmethod
     def implied(cls, worker: np.ndarray) -> LoaderSettings:
@@ -72,8 +76,13 @@ class LoaderSettings:
         return cls(workers, TORCH_DEFAULT_PREFETCH, "implied")
 
     def document(self) -> dict[str, object]:
-        return {
+        """The record in ``result.json``; the node's fields only when logged (older bytes kept)."""
+        doc: dict[str, object] = {
             "workers": self.workers,
             "prefetch_factor": self.prefetch_factor,
             "source": self.source,
         }
+        if self.cores is not None:
+            doc["cores"] = self.cores
+            doc["local_world_size"] = self.local_world_size
+        return doc

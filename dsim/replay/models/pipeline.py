@@ -7,16 +7,25 @@ loader settings ``ReplayParams`` asks for (``workers``/``prefetch_factor``;
 ``None`` keeps the measured value), and ``cut_points`` allows execution to
 split a run only where the model restarts anyway: at the first row of every
 segment (a run of consecutive iterations of one epoch).
+
+When the logs carry CPU times and the node's cores (SPEC §1.2), a what-if
+also shares the node's cores (``cpu_share``, SPEC §4.2 "CPU contention"):
+the replay is repeated with every CPU second stretched by ρ until ρ agrees
+with the CPU demand the replayed iteration time implies. The stretch is
+applied to the arrays the kernel receives (fetch durations and the
+calibrated ``after`` term), never inside the kernel. Such a run is not cut
+into chunks: ρ belongs to the whole run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsim.errors import UsageError
+from dsim.replay.models import cpu_share
 from dsim.replay.models.base import Replay, ReplayModel
 from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
@@ -35,6 +44,7 @@ class PreparedPipeline:
 
     inputs: PipelineInputs
     calibration: Calibration
+    cpu: CpuState | None = None  # None: fetch durations independent of load (no CPU times)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -63,7 +73,92 @@ class PreparedPipeline:
             c.workers, c.prefetch, rows(c.lat_sent), rows(c.lat_free), rows(c.hand),
             rows(c.deliver), rows(c.after), rows(c.loop),
         )  # fmt: skip
-        return PreparedPipeline(inputs, calibration)
+        cpu = None
+        if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values
+            cpu = replace(self.cpu, load=self.cpu.load.take(lo, hi))
+        return PreparedPipeline(inputs, calibration, cpu)
+
+
+@dataclass(frozen=True)
+class CpuState:
+    """The CPU side of a calibrated run: per-cell CPU times and the measured curve point.
+
+    ``rho_measured``: ρ_m (wall seconds per CPU second in the measured run);
+    ``demand_s``: C, the busiest node's CPU seconds per iteration; ``a`` the
+    processor-sharing curve's coefficient through (u_m, ρ_m).
+    """
+
+    load: cpu_share.CpuLoad
+    rho_measured: float
+    demand_s: float
+    a: float
+    measured_iteration_s: float
+
+
+def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
+    """The run's ``CpuLoad``, or ``None`` when the logs lack CPU times or the core count."""
+    loader = arrays.loader
+    if arrays.fetch_cpu is None or loader is None or not loader.cores:
+        return None
+    g = arrays.n_gpus
+    ranks = loader.local_world_size
+
+    def cells(values: np.ndarray | None) -> np.ndarray:
+        if values is None:
+            return np.zeros(arrays.fetch.shape)
+        return np.ascontiguousarray(np.nan_to_num(values, nan=0.0))
+
+    return cpu_share.CpuLoad(
+        fetch_cpu=cells(arrays.fetch_cpu),
+        fetch_runq=cells(arrays.fetch_runq),
+        train_cpu=cells(arrays.train_cpu),
+        train_runq=cells(arrays.train_runq),
+        cores=int(loader.cores),
+        ranks_per_node=int(ranks) if ranks else g,
+        ranks_per_node_assumed=not ranks,
+        runq_known=arrays.fetch_runq is not None,
+    )
+
+
+def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
+    """What the replay assumes about CPU contention (``result.json`` ``loader.cpu``).
+
+    ``None`` when the logs carry no CPU times: fetch durations are then taken
+    as independent of load, as before CPU times existed (the verdict says so).
+    """
+    load = cpu_load(arrays)
+    if load is None:
+        return None
+    g = arrays.n_gpus
+    return {
+        "model": "cpu-aware",
+        "cores": load.cores,
+        "ranks_per_node": load.ranks_per_node,
+        "ranks_per_node_assumed": load.ranks_per_node_assumed,
+        "nodes": -(-g // load.ranks_per_node),
+        "runq_logged": load.runq_known,
+        "training_cpu_logged": arrays.train_cpu is not None,
+    }
+
+
+def _stretched(prepared: PreparedPipeline, rho: float) -> PreparedPipeline:
+    """The run with every CPU second taking ``rho`` wall seconds instead of ρ_m.
+
+    A fetch of wall time f and CPU time c becomes f + c (ρ − ρ_m) (never
+    negative); each rank's time after the last arrival grows by its training
+    process's CPU time c_t (ρ − ρ_m): it competes for the same cores.
+    """
+    cpu = prepared.cpu
+    assert cpu is not None
+    delta = rho - cpu.rho_measured
+    inputs = replace(
+        prepared.inputs,
+        fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * delta, 0.0),
+    )
+    calibration = replace(
+        prepared.calibration, after=prepared.calibration.after + cpu.load.train_cpu * delta
+    )
+    return PreparedPipeline(inputs, calibration, None)
 
 
 def pipeline_inputs(arrays: IterationArrays) -> PipelineInputs:
@@ -108,9 +203,21 @@ class PipelineModel(ReplayModel):
 
         measured = measured_loader(arrays)
         inputs = pipeline_inputs(arrays)
-        return PreparedPipeline(
+        prepared = PreparedPipeline(
             inputs, calibrate(inputs, measured.workers, measured.prefetch_factor)
         )
+        load = cpu_load(arrays)
+        if load is None or arrays.n_iterations == 0:
+            return prepared
+        measured_t = _mean_iteration(prepared, ("actual", "actual"), None, None)
+        demand = cpu_share.node_demand(load)
+        u_m = demand / (load.cores * measured_t) if measured_t > 0 else 0.0
+        rho_m = cpu_share.measured_stretch(load)
+        a = cpu_share.coefficient(u_m, rho_m)
+        if rho_m is None:  # no run-queue waits logged: the curve's own value at u_m
+            rho_m = cpu_share.stretch(min(u_m, cpu_share.U_MAX_MEASURED), a)
+        state = CpuState(load, rho_m, demand, a, measured_t)
+        return PreparedPipeline(prepared.inputs, prepared.calibration, state)
 
     def supports(self, policy: Policy) -> bool:
         return all(name in SUPPORTED for name in policy)
@@ -125,6 +232,13 @@ class PipelineModel(ReplayModel):
         from dsim.replay.models.pipeline_kernel import replay_pipeline
 
         workers, prefetch = params.workers, params.prefetch_factor
+        calibration = prepared.calibration
+        same = (workers in (None, calibration.workers)) and (
+            prefetch in (None, calibration.prefetch)
+        )
+        if prepared.cpu is not None and not (same and tuple(policy) == ("actual", "actual")):
+            solution = solve_contention(prepared, policy, workers, prefetch)
+            prepared = _stretched(prepared, solution.rho)
         out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
         return Replay(
             iteration_s=out["iteration_s"],
@@ -138,4 +252,44 @@ class PipelineModel(ReplayModel):
     def cut_points(self, arrays: IterationArrays) -> np.ndarray | None:
         from dsim.replay.models.pipeline_kernel import segments_of
 
+        if cpu_load(arrays) is not None:  # one stretch for the whole run: never cut it
+            return np.zeros(1, dtype=np.int64)
         return segments_of(arrays.epoch, arrays.iteration)[:, 0]
+
+
+def _mean_iteration(
+    prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
+) -> float:
+    """The replay's steady mean iteration time: start-up batches of each segment left out.
+
+    The first P*W batches of a segment are sent with the epoch's iterator and
+    built while the loop waits for the first one; their iterations say
+    nothing about the rate at which the cores keep up (T in u = C / (K T)).
+    """
+    from dsim.replay.models.pipeline_kernel import replay_pipeline
+
+    out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
+    times = out["iteration_s"]
+    if len(times) == 0:
+        return 0.0
+    c = prepared.calibration
+    w = c.workers if workers is None else int(workers)
+    p = c.prefetch if prefetch is None else int(prefetch)
+    startup = max(w * p, 1)
+    steady = np.ones(len(times), dtype=bool)
+    for lo, hi in prepared.inputs.segments:
+        steady[lo : min(lo + startup, hi)] = False
+    return float(np.mean(times[steady] if steady.any() else times))
+
+
+def solve_contention(
+    prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
+) -> cpu_share.Solution:
+    """The stretch ρ at which the replay's iteration time and the node's CPU demand agree."""
+    cpu = prepared.cpu
+    assert cpu is not None
+
+    def t_of(rho: float) -> float:
+        return _mean_iteration(_stretched(prepared, rho), policy, workers, prefetch)
+
+    return cpu_share.solve(t_of, cpu.demand_s, cpu.load.cores, cpu.a)

@@ -36,10 +36,10 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 _POW10_U = _POW10.astype(np.uint64)
 _POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
 _EXACT = 1 << 53  # integers below this are exact doubles
-_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s")  # as the general path
-_TRAIN_KEYS = (
+_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s")
+_TRAIN_KEYS = (  # as the general path
     *("gpu", "epoch", "iteration", "total", "start"),
-    *("iteration_s", "stall_s", "throughput"),
+    *("iteration_s", "stall_s", "throughput", "cpu_s", "runq_s"),
 )
 
 
@@ -333,12 +333,21 @@ def _cut_fetch(
     p = tok_at + tok_len
     ok &= tok_ok & _lit(words, p, b" data idx")
     idx, idx_len = _digits(words, p + 9, 2)
-    ok &= (idx_len >= 1) & (idx_len <= 9) & (p + 9 + idx_len == end)
+    q = p + 9 + idx_len
+    # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end.
+    cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
+    runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
+    runq_ok &= cpu_ok & (q_runq == end)
+    cpu_ok &= (q_cpu == end) | runq_ok
+    ok &= (idx_len >= 1) & (idx_len <= 9) & ((q == end) | cpu_ok)
     rows = np.flatnonzero(ok)
     fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
     good = bounds.fetch_ok(fetch_s, max_duration)  # the general path names the reason otherwise
+    cpu_s = _optional_values(raw, cpu_tok, cpu_ok, rows)
+    runq_s = _optional_values(raw, runq_tok, runq_ok, rows)
+    good &= _seconds_ok(cpu_s, max_duration) & _seconds_ok(runq_s, max_duration)
     if not good.all():
-        rows, fetch_s = rows[good], fetch_s[good]
+        rows, fetch_s, cpu_s, runq_s = rows[good], fetch_s[good], cpu_s[good], runq_s[good]
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
     return ok, {
@@ -346,7 +355,32 @@ def _cut_fetch(
         "worker": _taken(worker, rows),
         "idx": _taken(idx, rows),
         "fetch_s": fetch_s,
+        "cpu_s": cpu_s,
+        "runq_s": runq_s,
     }
+
+
+def _suffix(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: bytes):
+    """``<label><number>`` at ``p``: whether it is there, the number's parts, and its end."""
+    ok = _lit(words, p, label)
+    tok_at = p + len(label)
+    value, tok_len, tok_ok, exact = _number(words, raw, tok_at)
+    return ok & tok_ok, (tok_at, tok_len, value, exact), tok_at + tok_len
+
+
+def _optional_values(raw, tok, present: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """An optional number's values at ``rows``; NaN where the line does not carry it."""
+    out = np.full(len(rows), np.nan)
+    here = present[rows]
+    if here.any():
+        out[here] = _float_values(raw, *tok, rows[here])
+    return out
+
+
+def _seconds_ok(values: np.ndarray, max_duration: float) -> np.ndarray:
+    """NaN (absent) or within the bound; the general path rejects the rest with a reason."""
+    with np.errstate(invalid="ignore"):
+        return np.isnan(values) | (values <= max_duration)
 
 
 def _value_then_avg(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: bytes):
@@ -382,10 +416,16 @@ def _cut_train(
     time_ok, time_tok, p = _value_then_avg(words, raw, p, b"]\tTime ")
     data_ok, data_tok, p = _value_then_avg(words, raw, p, b")\tData ")
     ok &= time_ok & data_ok & (raw[p] == 41)
-    no_tp = p + 1 == end
     tp_ok, tp_tok, q = _value_then_avg(words, raw, p, b")\tThroughput ")
-    has_tp = tp_ok & (raw[q] == 41) & (q + 1 == end)
-    ok &= no_tp | has_tp
+    has_tp = tp_ok & (raw[q] == 41)
+    p = np.where(has_tp, q, p)  # the ``)`` closing the last standard field
+    # Optionally ``\tCPU c (avg)`` and then ``\tRunq q (avg)`` (SPEC §1.2), then the end.
+    cpu_ok, cpu_tok, q = _value_then_avg(words, raw, p, b")\tCPU ")
+    has_cpu = cpu_ok & (raw[q] == 41)
+    runq_ok, runq_tok, r = _value_then_avg(words, raw, q, b")\tRunq ")
+    has_runq = has_cpu & runq_ok & (raw[r] == 41)
+    last = np.where(has_runq, r, np.where(has_cpu, q, p))
+    ok &= last + 1 == end
     rows = np.flatnonzero(ok)
     iteration_v, total_v = _taken(iteration, rows), _taken(total, rows)
     good = iteration_v < total_v  # the general path names the reason otherwise
@@ -397,9 +437,13 @@ def _cut_train(
     iteration_s = _float_values(raw, *time_tok, rows)
     stall_s = _float_values(raw, *data_tok, rows)
     good = bounds.train_ok(iteration_s, stall_s, throughput, max_duration)
+    cpu_s = _optional_values(raw, cpu_tok, has_cpu, rows)
+    runq_s = _optional_values(raw, runq_tok, has_runq, rows)
+    good &= _seconds_ok(cpu_s, max_duration) & _seconds_ok(runq_s, max_duration)
     if not good.all():  # the general path names the reason
         rows, iteration_v, total_v = rows[good], iteration_v[good], total_v[good]
         iteration_s, stall_s, throughput = iteration_s[good], stall_s[good], throughput[good]
+        cpu_s, runq_s = cpu_s[good], runq_s[good]
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
     return ok, {
@@ -410,4 +454,6 @@ def _cut_train(
         "iteration_s": iteration_s,
         "stall_s": stall_s,
         "throughput": throughput,
+        "cpu_s": cpu_s,
+        "runq_s": runq_s,
     }

@@ -38,7 +38,9 @@ _NUM = r"[^\s()]+"  # captured loosely, validated by NUMBER below for a precise 
 
 FETCH_PATTERN = (
     r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
-    r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})\s*$"
+    r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})"
+    # dsim >= 0.x appends the batch's CPU seconds and run-queue wait (SPEC §1.1)
+    r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?\s*$"
 )
 TRAIN_PATTERN = (
     r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?Epoch:\s*\[\s*(?P<epoch>\d{1,6})\s*\]"
@@ -46,6 +48,9 @@ TRAIN_PATTERN = (
     r"\s+Time\s+(?P<time>" + _NUM + r")\s+\([^)]*\)"
     r"\s+Data\s+(?P<data>" + _NUM + r")\s+\([^)]*\)"
     r"(?:\s+Throughput\s+(?P<throughput>" + _NUM + r")\s+\([^)]*\))?"
+    # The training process's CPU seconds and run-queue wait, right after (SPEC §1.2).
+    r"(?:\s+CPU\s+(?P<cpu>" + _NUM + r")\s+\([^)]*\)"
+    r"(?:\s+Runq\s+(?P<runq>" + _NUM + r")\s+\([^)]*\))?)?"
     # Then nothing, or only whole ``Name value (avg)`` fields (the ImageNet example prints
     # ``Loss 6.9 (6.9)\tAcc@1   0.00 (  0.10)``): a line cut inside a field never matches.
     r"(?:\s+[A-Za-z][^\s()]*\s+" + _NUM + r"\s+\([^)]*\))*\s*$"
@@ -57,8 +62,11 @@ LOADER_PATTERN = (
     r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?LOADER"
     r"\s+num_workers\s+(?P<num_workers>\d{1,6})\s+prefetch_factor\s+(?P<prefetch_factor>\d{1,6}|none)"
     r"\s+batch_size\s+(?P<batch_size>\d{1,9}|none)\s+persistent_workers\s+(?P<persistent_workers>[01])"
-    r"\s+pin_memory\s+(?P<pin_memory>[01])\s*$"
+    r"\s+pin_memory\s+(?P<pin_memory>[01])"
+    r"(?:\s+cores\s+(?P<cores>\d{1,6})\s+local_world_size\s+(?P<local_world_size>\d{1,6}|none))?"
+    r"\s*$"
 )
+NODE_FIELDS = ("cores", "local_world_size")  # optional: absent from older loader lines
 
 FETCH_MARK = "END FETCH"
 TRAIN_MARK = "Epoch:"
@@ -76,6 +84,7 @@ NON_NUMERIC_FETCH = "non-numeric fetch duration"
 NEGATIVE_FETCH = "negative fetch duration"
 NON_NUMERIC_TRAIN = "non-numeric training value"
 NON_FINITE = "non-finite value"
+BAD_CPU = "invalid CPU time (not a finite number >= 0)"
 NEGATIVE_TRAIN = "negative training value"
 STALL_OVER_TIME = "training stall longer than the iteration time"
 ITERATION_RANGE = "iteration index not below iterations per epoch"
@@ -304,6 +313,10 @@ def _loader_records(
         for name in LOADER_FIELDS:
             text = parts.field(name)[row].as_py()
             record[name] = None if text == "none" else int(text)
+        if parts.field("cores")[row].as_py():  # an unmatched optional group gives ""
+            for name in NODE_FIELDS:
+                text = parts.field(name)[row].as_py()
+                record[name] = None if text == "none" else int(text)
         out.append(record)
     return out
 
@@ -321,9 +334,12 @@ def _fetch_records(
     finite = num_ok & np.isfinite(fetch_s)
     negative = finite & (fetch_s < 0)
     huge = finite & (fetch_s > max_duration)
+    cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
+    runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
     bad, reason = _reasons(
         [(~ts_ok, BAD_TIMESTAMP), (~num_ok, NON_NUMERIC_FETCH), (num_ok & ~finite, NON_FINITE),
-         (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration))]
+         (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
+         (cpu_bad | runq_bad, BAD_CPU)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad
@@ -335,6 +351,8 @@ def _fetch_records(
         "end": end_ns[keep],
         "end_digits": digits[keep].astype(np.int8),  # resolution: see rawlog.epochs
         "fetch_s": fetch_s[keep],
+        "cpu_s": cpu_s[keep],
+        "runq_s": runq_s[keep],
     }
 
 
@@ -351,6 +369,8 @@ def _train_records(
     iteration = _ints(parts.field("iteration"))
     total = _ints(parts.field("total"))
     numeric = time_ok & data_ok & (tp_ok | ~tp_present)
+    cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
+    runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
     with np.errstate(invalid="ignore"):
         finite = numeric & np.isfinite(iteration_s) & np.isfinite(stall_s)
         finite &= ~tp_present | np.isfinite(throughput)
@@ -363,7 +383,8 @@ def _train_records(
          (negative, NEGATIVE_TRAIN),
          (long_time, bounds.over_max("iteration time", max_duration)),
          (long_stall, bounds.over_max("training stall", max_duration)),
-         (stall_over, STALL_OVER_TIME), (iteration >= total, ITERATION_RANGE)]
+         (stall_over, STALL_OVER_TIME), (iteration >= total, ITERATION_RANGE),
+         (cpu_bad | runq_bad, BAD_CPU)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad
@@ -377,4 +398,15 @@ def _train_records(
         "iteration_s": iteration_s[keep],
         "stall_s": stall_s[keep],
         "throughput": np.where(tp_present, throughput, np.nan)[keep],
+        "cpu_s": cpu_s[keep],
+        "runq_s": runq_s[keep],
     }
+
+
+def _optional_seconds(text: pa.Array, max_duration: float) -> tuple[np.ndarray, np.ndarray]:
+    """An optional seconds field: values (NaN where absent) and where present but invalid."""
+    values, ok = _numbers(text)
+    present = _np(pc.greater(pc.utf8_length(text), 0))  # an unmatched group gives ""
+    with np.errstate(invalid="ignore"):
+        valid = ok & np.isfinite(values) & (values >= 0) & (values <= max_duration)
+    return np.where(present & valid, values, np.nan), present & ~valid

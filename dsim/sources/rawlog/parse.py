@@ -33,12 +33,12 @@ import pyarrow as pa
 from dsim.errors import InputError
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
-from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, RunTables
+from dsim.model.tables import CPU_COLUMNS, FETCH_SCHEMA, TRAIN_SCHEMA, RunTables, with_cpu
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
-from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S
+from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
 from dsim.sources.rawlog.logfile import FileRecords, read_log
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
@@ -276,9 +276,10 @@ def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | Non
     """
     if not records:
         return None, None
-    keys = [tuple(r[name] for name in LOADER_FIELDS) for r in records]
+    names = LOADER_FIELDS + (NODE_FIELDS if any("cores" in r for r in records) else ())
+    keys = [tuple(r.get(name) for name in names) for r in records]
     common = max(dict.fromkeys(keys), key=keys.count)
-    settings: dict[str, Any] = dict(zip(LOADER_FIELDS, common, strict=True))
+    settings: dict[str, Any] = dict(zip(names, common, strict=True))
     for flag in ("persistent_workers", "pin_memory"):
         settings[flag] = bool(settings[flag])
     settings["lines"] = len(records)
@@ -420,6 +421,7 @@ def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     turn into the table instead of living beside it.
     """
     columns = {k: fetch.pop(k)[sort] for k in ("epoch", "idx", "gpu", "worker", "end", "fetch_s")}
+    cpu = _cpu_columns(fetch, sort)
     fetch.clear()
     start = columns["fetch_s"] * 1e9
     np.round(start, out=start)
@@ -433,15 +435,31 @@ def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
             "start": pa.array(start.view("datetime64[ns]")),
             "end": pa.array(columns.pop("end").view("datetime64[ns]")),
             "fetch_s": pa.array(columns.pop("fetch_s"), pa.float64()),
+            **cpu,
         },
-        schema=FETCH_SCHEMA,
+        schema=with_cpu(FETCH_SCHEMA, cpu),
     )
+
+
+def _cpu_columns(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str, pa.Array]:
+    """``cpu_s`` / ``runq_s`` of the records, each only if some line carried it (SPEC §2.1).
+
+    Logs without CPU times give no such columns, so their tables stay byte for
+    byte what older dsim versions wrote; a line without the field gives NaN.
+    """
+    out = {}
+    for name in CPU_COLUMNS:
+        values = records.pop(name, None)
+        if values is not None and not np.isnan(values).all():
+            out[name] = pa.array(values[sort], pa.float64())
+    return out
 
 
 def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     """The training table from the records, emptying ``train`` as it goes (see ``_fetch_table``)."""
     keys = ("epoch", "iteration", "gpu", "start", "iteration_s", "stall_s", "throughput")
     columns = {k: train.pop(k)[sort] for k in keys}
+    cpu = _cpu_columns(train, sort)
     train.clear()
     return pa.table(
         {
@@ -452,8 +470,9 @@ def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
             "iteration_s": pa.array(columns.pop("iteration_s"), pa.float64()),
             "stall_s": pa.array(columns.pop("stall_s"), pa.float64()),
             "throughput": pa.array(columns.pop("throughput"), pa.float64(), from_pandas=True),
+            **cpu,
         },
-        schema=TRAIN_SCHEMA,
+        schema=with_cpu(TRAIN_SCHEMA, cpu),
     )
 
 

@@ -1,0 +1,159 @@
+"""CPU contention on a node: how much a what-if stretches CPU work (docs/SPEC.md §4.2).
+
+Why: a fetch that decodes on the CPU takes longer when more processes want
+the node's cores at once. Adding workers, prefetching more or aligning
+fetches changes the iteration time T, hence the node's CPU demand
+u = C / (K T) (C: CPU seconds per iteration of every process on the node, K:
+its cores), hence how long each CPU second takes in wall time, the stretch
+ρ. The logs give one point of the curve ρ(u): the measured run's
+ρ_m = 1 + Σ run-queue wait / Σ CPU time at u_m. This module holds the curve,
+its calibration and the fixed-point solver; the pipeline model replays the
+run for a given ρ (``T_of``) and this module finds the ρ that is consistent
+with the T it produces. Everything here is pure NumPy and Python.
+
+The curve is processor sharing's: ρ(u) = 1 + a u / (1 − u) for u < 1 and
+∞ at u ≥ 1. With one core and Poisson arrivals (M/M/1-PS) a = 1 exactly;
+K cores queue less at the same u, which a < 1 absorbs, and the one measured
+point fixes a. Whatever a, ρ → ∞ as u → 1, so T never falls below C / K
+(the cores cannot do more than K CPU seconds a second): the saturation
+bound holds by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+U_MAX_MEASURED = 0.99  # a measured demand at or above 1 (clock noise) is read as this
+PS_COEFFICIENT = 1.0  # a of M/M/1 processor sharing: used when run-queue waits are unknown
+MAX_STEPS = 60  # bisection steps (the bracket shrinks 2^-60: far below float noise in T)
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """The CPU side of a run as [N, G] arrays, and the node it ran on.
+
+    ``fetch_cpu``/``fetch_runq``: each batch's CPU seconds and run-queue wait;
+    ``train_cpu``/``train_runq``: each rank's training process, per iteration
+    (zeros where the logs have no value). ``runq_known`` is False where no
+    run-queue wait was logged (not Linux). Ranks ``r`` and ``r'`` share a
+    node when ``r // ranks_per_node == r' // ranks_per_node`` (torchrun's
+    numbering).
+    """
+
+    fetch_cpu: np.ndarray
+    fetch_runq: np.ndarray
+    train_cpu: np.ndarray
+    train_runq: np.ndarray
+    cores: int
+    ranks_per_node: int
+    ranks_per_node_assumed: bool  # LOCAL_WORLD_SIZE was not logged: all ranks on one node
+    runq_known: bool
+
+    def take(self, lo: int, hi: int) -> CpuLoad:
+        from dataclasses import replace
+
+        return replace(
+            self,
+            fetch_cpu=self.fetch_cpu[lo:hi],
+            fetch_runq=self.fetch_runq[lo:hi],
+            train_cpu=self.train_cpu[lo:hi],
+            train_runq=self.train_runq[lo:hi],
+        )
+
+
+def node_demand(load: CpuLoad) -> float:
+    """C: CPU seconds per iteration of the busiest node (its workers and training processes)."""
+    n, g = load.fetch_cpu.shape
+    if n == 0:
+        return 0.0
+    per_rank = (load.fetch_cpu + load.train_cpu).sum(axis=0) / n
+    nodes = np.arange(g) // max(load.ranks_per_node, 1)
+    return float(np.bincount(nodes, weights=per_rank).max())
+
+
+def measured_stretch(load: CpuLoad) -> float | None:
+    """ρ_m = 1 + Σ q / Σ c over every batch and training process; ``None`` if q is unknown."""
+    if not load.runq_known:
+        return None
+    cpu = float(load.fetch_cpu.sum() + load.train_cpu.sum())
+    wait = float(load.fetch_runq.sum() + load.train_runq.sum())
+    return 1.0 + wait / cpu if cpu > 0 else 1.0
+
+
+def stretch(u: float, a: float) -> float:
+    """ρ(u) = 1 + a u / (1 − u): wall seconds per CPU second at demand ``u``; ∞ at u ≥ 1."""
+    if u >= 1.0:
+        return math.inf
+    return 1.0 + a * max(u, 0.0) / (1.0 - u)
+
+
+def coefficient(u_measured: float, rho_measured: float | None) -> float:
+    """The curve's ``a`` through the measured point (processor sharing's 1 without one)."""
+    if rho_measured is None:
+        return PS_COEFFICIENT
+    u = min(u_measured, U_MAX_MEASURED)
+    if u <= 0.0:
+        return 0.0
+    return max(rho_measured - 1.0, 0.0) * (1.0 - u) / u
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The fixed point: stretch ρ, the mean iteration time T it gives, the demand u, steps."""
+
+    rho: float
+    iteration_s: float
+    demand: float
+    steps: int
+
+
+def solve(
+    t_of: Callable[[float], float],
+    demand_s: float,
+    cores: int,
+    a: float,
+    rho_low: float = 1.0,
+    max_steps: int = MAX_STEPS,
+    rel_tol: float = 1e-6,
+) -> Solution:
+    """The ρ with ρ = ρ(C / (K T(ρ))), by bisection.
+
+    ``t_of(ρ)`` is the replay's mean iteration time when every CPU second
+    takes ρ wall seconds; it grows with ρ, and ρ(C / (K T)) falls as T grows,
+    so h(ρ) = ρ − ρ(C / (K T(ρ))) is increasing and has one root. The bracket
+    starts at ``rho_low`` (no contention) and doubles its upper end until h
+    changes sign; then ``max_steps`` halvings at most.
+    """
+
+    def h(rho: float) -> tuple[float, float]:
+        t = t_of(rho)
+        u = demand_s / (cores * t) if t > 0 else math.inf
+        return rho - stretch(u, a), t
+
+    lo = rho_low
+    value, t_lo = h(lo)
+    if value >= 0.0:  # no contention at all even at ρ = ρ_low
+        return Solution(lo, t_lo, demand_s / (cores * t_lo) if t_lo > 0 else 0.0, 0)
+    hi = max(2.0 * lo, lo + 1.0)
+    steps = 0
+    while True:
+        value, t_hi = h(hi)
+        steps += 1
+        if value >= 0.0 or steps >= max_steps:
+            break
+        lo, hi = hi, 2.0 * hi
+    for _ in range(max_steps):
+        if hi - lo <= rel_tol * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        value, t_mid = h(mid)
+        steps += 1
+        if value >= 0.0:
+            hi, t_hi = mid, t_mid
+        else:
+            lo = mid
+    return Solution(hi, t_hi, demand_s / (cores * t_hi) if t_hi > 0 else 0.0, steps)

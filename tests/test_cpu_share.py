@@ -1,0 +1,145 @@
+"""The CPU-aware pipeline model (docs/SPEC.md §4.2, CPU contention): curve, solver, replays."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run_dsim
+from cpulogs import write_cpu_logs
+
+from dsim.app.run import logged_loader
+from dsim.replay.arrays import build_iteration_arrays
+from dsim.replay.models import cpu_share
+from dsim.replay.models.pipeline import PipelineModel, cpu_assumption, solve_contention
+from dsim.replay.params import ReplayParams
+from dsim.sources.rawlog.discover import discover_runs
+from dsim.sources.rawlog.parse import parse_run
+
+BASE = ("actual", "actual")
+
+
+def test_curve_rises_to_infinity_and_passes_through_the_measured_point() -> None:
+    a = cpu_share.coefficient(0.6, 1.3)
+    assert cpu_share.stretch(0.6, a) == pytest.approx(1.3)
+    values = [cpu_share.stretch(u, a) for u in np.linspace(0, 0.999, 50)]
+    assert values[0] == 1.0 and all(np.diff(values) > 0)
+    assert cpu_share.stretch(1.0, a) == math.inf and cpu_share.stretch(1.5, a) == math.inf
+    assert cpu_share.coefficient(0.5, None) == cpu_share.PS_COEFFICIENT  # no run-queue waits
+    assert cpu_share.coefficient(0.0, 1.2) == 0.0
+
+
+@pytest.mark.parametrize("t0", [0.001, 0.02, 0.05, 0.2])
+def test_solver_finds_the_fixed_point_and_respects_the_core_bound(t0: float) -> None:
+    """T(ρ) = t0 + c ρ: an iteration of fixed waiting plus CPU work stretched by ρ."""
+    demand, cores, a = 0.08, 2, 0.5
+
+    def t_of(rho: float) -> float:
+        return t0 + 0.03 * rho
+
+    sol = cpu_share.solve(t_of, demand, cores, a)
+    assert sol.steps <= 2 * cpu_share.MAX_STEPS
+    u = demand / (cores * t_of(sol.rho))
+    assert sol.rho == pytest.approx(cpu_share.stretch(u, a), rel=1e-4)
+    assert sol.iteration_s > demand / cores  # never faster than the cores allow
+    assert sol.demand < 1.0
+
+
+def test_solver_is_monotone_in_the_what_if() -> None:
+    """A faster what-if (smaller T at every ρ) never gets a smaller stretch."""
+    rhos = [
+        cpu_share.solve(lambda r, t0=t0: t0 + 0.01 * r, 0.05, 2, 0.3).rho
+        for t0 in (0.2, 0.1, 0.05, 0.02, 0.0)
+    ]
+    assert all(np.diff(rhos) >= -1e-9)
+
+
+def _prepared(tmp_path: Path, **kwargs):
+    logs = write_cpu_logs(tmp_path / "logs", **kwargs)
+    (source,) = discover_runs([logs], name="run")
+    tables = parse_run(source, strict=True).tables
+    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    arrays = replace(arrays, loader=logged_loader(tables.info))
+    model = PipelineModel()
+    return model, arrays, model.prepare(arrays, ReplayParams())
+
+
+def _mean(model, prepared, workers: int, policy=BASE, skip: int = 8) -> float:
+    params = ReplayParams(workers=workers, prefetch_factor=2)
+    return float(np.mean(model.replay(prepared, policy, params).iteration_s[skip:]))
+
+
+def test_cpu_bound_loader_gains_almost_nothing_from_more_workers(tmp_path: Path) -> None:
+    """4 ranks on 2 cores, fetches CPU work under contention: the cores are the limit."""
+    model, _, prepared = _prepared(tmp_path / "cpu")
+    assert prepared.cpu is not None
+    measured = _mean(model, prepared, 1)
+    bound = prepared.cpu.demand_s / prepared.cpu.load.cores
+    for workers in (2, 4):
+        predicted = _mean(model, prepared, workers)
+        assert predicted > 0.95 * measured  # (almost) no gain
+        assert predicted > 0.97 * bound
+    # The same job without CPU times: fetch durations independent of load, a large gain.
+    free_model, free_arrays, free = _prepared(tmp_path / "free", cpu_s=None, cores=None)
+    assert free.cpu is None and cpu_assumption(free_arrays) is None
+    assert _mean(free_model, free, 2) < 0.6 * _mean(free_model, free, 1)
+
+
+def test_identity_and_a_cpu_free_loader_are_unchanged(tmp_path: Path) -> None:
+    model, arrays, prepared = _prepared(tmp_path / "cpu")
+    measured = ReplayParams(workers=1, prefetch_factor=2)
+    got = model.replay(prepared, BASE, measured).iteration_s
+    assert (
+        got.tobytes()
+        == model.replay(replace(prepared, cpu=None), BASE, measured).iteration_s.tobytes()
+    )
+    assert np.allclose(got, arrays.iteration_time.max(axis=1))  # the measured run
+    # At the measured settings the solver lands on the measured stretch.
+    sol = solve_contention(prepared, ("min", "actual"), None, None)
+    assert sol.rho == pytest.approx(prepared.cpu.rho_measured, rel=1e-3)
+    # Loading that costs (almost) no CPU: more workers help as without the model.
+    model, _, light = _prepared(tmp_path / "light", cpu_s=0.0005, runq_s=0.0, train_cpu_s=0.0)
+    assert light.cpu is not None
+    assert _mean(model, light, 2) < 0.6 * _mean(model, light, 1)
+
+
+def test_unknown_ranks_per_node_are_assumed_on_one_node(tmp_path: Path) -> None:
+    _, arrays, _ = _prepared(tmp_path, local_world_size=None)
+    cpu = cpu_assumption(arrays)
+    assert cpu is not None and cpu["ranks_per_node"] == 4 and cpu["ranks_per_node_assumed"]
+    assert cpu["nodes"] == 1
+
+
+def test_parse_and_run_a_cpu_bound_log_end_to_end(tmp_path: Path) -> None:
+    write_cpu_logs(tmp_path / "logs" / "cpurun")
+    parsed = run_dsim("parse", "logs/cpurun", "--strict", "-q", cwd=tmp_path)
+    assert parsed.returncode == 0, parsed.stderr
+    proc = run_dsim(
+        "run", "cpurun", "--model", "pipeline", "--workers", "2", "-p", "actual/actual",
+        "-p", "min/actual", "--executor", "local", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "CPU-aware: 2 cores, 4 ranks per node" in said, said
+    info = json.loads((tmp_path / "results" / "cpurun@pipeline-w2-p2" / "result.json").read_text())
+    assert info["loader"]["cpu"]["cores"] == 2 and info["loader"]["measured"]["cores"] == 2
+    table = pd.read_csv(tmp_path / "results" / "summary.csv")
+    what_if = table[table["loader_changed"]]
+    assert (what_if["speedup"] < 1.1).all()  # the CPU-free model would say ~2x
+
+
+def test_validation_predictions_use_the_cpu_model(tmp_path: Path) -> None:
+    from dsim.model.tables import write_run
+    from validation.predict import predict_pipeline
+
+    logs = write_cpu_logs(tmp_path / "logs")
+    (source,) = discover_runs([logs], name="run")
+    write_run(parse_run(source, strict=True).tables, tmp_path / "run")
+    measured = predict_pipeline(tmp_path / "run", BASE, None, None)
+    two = predict_pipeline(tmp_path / "run", BASE, 2, None)
+    assert two["iteration_ms"] > 0.9 * measured["iteration_ms"]  # CPU-bound: no large gain
