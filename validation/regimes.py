@@ -152,7 +152,7 @@ REGIMES: dict[str, Regime] = {
             compute_ms=0.0,
             about="JPEG decode + crop + flip with Pillow; a small conv net as compute",
             kind="decode",
-            image_px=160,
+            image_px=256,
             crop_px=96,
         ),
     )
