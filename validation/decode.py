@@ -26,16 +26,20 @@ def make_jpeg(seed: tuple[int, ...], width: int, height: int) -> bytes:
         0, 256, size=(max(height // 16, 2), max(width // 16, 2), 3), dtype=np.uint8
     )
     smooth = Image.fromarray(coarse, "RGB").resize((width, height), Image.Resampling.BICUBIC)
-    grain = rng.normal(0.0, 12.0, size=(height, width, 3))
-    pixels = np.clip(np.asarray(smooth, dtype=np.float64) + grain, 0, 255).astype(np.uint8)
+    grain = rng.integers(-20, 21, size=(height, width, 3), dtype=np.int16)
+    pixels = np.clip(np.asarray(smooth, dtype=np.int16) + grain, 0, 255).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=QUALITY)
     return buf.getvalue()
 
 
+SIDE_STEP = 16  # sides are rounded to it: few distinct images to generate per rank
+
+
 def image_side(image_px: int, crop_px: int, factor: float) -> int:
     """Side (px) of a square image of area ``factor`` × ``image_px``², never below the crop."""
-    return max(crop_px, round(image_px * math.sqrt(max(factor, 0.0))))
+    side = round(image_px * math.sqrt(max(factor, 0.0)) / SIDE_STEP) * SIDE_STEP
+    return max(crop_px, side)
 
 
 def augment(jpeg: bytes, crop_px: int, seed: int) -> np.ndarray:

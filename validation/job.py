@@ -157,13 +157,16 @@ class DecodeDataset(Dataset):
 
         self.layout, self.rank, self.seed, self.gate = layout, rank, seed, gate
         self.crop_px = regime.crop_px
-        self.jpegs = [
-            [
-                make_jpeg((seed, e, i, rank), *[image_side(regime.image_px, regime.crop_px, f)] * 2)
-                for i, f in enumerate(row)
-            ]
-            for e, row in enumerate(factors)  # factors: [epochs, iterations], this rank
-        ]
+        # one JPEG per batch; batches of equal (rounded) size share it: the decode is
+        # real work each time, and building the dataset stays short
+        made: dict[int, bytes] = {}
+        self.jpegs = []
+        for row in factors:  # factors: [epochs, iterations], this rank's column
+            sides = [image_side(regime.image_px, regime.crop_px, f) for f in row]
+            for side in sides:
+                if side not in made:
+                    made[side] = make_jpeg((seed, rank, side), side, side)
+            self.jpegs.append([made[side] for side in sides])
 
     def __len__(self) -> int:
         return len(self.layout)

@@ -133,8 +133,8 @@ REGIMES: dict[str, Regime] = {
         ),
         Regime(
             "mixed",
-            batch_ms=36.0,
-            skew=0.4,
+            batch_ms=30.0,
+            skew=1.0,
             cv=0.25,
             straggler_prob=0.02,
             straggler_factor=3.0,
@@ -144,7 +144,7 @@ REGIMES: dict[str, Regime] = {
         ),
         Regime(
             "decode",
-            batch_ms=20.0,
+            batch_ms=12.0,  # nominal: rank 0's decode of a batch of 8 at image_px (pilot)
             skew=0.4,
             cv=0.25,
             straggler_prob=0.02,
@@ -152,7 +152,7 @@ REGIMES: dict[str, Regime] = {
             compute_ms=0.0,
             about="JPEG decode + crop + flip with Pillow; a small conv net as compute",
             kind="decode",
-            image_px=256,
+            image_px=448,
             crop_px=96,
         ),
     )
