@@ -27,7 +27,18 @@ pytestmark = pytest.mark.torch
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SWEEP = ["--ranks", "2", "--iterations", "16", "--epochs", "2", "--regime", "balanced"]
+SWEEP = [
+    "--plan",
+    "legacy",
+    "--ranks",
+    "2",
+    "--iterations",
+    "16",
+    "--epochs",
+    "2",
+    "--regime",
+    "balanced",
+]
 SWEEP += ["--workers", "1", "--variants", "min"]
 METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
 

@@ -53,7 +53,7 @@ from dsim.errors import DsimError, InputError, UsageError
 from dsim.io.atomic import write_json
 from validation.cpuwork import calibrate
 from validation.machine import REPO, git_commit, load_average, machine_facts
-from validation.regimes import REGIMES, Regime
+from validation.regimes import REGIMES, SLEEP_REGIMES, Regime
 
 DEFAULT_OUT = REPO / "validation" / "data"  # the committed (legacy) sleep sweep
 CPU_OUT = REPO / "validation" / "data-cpu"  # the contention sweep's default
@@ -168,7 +168,10 @@ def plan(regimes: list[str], workers: list[int], variants: set[str]) -> list[Run
     for regime in regimes:
         for w in workers:
             runs.append(RunSpec(regime, w, BASE_PREFETCH, "none"))
-            runs += [RunSpec(regime, w, BASE_PREFETCH, a) for a in ("min", "mean") if a in variants]
+            aligns = [a for a in ("min", "mean") if a in variants]
+            if REGIMES[regime].kind == "decode":  # no cost table to align
+                aligns = []
+            runs += [RunSpec(regime, w, BASE_PREFETCH, a) for a in aligns]
             if "prefetch" in variants and w == 2:
                 runs += [RunSpec(regime, w, p, "none") for p in WHAT_IF_PREFETCH]
             if "repeat" in variants:
@@ -392,8 +395,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         type=lambda s: [v for v in s.split(",") if v],
-        default=list(VARIANTS),
-        help=f"besides A: any of {','.join(VARIANTS)} (default: all)",
+        help=f"legacy plan, besides A: any of {','.join(VARIANTS)} (default: all)",
     )
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--iterations", type=int, help="per epoch (cpu plan 120, legacy 400)")
@@ -412,7 +414,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     legacy = args.plan == "legacy"
     args.out = args.out or str(DEFAULT_OUT if legacy else CPU_OUT)
     if args.regime is None:
-        args.regime = list(REGIMES if legacy else CPU_REGIMES)
+        args.regime = list(SLEEP_REGIMES if legacy else CPU_REGIMES)
         if args.device == "cuda":
             args.regime = [r for r in args.regime if REGIMES[r].kind == "decode"]
     args.workers = args.workers or ([1, 2, 4] if legacy else list(CPU_WORKERS))
@@ -423,6 +425,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--device cuda: only the decode regime has a GPU variant (--regime decode)")
     if args.repeats < 1 or (args.cpu_units_per_ms is not None and args.cpu_units_per_ms <= 0):
         p.error("--repeats must be >= 1 and --cpu-units-per-ms > 0")
+    if args.variants is not None and not legacy:
+        p.error("--variants belongs to --plan legacy (the cpu plan's cells are fixed)")
+    args.variants = VARIANTS if args.variants is None else args.variants
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
