@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:
 from validation import startalign
 from validation.cpuwork import calibrate, spin, units_for
 from validation.regimes import REGIMES, Regime, cost_table, size_factors
-from validation.sweep import parse_args, plan_cpu, sweep
+from validation.sweep import calibration, parse_args, plan_cpu, sweep
 
 
 def test_calibration_makes_work_take_its_cpu_time() -> None:
@@ -131,3 +131,15 @@ def test_sweep_refuses_a_gpu_plan_for_cpu_regimes() -> None:
         parse_args(["--device", "cuda", "--regime", "cpu", "--dry-run"])
     assert exc.value.code == 2
     assert parse_args(["--device", "cuda", "--dry-run"]).regime == ["decode"]
+
+
+def test_calibration_is_measured_once_and_kept_for_a_resumed_sweep(tmp_path) -> None:
+    manifest: dict = {"format": 1, "runs": {}}
+    args = parse_args(["--out", str(tmp_path)])
+    first = calibration(manifest, args)
+    assert first > 0 and manifest["calibration"]["cpu_units_per_ms"] == first
+    assert manifest["calibration"]["how"] == "measured at the sweep's start"
+    manifest["calibration"]["cpu_units_per_ms"] = 123.0  # a resumed sweep reuses it
+    assert calibration(manifest, args) == 123.0
+    given = parse_args(["--out", str(tmp_path), "--cpu-units-per-ms", "77"])
+    assert calibration(manifest, given) == 77.0 and manifest["calibration"]["how"] == "argument"

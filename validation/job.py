@@ -423,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
 def _start(args: argparse.Namespace, log_dir: Path) -> None:
     # fork: the ranks (and their DataLoader workers) need not import torch again, which takes
     # seconds per process; the parent has started no threads or process group to inherit.
-    method = "fork" if sys.platform == "linux" else "spawn"
+    # The GPU variant spawns: the parent asked the driver for devices (check_cuda), and a
+    # forked child must not inherit CUDA state.
+    method = "fork" if sys.platform == "linux" and args.device == "cpu" else "spawn"
     if method == "fork":
         import torch._dynamo  # noqa: F401  (DDP imports it lazily: seconds, once per rank)
     mp.start_processes(
