@@ -2,7 +2,7 @@
 
 Two plans (``--plan``). ``cpu`` (the default) is the contention sweep of
 issue #18: regimes cpu, mixed, decode and balanced (sleep), 4 ranks, 1 epoch
-of 120 iterations; per regime A at W = 1, 2, 4, 8 workers (prefetch 2) and,
+of 100 iterations; per regime A at W = 1, 2, 4, 8 workers (prefetch 2) and,
 except decode, align min / mean at W = 1, 2 and start-align min / max /
 control at W = 2; every cell ``--repeats`` times (3), interleaved: repeat 1 of
 every cell of a regime, then repeat 2, ... so that drift cancels. Runs are
@@ -63,7 +63,7 @@ CPU_WORKERS = (1, 2, 4, 8)
 ALIGN_WORKERS = (1, 2)  # align min / mean cells
 START_WORKERS = (2,)  # start-align cells: W = 2, where the ranks' fetch windows overlap most
 START_TAGS = {"min": "min", "max": "max", "control": "ctl"}
-PLAN_SHAPE = {"cpu": (120, 1), "legacy": (400, 2)}  # iterations, epochs
+PLAN_SHAPE = {"cpu": (100, 1), "legacy": (400, 2)}  # iterations, epochs
 # Per-run time estimate of --dry-run (measured on the 2-core VM, validation/README.md):
 # start-up of 4 ranks, plus per worker process, plus iterations x the estimate of
 # iteration_ms(); DECODE_COMPUTE_MS is the conv net's forward + backward of a batch.
@@ -400,7 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"legacy plan, besides A: any of {','.join(VARIANTS)} (default: all)",
     )
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--iterations", type=int, help="per epoch (cpu plan 120, legacy 400)")
+    p.add_argument("--iterations", type=int, help="per epoch (cpu plan 100, legacy 400)")
     p.add_argument("--epochs", type=int, help="cpu plan 1, legacy 2")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
