@@ -27,7 +27,18 @@ pytestmark = pytest.mark.torch
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SWEEP = ["--ranks", "2", "--iterations", "16", "--epochs", "2", "--regime", "balanced"]
+SWEEP = [
+    "--plan",
+    "legacy",
+    "--ranks",
+    "2",
+    "--iterations",
+    "16",
+    "--epochs",
+    "2",
+    "--regime",
+    "balanced",
+]
 SWEEP += ["--workers", "1", "--variants", "min"]
 METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
 
@@ -115,3 +126,65 @@ def _check_costs_match_table(tmp_path: Path, out: Path, a: str, rerun: str) -> N
         cost = table[fetch.epoch, fetch.iteration, fetch.gpu]
         assert (fetch.fetch_s.to_numpy() >= cost - 1e-6).all()  # sleeps never end early
     assert (table == table[:, :, :1]).all()  # the last one read: align=min
+
+
+# The contention regimes, each a tiny physical run parsed by `dsim parse`: cpu with the
+# start-max barrier at 1 worker, mixed with it at 2 workers (the barrier cannot deadlock
+# with prefetch windows: validation/startalign.py), decode (Pillow + conv net, the GPU
+# variant's code path with pin_memory off) with the control mechanism.
+CONTENTION_RUNS = {
+    "cpu_max_w1": ["--regime", "cpu", "--workers", "1", "--start-align", "max"],
+    "mixed_max_w2": ["--regime", "mixed", "--workers", "2", "--start-align", "max"],
+    "decode_ctl_w2": ["--regime", "decode", "--workers", "2", "--start-align", "control"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTENTION_RUNS))
+def test_contention_run_parses(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("torch")
+    if "decode" in name:
+        pytest.importorskip("PIL")
+    out = tmp_path / "runs"
+    shape = ["--ranks", "2", "--iterations", "16", "--epochs", "1", "--batch-size", "4"]
+    args = [*shape, *CONTENTION_RUNS[name], "--out", str(out), "--name", name]
+    if "decode" not in name:
+        args += ["--cpu-units-per-ms", "500"]  # a fixed calibration: less time in the test
+    job = _python("-m", "validation.job", *args)
+    assert job.returncode == 0, job.stdout + job.stderr
+    run = out / name
+    settings = json.loads((run / "job.json").read_text())
+    assert settings["local_world_size"] == 2 and settings["cores_available"] >= 1
+    assert settings["device"] == "cpu" and settings["pin_memory"] is False
+    if "decode" not in name:
+        assert settings["cpu_units_per_ms"] == 500 and settings["cpu_calibrated_by"] == "argument"
+    align = json.loads((run / "start_align.json").read_text())
+    assert align["mode"] == settings["start_align"]
+    assert [r["batches"] for r in align["ranks"]] == [16, 16]
+    parse = run_dsim("parse", str(run), "--out", str(tmp_path / "tr"))
+    assert parse.returncode == 0, parse.stderr
+    import pandas as pd
+
+    fetch = pd.read_parquet(tmp_path / "tr" / name / "fetch.parquet")
+    assert len(fetch) == 16 * 2
+    if name.startswith("cpu"):  # CPU work lasts at least its table cost (1 core at most)
+        from validation.regimes import REGIMES, cost_table
+
+        table = cost_table(REGIMES["cpu"], 1, 16, 2, 0)
+        cost = table[fetch.epoch, fetch.iteration, fetch.gpu]
+        assert (fetch.fetch_s.to_numpy() >= 0.5 * cost).all()
+
+
+def test_gpu_variant_refuses_cleanly_without_cuda(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the refusal is for machines without one")
+    args = ["--regime", "decode", "--device", "cuda", "--out", str(tmp_path), "--name", "g"]
+    job = _python("-m", "validation.job", *args, timeout=60)
+    assert job.returncode == 2
+    assert job.stderr.strip().splitlines()[-1] == (
+        "validation.job: error: --device cuda: CUDA is not available here "
+        "(use --device cpu, or a GPU machine)"
+    )
+    assert not (tmp_path / "g").exists()
+    wrong = _python("-m", "validation.job", "--regime", "cpu", "--device", "cuda", "--name", "g")
+    assert wrong.returncode == 2 and "decode regime only" in wrong.stderr

@@ -59,7 +59,7 @@ def machine_facts() -> dict[str, object]:
 
 
 def git_commit() -> str:
-    """HEAD of the repository, with ``-dirty`` when code (not the sweep's data) has changes."""
+    """HEAD, with ``-dirty`` when code changed (a sweep's data, validation/data*/, is not code)."""
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
@@ -68,6 +68,6 @@ def git_commit() -> str:
     head = git("rev-parse", "HEAD")
     if not head:
         return "unknown"
-    code = ["dsim", "validation", "tests", ":(exclude)validation/data"]
+    code = ["dsim", "validation", "tests", ":(glob,exclude)validation/data*/**"]
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code)
     return head + ("-dirty" if dirty else "")

@@ -11,6 +11,22 @@ Costs: rank r of G is ``1 + skew * r / (G - 1)`` times slower than rank 0 (so
 alignment matters), each batch has lognormal noise of mean 1 and coefficient
 of variation ``cv``, and with probability ``straggler_prob`` a batch is a
 straggler, ``straggler_factor`` times slower (a large image, a slow read).
+
+A regime's ``kind`` says how a cost is spent (validation/job.py):
+
+* ``sleep`` — a sleep, and the step's compute a sleep too (unaffected by
+  contention: the committed sleep sweep);
+* ``cpu`` — CPU work (``validation/cpuwork.py``) calibrated so that a cost of
+  x ms takes x ms on one uncontended core and longer when the cores are busy;
+  the step's ``compute_ms`` is CPU work as well (the trainer competes for the
+  same cores);
+* ``mixed`` — half of each batch's cost CPU work, half a sleep (I/O waiting);
+  compute is CPU work;
+* ``decode`` — real loading: Pillow decodes JPEGs the job generates, random
+  crop and flip, a float tensor; compute is a small conv net's forward and
+  backward. The table gives each batch's image *area* relative to
+  ``image_px``² (``size_factors``): rank skew, per-batch noise and stragglers
+  through image sizes. No table alignment in this regime.
 """
 
 from __future__ import annotations
@@ -21,6 +37,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 ALIGNS = ("none", "min", "mean")
+KINDS = ("sleep", "cpu", "mixed", "decode")
+# Fields added after the sleep sweep was committed: left out of as_dict() at their
+# defaults, so a sleep regime's job.json and manifest entries are what they were.
+_LATER_DEFAULTS = {"kind": "sleep", "image_px": 0, "crop_px": 0}
 
 
 @dataclass(frozen=True)
@@ -35,9 +55,22 @@ class Regime:
     straggler_factor: float  # a straggler costs this many times more
     compute_ms: float  # simulated compute per training step
     about: str = ""
+    kind: str = "sleep"  # how a cost is spent: one of KINDS
+    image_px: int = 0  # decode: side of rank 0's mean image (px)
+    crop_px: int = 0  # decode: side of the random crop fed to the net (px)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"regime {self.name}: unknown kind {self.kind!r} ({', '.join(KINDS)})")
+        if self.kind == "decode" and not 0 < self.crop_px <= self.image_px:
+            raise ValueError(f"regime {self.name}: decode needs 0 < crop_px <= image_px")
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        d = asdict(self)
+        for key, default in _LATER_DEFAULTS.items():
+            if d[key] == default:
+                del d[key]
+        return d
 
 
 # Chosen with pilot runs on the 2-core development VM (validation/README.md):
@@ -86,8 +119,45 @@ REGIMES: dict[str, Regime] = {
             compute_ms=20.0,
             about="compute dominates at every worker count; stragglers still stall",
         ),
+        # The contention regimes (4 ranks, 2 cores; validation/README.md has the arithmetic).
+        Regime(
+            "cpu",
+            batch_ms=12.0,
+            skew=0.4,
+            cv=0.25,
+            straggler_prob=0.02,
+            straggler_factor=3.0,
+            compute_ms=3.0,
+            about="loading is CPU work: 4 ranks' loaders and trainers fill 2 cores at 1 worker",
+            kind="cpu",
+        ),
+        Regime(
+            "mixed",
+            batch_ms=30.0,
+            skew=1.0,
+            cv=0.25,
+            straggler_prob=0.02,
+            straggler_factor=3.0,
+            compute_ms=1.0,
+            about="half CPU, half waiting: cores not saturated at 1 worker, saturated at 2+",
+            kind="mixed",
+        ),
+        Regime(
+            "decode",
+            batch_ms=12.0,  # nominal: rank 0's decode of a batch of 8 at image_px (pilot)
+            skew=0.4,
+            cv=0.25,
+            straggler_prob=0.02,
+            straggler_factor=2.0,
+            compute_ms=0.0,
+            about="JPEG decode + crop + flip with Pillow; a small conv net as compute",
+            kind="decode",
+            image_px=448,
+            crop_px=96,
+        ),
     )
 }
+SLEEP_REGIMES = tuple(name for name, r in REGIMES.items() if r.kind == "sleep")
 
 
 def cost_table(regime: Regime, epochs: int, iterations: int, ranks: int, seed: int) -> np.ndarray:
@@ -106,6 +176,15 @@ def cost_table(regime: Regime, epochs: int, iterations: int, ranks: int, seed: i
     rank_factor = 1 + regime.skew * np.arange(ranks) / max(ranks - 1, 1)
     costs = regime.batch_ms / 1000 * rank_factor[None, None, :] * noise
     return np.where(straggler, costs * regime.straggler_factor, costs)
+
+
+def size_factors(regime: Regime, epochs: int, iterations: int, ranks: int, seed: int) -> np.ndarray:
+    """Decode: each batch's image area relative to ``image_px``², the cost table's shape.
+
+    The cost table divided by ``batch_ms``: rank skew, per-batch noise and
+    stragglers carry over as image sizes (a decode's cost grows with its area).
+    """
+    return cost_table(regime, epochs, iterations, ranks, seed) / (regime.batch_ms / 1000)
 
 
 def align_table(table: np.ndarray, align: str) -> np.ndarray:
