@@ -32,8 +32,8 @@ NEAR_BEST = 0.02
 FLAT_GAIN = 0.02
 #: The best setting is compute-bound when its iteration time is within this of the compute floor.
 COMPUTE_BOUND_WITHIN = 0.05
-#: One rank "binds" when it carries at least this share of the remaining stall (and > 1 rank).
-SLOW_RANK_SHARE = 0.5
+#: One rank "binds" when its remaining stall is at least this many times the next rank's.
+SLOW_RANK_RATIO = 2.0
 #: Bootstrap resamples of the per-iteration times (vectorised: a few hundred are fast).
 BOOTSTRAP_RESAMPLES = 300
 #: Iterations are resampled in at most this many contiguous blocks (bounded memory; blocks
@@ -230,12 +230,14 @@ def flattening(
     points: Sequence[Point],
     *,
     cpu_saturated_at: int | None = None,
+    ranks: Sequence[int] | None = None,
     gain: float = FLAT_GAIN,
 ) -> Flattening:
     """The knee of the curve over workers and what binds there.
 
     The compute floor is the knee's mean iteration time less its stall (the
     loop's compute and all-reduce), which no loader setting can beat.
+    ``ranks``: the rank ids of the stall columns (default 0, 1, …).
     ``cpu_saturated_at``: the worker count from which the model reports the
     node's cores saturated, only when the model is CPU-aware (else ``None``).
     """
@@ -263,12 +265,14 @@ def flattening(
             f"floor ({compute_floor_s * 1e3:.1f} ms per iteration) binds",
         )
     stalls = knee.rank_stall_s
-    if stalls.size > 1 and stalls.sum() > 0 and stalls.max() / stalls.sum() >= SLOW_RANK_SHARE:
-        rank = int(np.argmax(stalls))
+    ordered = np.sort(stalls)[::-1]
+    if stalls.size > 1 and ordered[0] > 0 and ordered[0] >= SLOW_RANK_RATIO * ordered[1]:
+        column = int(np.argmax(stalls))
+        rank = column if ranks is None else int(ranks[column])
         return Flattening(
             knee.workers,
             "slow-rank",
-            f"more than {knee.workers} workers stop helping: one slow rank, rank position "
+            f"more than {knee.workers} workers stop helping: one slow rank, rank "
             f"{rank}'s loader binds ({stalls.max() / stalls.sum():.0%} of the stall left)",
         )
     if cpu_saturated_at is not None and knee.workers >= cpu_saturated_at:

@@ -150,10 +150,11 @@ def tune_run(
         model, prepared, mask, [measured.workers], [measured.prefetch_factor], ACTUAL, base
     )
     alone = sweep(model, prepared, mask, grid_w, grid_p, ACTUAL, base)
-    loader_only = _choice(baseline, alone)
+    ranks = [int(g) for g in arrays.gpus]
+    loader_only = _choice(baseline, alone, ranks)
     policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
     combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
-    with_alignment = _choice(baseline, combined) if combined else None
+    with_alignment = _choice(baseline, combined, ranks) if combined else None
     n = int(mask.sum())
     result = TuneResult(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
@@ -165,9 +166,10 @@ def tune_run(
     return result
 
 
-def _choice(baseline: Point, points: list[Point]) -> Choice:
+def _choice(baseline: Point, points: list[Point], ranks: list[int]) -> Choice:
     chosen = cheapest_near_best(points)
-    return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flattening(points))
+    flat = flattening(points, ranks=ranks)
+    return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flat)
 
 
 def caveats(
