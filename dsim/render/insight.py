@@ -31,6 +31,8 @@ def print_verdicts(
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
         console.print(f"{prefix}{v.text}", highlight=False, markup=False, style="bold")
+        for note in v.caveats:
+            console.print(Padding(Text(f"caveat: {note}"), (0, 0, 0, 2), expand=False))
         for line in blame.get(v.run, ()):
             console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
     if verdicts:
