@@ -60,15 +60,22 @@ def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
 
 
 def print_comparison(comparison: Any, console: Console | None = None) -> None:
-    """The before/after table (measured means), the realised-gain sentence, and warnings."""
+    """The before/after table (each side measured or predicted), the realised-gain sentence,
+    and warnings."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
     c = comparison
+    labels = getattr(c, "before_label", "measured"), getattr(c, "after_label", "measured")
+    sides = (
+        "measured, actual/actual"
+        if labels == ("measured", "measured")
+        else f"BEFORE {labels[0]}, AFTER {labels[1]}; actual/actual"
+    )
     table = Table(
-        title=f"BEFORE {c.before_run} → AFTER {c.after_run} (measured, actual/actual)",
+        title=f"BEFORE {c.before_run} → AFTER {c.after_run} ({sides})",
         box=box.SIMPLE_HEAD,
         header_style="bold",
     )
