@@ -236,7 +236,7 @@ def tune(
     warmup: int | None = None,
     alignment: bool = True,
 ) -> TuneResult:
-    """``dsim tune``: sweep a parsed run's ``num_workers`` × ``prefetch_factor`` (§9).
+    """``dsim tune``: sweep a parsed run's ``num_workers`` × ``prefetch_factor`` (§5.7).
 
     ``workers``/``prefetch`` are lists or the CLI's text (``"1-8"``,
     ``"1,2,4"``); ``None`` takes the default grid. Writes

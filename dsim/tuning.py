@@ -1,4 +1,4 @@
-"""`dsim tune`'s logic: the loader grid, the sweep, the recommendation (docs/SPEC.md §9).
+"""`dsim tune`'s logic: the loader grid, the sweep, the recommendation (docs/SPEC.md §5.7).
 
 Pure functions over one run's prepared pipeline replay: no files, no
 printing. The sweep calls only the replay model's public entry points

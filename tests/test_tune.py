@@ -11,6 +11,7 @@ import pytest
 
 import dsim
 from dsim.errors import InputError, UsageError
+from dsim.render.tune import lines
 from dsim.synth import SynthParams, synthesize
 from dsim.tuning import (
     DEFAULT_WORKERS,
@@ -64,6 +65,9 @@ def test_compute_bound_trace_needs_no_more_workers(traces):
     assert chosen.flat.reason == "compute-bound"
     assert abs(chosen.bands["speedup"].value - 1) < 0.02
     assert [p.workers for p in result.alone][::3] == list(DEFAULT_WORKERS)
+    text = "\n".join(lines(result))
+    assert text.startswith("computebound: use num_workers=1, prefetch_factor=1 (recorded: 2 ")
+    assert "costs: 1 worker process per rank (2 if all 2 ranks share one node); 1 batch " in text
 
 
 def test_recorded_cores_shape_the_grid_and_warn(traces, tmp_path):

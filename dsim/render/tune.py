@@ -43,7 +43,10 @@ def _bytes(n: float) -> str:
 
 
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("ch") else f"{n} {noun}s"
+    """``1 batch``, ``16 batches``, ``4 worker processes``."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}es" if noun.endswith(("ch", "s")) else f"{n} {noun}s"
 
 
 def cost_line(result: TuneResult, point: Point) -> str:
@@ -157,7 +160,7 @@ def _choice_doc(result: TuneResult, choice: Choice) -> dict[str, Any]:
 
 
 def document(result: TuneResult) -> dict[str, Any]:
-    """One run's ``--json`` object (docs/SPEC.md §9)."""
+    """One run's ``--json`` object (docs/SPEC.md §5.7)."""
     base = result.baseline.mean_iteration_s
 
     def grid(points: list[Point]) -> list[dict[str, Any]]:
