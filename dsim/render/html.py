@@ -381,7 +381,10 @@ def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
             if several
             else ""
         )
-        lines = "".join(f"<li>{html.escape(line)}</li>" for line in data.blame.get(v.run, ()))
+        caveats = [f"caveat: {note}" for note in v.caveats]
+        lines = "".join(
+            f"<li>{html.escape(line)}</li>" for line in (*caveats, *data.blame.get(v.run, ()))
+        )
         blame = f"<ul class='blame'>{lines}</ul>" if lines else ""
         out.append(
             f"<div class='verdict'>{run}<p class='say'>{html.escape(v.text)}</p>{blame}</div>"
