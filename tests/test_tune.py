@@ -128,6 +128,8 @@ def test_flattening_names_one_slow_rank_and_loading_bound():
     assert "rank 7's loader binds" in flattening(slow, ranks=[7, 8]).text
     even = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5), _point(4, 2, 1.5, 0.5)]
     assert flattening(even).reason == "stall-left"
+    assert flattening(even, cpu_saturated_at=2).reason == "cpu-saturated"
+    assert flattening(even, cpu_saturated_at=4).reason == "stall-left"
     still = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5)]
     assert flattening(still).reason == "loading-bound" and flattening(still).workers is None
 
@@ -152,6 +154,14 @@ def test_run_without_fetch_records_is_refused(traces, tmp_path):
     pq.write_table(pa.Table.from_batches([], schema=fetch.schema), run / "fetch.parquet")
     with pytest.raises(InputError, match="no fetch records"):
         dsim.tune(run, out=None)
+
+
+def test_unwritable_out_is_an_output_error(traces, tmp_path):
+    from dsim.errors import OutputError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="cannot create"):
+        dsim.tune(traces["compute"], workers=[1], prefetch=[1], out=tmp_path / "file")
 
 
 def test_cli_json_and_bad_grid(traces, tmp_path, dsim_cli):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dsim.errors import InputError
+from dsim.errors import InputError, OutputError
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models import get_model
@@ -242,7 +242,10 @@ def write_table(result: TuneResult, out: Path) -> tuple[Path, ...]:
 
     data = table(result)
     target = Path(out) / TUNE_DIR
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {target}: {exc.strerror or exc}") from exc
     parquet, csv = target / f"{result.run}.parquet", target / f"{result.run}.csv"
     write_parquet(data, parquet)
     write_text(data.to_pandas().to_csv(index=False, float_format="%.6g"), csv)
