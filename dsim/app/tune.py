@@ -91,7 +91,8 @@ def _node_facts(loader: Any) -> tuple[int | None, int | None, int | None]:
     )
 
 
-def _arrays(run_dir: Path, name: str) -> IterationArrays:
+def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
+    """A run's arrays with its logged loader settings; exit 3 without fetch records."""
     from dsim.app.run import logged_loader
 
     tables = read_run(run_dir)
@@ -134,7 +135,7 @@ def tune_run(
 
     info = read_info(run_dir)
     name = info.name or run_dir.name
-    arrays = _arrays(run_dir, name)
+    arrays = fetch_arrays(run_dir, name)
     _, mask = selected_iterations(
         arrays.epoch, arrays.iteration, epochs, DEFAULT_WARMUP if warmup is None else warmup, name
     )

@@ -259,8 +259,12 @@ def command(
     for note in selection_changes(before, recorded_selections(config.out, config.runs)):
         _say(err, f"dsim: {note}")
     if not as_json:
+        from dsim.app.headline import headlines
+
         blame = attribution_lines(read_attributions([config.out]), outcome.summary)
-        print_verdicts(verdicts, blame)
+        print_verdicts(
+            verdicts, blame, headlines=headlines(outcome.summary, verdicts, config.traces, infos)
+        )
         print_summary(outcome.summary, full=full)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())

@@ -19,24 +19,47 @@ def print_verdicts(
     verdicts: Sequence[Verdict],
     blame: Mapping[str, Sequence[str]] | None = None,
     console: Console | None = None,
+    headlines: Mapping[str, Verdict] | None = None,
 ) -> None:
     """One paragraph per run: its name (when there are several), the verdict, and the
-    attribution lines of that run (``blame``: run name → lines) below it."""
+    attribution lines of that run (``blame``: run name → lines) below it.
+
+    ``headlines`` (results directory → the more accurate model's verdict,
+    ``dsim.app.headline``)
+    come first where given, with the original verdict's number one line below."""
     from rich.console import Console
     from rich.padding import Padding
     from rich.text import Text
 
     console = console or Console()
     blame = blame or {}
+    headlines = headlines or {}
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
-        console.print(f"{prefix}{v.text}", highlight=False, markup=False, style="bold")
-        for note in v.caveats:
+        head = headlines.get(v.results) if v.results is not None else None
+        said = v if head is None else head
+        console.print(f"{prefix}{said.text}", highlight=False, markup=False, style="bold")
+        if head is not None:
+            console.print(Padding(Text(original_line(v)), (0, 0, 0, 2), expand=False))
+        for note in said.caveats:
             console.print(Padding(Text(f"caveat: {note}"), (0, 0, 0, 2), expand=False))
         for line in blame.get(v.run, ()):
             console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
     if verdicts:
         console.print()
+
+
+def original_line(v: Verdict) -> str:
+    """The per-iteration verdict in one line, under the more accurate model's headline."""
+    policy = f"{v.best_fetch_align}/{v.best_start_align}"
+    if v.helps:
+        said = f"{v.speedup:.2f}× ({policy})"
+    else:
+        said = f"no policy saves ≥ 1 % (best {policy}: {v.speedup:.2f}×)"
+    return (
+        f"the original analysis's per-iteration replay says {said}, as in the table below; "
+        "for alignment what-ifs the pipeline model is the more accurate (FIDELITY.md)"
+    )
 
 
 def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
