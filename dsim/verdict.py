@@ -456,3 +456,16 @@ def _measured_of(candidate: Mapping[str, Any], what_if: Mapping[str, Any]) -> bo
         and candidate.get("replay_model") == what_if.get("replay_model")
         and not bool(candidate.get("loader_changed") or False)
     )
+
+
+def original_line(v: Verdict) -> str:
+    """The per-iteration verdict in one line, under the more accurate model's headline."""
+    policy = f"{v.best_fetch_align}/{v.best_start_align}"
+    if v.helps:
+        said = f"{v.speedup:.2f}× ({policy})"
+    else:
+        said = f"no policy saves ≥ 1 % (best {policy}: {v.speedup:.2f}×)"
+    return (
+        f"the original analysis's per-iteration replay says {said}, as in the table below; "
+        "for alignment what-ifs the pipeline model is the more accurate (FIDELITY.md)"
+    )

@@ -181,3 +181,23 @@ def test_cli_json_and_bad_grid(traces, tmp_path, dsim_cli):
     assert bad.stderr.strip().splitlines() == [
         f"dsim: error: --workers '0,500': 500 is above the maximum {MAX_SETTING}"
     ]
+
+
+def test_the_report_shows_the_tune_heatmap(traces, tmp_path):
+    from dsim.app.report import ReportRequest, read_report_input
+    from dsim.render.html import render_report
+
+    results = tmp_path / "results"
+    dsim.run(traces["loading"], policies=["min/min"], out=results, executor="local")
+    request = ReportRequest(
+        results=[results], out=tmp_path / "r.html", traces=traces["loading"].parent
+    )
+    data, _ = read_report_input(request)
+    assert data.tune == {}  # no tune table yet: no section
+    assert "id='tune'" not in render_report(data)
+    dsim.tune(traces["loading"], workers=[1, 2, 4], prefetch=[2], out=results)
+    data, _ = read_report_input(request)
+    [table] = data.tune.values()
+    assert len(table) == 2 * 3 and table["recommended"].sum() == 2
+    page = render_report(data)
+    assert "id='tune'" in page and "fig-tune-0" in page and "href='#tune'" in page

@@ -7,9 +7,10 @@ default) 3.6 %, and the effective-delay share 0.5 against 7.6 points. So
 when a run was replayed with the per-iteration model and its trace has the
 fetch records the pipeline model needs, `dsim run` says first what the
 pipeline model predicts for the same policies, and the original analysis's
-number one line below. Only the terminal's first lines change: the summary
-table, ``--json``, the files and ``dsim summarize`` keep the per-iteration
-replays as they were.
+number one line below; the report's verdict section does the same (it
+reads the traces for attribution already). The summary table, ``--json``,
+the files and ``dsim summarize`` (which reads results only) keep the
+per-iteration verdict.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def headlines(
         rows = summary[summary["results"] == v.results].to_dict("records")
         info = infos.get(v.results)
         trace = info.trace.document() if info is not None and info.trace else None
-        better = pipeline_verdict(rows, traces / v.run, trace) if rows else None
+        name = info.trace.name if info is not None and info.trace else v.run  # not a label
+        better = pipeline_verdict(rows, traces / name, trace) if rows else None
         if better is not None:
             found[v.results] = better
     return found

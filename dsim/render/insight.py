@@ -40,6 +40,8 @@ def print_verdicts(
         said = v if head is None else head
         console.print(f"{prefix}{said.text}", highlight=False, markup=False, style="bold")
         if head is not None:
+            from dsim.verdict import original_line
+
             console.print(Padding(Text(original_line(v)), (0, 0, 0, 2), expand=False))
         for note in said.caveats:
             console.print(Padding(Text(f"caveat: {note}"), (0, 0, 0, 2), expand=False))
@@ -47,19 +49,6 @@ def print_verdicts(
             console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
     if verdicts:
         console.print()
-
-
-def original_line(v: Verdict) -> str:
-    """The per-iteration verdict in one line, under the more accurate model's headline."""
-    policy = f"{v.best_fetch_align}/{v.best_start_align}"
-    if v.helps:
-        said = f"{v.speedup:.2f}× ({policy})"
-    else:
-        said = f"no policy saves ≥ 1 % (best {policy}: {v.speedup:.2f}×)"
-    return (
-        f"the original analysis's per-iteration replay says {said}, as in the table below; "
-        "for alignment what-ifs the pipeline model is the more accurate (FIDELITY.md)"
-    )
 
 
 def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
