@@ -4,7 +4,7 @@ Layers, one way only (see docs/ARCHITECTURE.md):
 raw-log grammar -> tables -> policies and replay kernel -> execution -> summaries -> rendering.
 
 The Python API (``dsim.api``: ``parse``, ``run``, ``load_results``,
-``load_trace``, ``Trace``, ``Results``) is importable from here. It is
+``load_trace``, ``tune``, ``Trace``, ``Results``) is importable from here. It is
 loaded on first use, so that ``import dsim`` (and ``dsim --help``) does not
 load pandas, pyarrow and the replay machinery.
 """
@@ -20,7 +20,7 @@ try:
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0+unknown"
 
-_API = ("Results", "Trace", "load_results", "load_trace", "parse", "run")
+_API = ("Results", "Trace", "load_results", "load_trace", "parse", "run", "tune")
 
 __all__ = ["__version__", *_API]
 

@@ -12,6 +12,8 @@ same files::
     results.verdicts[0].text                              # the verdict, as dsim run prints it
     results.iterations()                                  # long format: run, policy, iteration
     later = dsim.load_results("results")                  # dsim summarize
+    advice = dsim.tune(trace, workers=[1, 2, 4, 8])       # dsim tune
+    advice.loader_only.point.workers                      # the recommended num_workers
 
 Errors are ``dsim.errors.DsimError`` subclasses with the CLI's messages.
 The replay call is ``dsim.run``, after the command: ``dsim.replay`` is the
@@ -30,6 +32,7 @@ from dsim.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.app.tune import TuneResult
     from dsim.checks import CheckResult
     from dsim.model.results import ResultRun
     from dsim.model.runinfo import RunInfo
@@ -221,3 +224,44 @@ def load_results(
     )
     verdicts = run_verdicts(done.summary, {str(r.directory): r.info for r in done.runs})
     return Results(done.summary, verdicts, done.runs)
+
+
+def tune(
+    trace: Trace | PathLike,
+    *,
+    workers: Sequence[int] | str | None = None,
+    prefetch: Sequence[int] | str | None = None,
+    out: PathLike | None = "results",
+    epochs: Sequence[int] | str | None = None,
+    warmup: int | None = None,
+    alignment: bool = True,
+) -> TuneResult:
+    """``dsim tune``: sweep a parsed run's ``num_workers`` × ``prefetch_factor`` (§5.7).
+
+    ``workers``/``prefetch`` are lists or the CLI's text (``"1-8"``,
+    ``"1,2,4"``); ``None`` takes the default grid. Writes
+    ``<out>/tune/<run>.{parquet,csv}`` unless ``out`` is ``None``; returns the
+    ``TuneResult`` (``loader_only``: the recommendation; ``document()`` of
+    ``dsim.render.tune`` gives the ``--json`` object).
+    """
+    from dsim.app.tune import tune_run
+    from dsim.tuning import MAX_SETTING, parse_counts
+
+    def grid(values: Sequence[int] | str | None, option: str, lowest: int) -> tuple[int, ...]:
+        if values is None:
+            return ()
+        text = values if isinstance(values, str) else ",".join(str(int(v)) for v in values)
+        if not text.strip():
+            raise UsageError(f"{option}: an empty grid (give values, 1 to {MAX_SETTING})")
+        return parse_counts(text, option, lowest)
+
+    directory = trace.directory if isinstance(trace, Trace) else Path(trace)
+    return tune_run(
+        directory,
+        workers=grid(workers, "workers", 0),
+        prefetch=grid(prefetch, "prefetch", 1),
+        epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
+        warmup=warmup,
+        alignment=alignment,
+        out=None if out is None else Path(out),
+    )

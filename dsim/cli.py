@@ -26,6 +26,7 @@ from dsim.commands import report as report_cmd
 from dsim.commands import run as run_cmd
 from dsim.commands import summarize as summarize_cmd
 from dsim.commands import synth as synth_cmd
+from dsim.commands import tune as tune_cmd
 from dsim.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, DsimError
 
 app = typer.Typer(
@@ -68,6 +69,7 @@ app.command("summarize")(summarize_cmd.command)
 app.command("report")(report_cmd.command)
 app.command("compare")(compare_cmd.command)
 app.command("synth")(synth_cmd.command)
+app.command("tune")(tune_cmd.command)
 
 
 def _debugging(argv: list[str]) -> bool:

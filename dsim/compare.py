@@ -15,7 +15,11 @@ module answers from the two runs' summary rows (``dsim.summary``), purely:
   got slower;
 * what is left: AFTER's own predicted gain under P, when AFTER replayed P;
 * warnings when the two are not like for like (GPU count, selection of
-  epochs/warm-up, threshold), since the deltas then mix in other causes.
+  epochs/warm-up, threshold), since the deltas then mix in other causes;
+* each side labelled ``measured`` or ``predicted`` (a loader what-if of the
+  pipeline model: its ``actual/actual`` row is the model's prediction under
+  other loader settings, never a measurement), and the words follow: a
+  predicted side is never called measured.
 """
 
 from __future__ import annotations
@@ -66,10 +70,17 @@ class Comparison:
     remaining_gain_s: float | None  # AFTER measured − AFTER under policy, if replayed
     warnings: list[str] = field(default_factory=list)
     text: str = ""
+    before_label: str = "measured"
+    after_label: str = "measured"
 
     def record(self) -> dict[str, Any]:
         """One flat record (CSV row, JSON object): every number, named."""
-        out: dict[str, Any] = {"before_run": self.before_run, "after_run": self.after_run}
+        out: dict[str, Any] = {
+            "before_run": self.before_run,
+            "after_run": self.after_run,
+            "before_label": self.before_label,
+            "after_label": self.after_label,
+        }
         for d in self.deltas:
             stem = d.column.removesuffix("_mean")
             out[f"{stem}_before"] = d.before
@@ -103,8 +114,20 @@ def _measured(rows: Sequence[Mapping[str, Any]], side: str) -> Mapping[str, Any]
     return row
 
 
+def side_label(row: Mapping[str, Any]) -> str:
+    """``measured``, or ``predicted (pipeline model, 8 workers, prefetch 2)`` for a loader
+    what-if, whose ``actual/actual`` row is the model's, not the run's."""
+    if not bool(row.get("loader_changed") or False):
+        return "measured"
+    model = row.get("replay_model") or "pipeline"
+    workers, prefetch = row.get("loader_workers"), row.get("loader_prefetch_factor")
+    return f"predicted ({model} model, {int(workers)} workers, prefetch {int(prefetch)})"
+
+
 def _warnings(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     out = []
+    if str(before.get("run")) == str(after.get("run")) and side_label(before) != side_label(after):
+        out.append("the same run on both sides: one side is a prediction, not a re-run")
     for column, what in (
         ("gpus", "GPU counts"),
         ("selected_epochs", "selected epochs"),
@@ -160,6 +183,8 @@ def compare(
         realised_pct=share,
         remaining_gain_s=remaining,
         warnings=_warnings(b_meas, a_meas),
+        before_label=side_label(b_meas),
+        after_label=side_label(a_meas),
     )
     return _with_text(comparison)
 
@@ -167,15 +192,21 @@ def compare(
 def _with_text(c: Comparison) -> Comparison:
     label = f"{c.policy[0]}/{c.policy[1]}"
     it = c.deltas[0]
-    measured = (
-        f"Iterations {format_duration(it.before)} → {format_duration(it.after)} measured "
-        f"({it.change_pct:+.0f} %)".replace("-", "−")
-    )
+    change = f"({it.change_pct:+.0f} %)".replace("-", "−")
+    if c.before_label == c.after_label == "measured":
+        measured = f"Iterations {format_duration(it.before)} → {format_duration(it.after)} measured"
+    else:
+        measured = (
+            f"Iterations {format_duration(it.before)} {c.before_label} → "
+            f"{format_duration(it.after)} {c.after_label}"
+        )
+    measured += f" {change}"
+    realised = "realised" if c.after_label == "measured" else "would realise"
     if math.isnan(c.realised_pct):
         gain = f"BEFORE predicted no gain from {label}, so there is no share to realise."
     else:
         gain = (
-            f"AFTER realised {c.realised_pct:.0f} % of the gain BEFORE predicted for {label} "
+            f"AFTER {realised} {c.realised_pct:.0f} % of the gain BEFORE predicted for {label} "
             f"({format_duration(c.realised_gain_s)} of {format_duration(c.predicted_gain_s)} "
             "per iteration)."
         )

@@ -26,7 +26,16 @@ Rules (docs/SPEC.md §5.1):
   there (SPEC §4.2);
 * time saved per epoch = (measured − best mean iteration time) × iterations
   per epoch (the epoch length the run declared), an extrapolation of the
-  selected iterations' means to a whole epoch.
+  selected iterations' means to a whole epoch;
+* a loader what-if combined with an alignment is split into its parts: the
+  loader change alone (the what-if's ``actual/actual`` row), the alignment
+  alone (the same policy at the measured loader settings, when those rows are
+  given) and both;
+* caveats: a loader what-if asking for more worker processes than the cores
+  the run recorded (``run.json`` loader ``cores``, ``local_world_size``), and a
+  selection of fewer than ``FEW_ITERATIONS`` iterations, where the speed-up is
+  shown with its 95 % interval (mean ± 1.96 standard errors of both means, from
+  the summary's std), never as a bare number.
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ PIPELINE_MODEL = "pipeline"  # its start-min is start actual (causal starts)
 STALL_ONLY_MODEL = "stall-only"  # its verdict says that only stalls were replayed
 PIPELINE_MODEL = "pipeline"  # its verdict says how it was calibrated (loader, consistency)
 HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
+#: Fewer selected iterations than this: the speed-up is stated with its interval.
+FEW_ITERATIONS = 30
 _TIE_RTOL = 1e-9
 
 
@@ -80,6 +91,11 @@ class Verdict:
     gpus: int | None
     text: str
     results: str | None = None  # the run's results directory (summary column ``results``)
+    loader_speedup: float | None = None  # a combined what-if: the loader change alone
+    alignment_speedup: float | None = None  # ... the alignment alone, at the measured loader
+    speedup_low: float | None = None  # 95 % interval, when few iterations were selected
+    speedup_high: float | None = None
+    caveats: tuple[str, ...] = ()  # printed under the verdict, one line each
 
     @property
     def best_policy(self) -> Policy:
@@ -257,14 +273,17 @@ def verdict(
     trace: Mapping[str, Any] | None = None,
     model: str = DEFAULT_MODEL,
     loader_record: Mapping[str, Any] | None = None,
+    measured_rows: Sequence[Mapping[str, Any]] = (),
 ) -> Verdict:
     """The verdict of one run from its summary rows (one per policy).
 
     ``trace`` is the run's ``run.json`` (for the GPU count, the epoch
-    length and its consistency figures); ``model`` names the replay model the
-    rows come from; ``loader_record`` is ``result.json``'s ``loader`` (pipeline
-    model: the settings it was calibrated with, and where they came from; its ``cpu`` entry
-    says how the pipeline model treated CPU contention, SPEC §4.2).
+    length, the recorded cores and its consistency figures); ``model`` names the
+    replay model the rows come from; ``loader_record`` is ``result.json``'s
+    ``loader`` (pipeline model: the settings it was calibrated with, and where they
+    came from; its ``cpu`` entry says how CPU contention was treated, SPEC §4.2);
+    ``measured_rows``, for a loader what-if, are the same run's rows at its measured
+    loader settings (they give the alignment alone).
     """
     if not rows:
         raise ValueError("no summary rows")
@@ -289,10 +308,16 @@ def verdict(
     saved = (base_iter - after_iter) * per_epoch if per_epoch else None
     stall_change = 100.0 * (after_stall - base_stall) / base_stall if base_stall > 0 else math.nan
     speedup = base_iter / after_iter if after_iter > 0 else math.inf
+    interval = _interval(rows, best, base_iter, after_iter)
+    parts = _split(rows, measured_rows, policy, base_iter) if loader is not None else (None, None)
+    notes = _caveats(rows, best, trace)
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
+        how_much = f"{speedup:.2f}× faster"
+        if interval is not None:
+            how_much += f" (95 % interval {interval[0]:.2f}–{interval[1]:.2f}×)"
         text = (
-            f"{_what(policy, loader)} would make iterations {speedup:.2f}× faster: "
+            f"{_what(policy, loader)} would make iterations {how_much}: "
             f"stall {format_pair(base_stall, after_stall)}{change}, "
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
@@ -319,6 +344,8 @@ def verdict(
             f"< 1 % of the iteration time ({format_pair(base_iter, after_iter)}); "
             f"effective delay {_pct(base_eff)} of iterations."
         )
+    if loader is not None and policy != BASELINE:
+        text += " " + _split_text(loader, policy, parts, speedup)
     text += f" ({model} replay model{cpu_note(model, loader_record)})"
     if model == STALL_ONLY_MODEL:
         text = text[:-1] + ": from the measured stalls alone)"
@@ -348,6 +375,11 @@ def verdict(
         iterations_per_epoch=per_epoch,
         gpus=gpus,
         text=text,
+        loader_speedup=parts[0],
+        alignment_speedup=parts[1],
+        speedup_low=None if interval is None else interval[0],
+        speedup_high=None if interval is None else interval[1],
+        caveats=tuple(notes),
     )
 
 
@@ -362,6 +394,94 @@ def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
     if cpu.get("ranks_per_node_assumed"):
         ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"
     return f"; CPU-aware: {cpu.get('cores')} cores, {ranks}"
+
+
+def _row_of(rows: Sequence[Mapping[str, Any]], policy: Policy) -> Mapping[str, Any] | None:
+    for r in rows:
+        if (r["fetch_align"], r["start_align"]) == policy and _finite(r.get("iteration_s_mean")):
+            return r
+    return None
+
+
+def _split(
+    rows: Sequence[Mapping[str, Any]],
+    measured_rows: Sequence[Mapping[str, Any]],
+    policy: Policy,
+    base_iter: float,
+) -> tuple[float | None, float | None]:
+    """Speed-ups of a combined what-if's parts: the loader change alone, the alignment alone."""
+    loader_row = _row_of(rows, BASELINE)
+    align_row = _row_of(measured_rows, policy)
+    return (
+        None if loader_row is None else base_iter / float(loader_row["iteration_s_mean"]),
+        None if align_row is None else base_iter / float(align_row["iteration_s_mean"]),
+    )
+
+
+def _split_text(
+    loader: str, policy: Policy, parts: tuple[float | None, float | None], both: float
+) -> str:
+    """``Split: running with 1 … alone 0.58×, aligning (min/min) alone 1.20×, both 1.48×.``"""
+
+    def say(value: float | None) -> str:
+        return "not replayed" if value is None else f"{value:.2f}×"
+
+    return (
+        f"Split: running {loader} alone {say(parts[0])}; aligning ({policy[0]}/{policy[1]}) "
+        f"alone, at the measured loader settings, {say(parts[1])}; both {both:.2f}×."
+    )
+
+
+def _interval(
+    rows: Sequence[Mapping[str, Any]],
+    best: Mapping[str, Any],
+    base_iter: float,
+    after_iter: float,
+) -> tuple[float, float] | None:
+    """The speed-up's 95 % interval when fewer than ``FEW_ITERATIONS`` iterations were selected.
+
+    From the summary's means and std (the verdict has no per-iteration data):
+    the relative standard errors of both means, added in quadrature.
+    """
+    n = best.get("iterations")
+    if not _finite(n) or int(n) >= FEW_ITERATIONS or int(n) < 1 or after_iter <= 0:
+        return None
+    base = _row_of(rows, BASELINE)
+    after_cv = float(best.get("iteration_s_std") or 0.0) / after_iter
+    base_cv = after_cv
+    if base is not None and _finite(base.get("iteration_s_std")) and base_iter > 0:
+        base_cv = float(base["iteration_s_std"]) / float(base["iteration_s_mean"])
+    rel = 1.96 * math.sqrt((after_cv**2 + base_cv**2) / int(n))
+    speedup = base_iter / after_iter
+    return speedup * max(1 - rel, 0.0), speedup * (1 + rel)
+
+
+def _caveats(
+    rows: Sequence[Mapping[str, Any]],
+    best: Mapping[str, Any],
+    trace: Mapping[str, Any] | None,
+) -> list[str]:
+    """What the verdict's numbers cannot promise, in words."""
+    notes = []
+    n = best.get("iterations")
+    if _finite(n) and 0 < int(n) < FEW_ITERATIONS:
+        notes.append(
+            f"only {int(n)} iterations selected (fewer than {FEW_ITERATIONS}): "
+            "read the interval, not the number"
+        )
+    loader = (trace or {}).get("loader")
+    workers = rows[0].get("loader_workers")
+    if isinstance(loader, Mapping) and bool(rows[0].get("loader_changed")) and _finite(workers):
+        cores, node = loader.get("cores"), loader.get("local_world_size")
+        ranks = node if _finite(node) and node > 0 else (trace or {}).get("gpus")
+        if _finite(cores) and cores > 0 and _finite(ranks):
+            processes = int(workers) * int(ranks)
+            if processes > cores:
+                notes.append(
+                    f"{int(workers)} workers per rank are {processes} worker processes on a "
+                    f"node whose run recorded {int(cores)} cores: they cannot all run at once"
+                )
+    return notes
 
 
 def _facts(
@@ -388,15 +508,42 @@ def run_verdicts(
     infos = infos or {}
     keys = [k for k in ("run", "results") if k in summary.columns]
     out = []
-    for _, group in summary.groupby(keys, sort=False, dropna=False):
-        rows = group.to_dict("records")
+    groups = [g.to_dict("records") for _, g in summary.groupby(keys, sort=False, dropna=False)]
+    for rows in groups:
         first = rows[0]
         info = infos.get(str(first.get("results")), infos.get(str(first["run"]), {}))
         trace, model, loader = _facts(info)
+        measured: list[dict[str, Any]] = []
+        if bool(first.get("loader_changed") or False):
+            measured = next((g for g in groups if _measured_of(g[0], first)), [])
         try:
-            judged = verdict(rows, trace=trace, model=model, loader_record=loader)
+            judged = verdict(
+                rows, trace=trace, model=model, loader_record=loader, measured_rows=measured
+            )
             results = first.get("results")
             out.append(replace(judged, results=results if isinstance(results, str) else None))
         except ValueError:  # no policy, or no measured run, to compare: nothing to say
             continue
     return out
+
+
+def _measured_of(candidate: Mapping[str, Any], what_if: Mapping[str, Any]) -> bool:
+    """Whether ``candidate`` is a row of ``what_if``'s run at its measured loader settings."""
+    return (
+        candidate["run"] == what_if["run"]
+        and candidate.get("replay_model") == what_if.get("replay_model")
+        and not bool(candidate.get("loader_changed") or False)
+    )
+
+
+def original_line(v: Verdict) -> str:
+    """The per-iteration verdict in one line, under the more accurate model's headline."""
+    policy = f"{v.best_fetch_align}/{v.best_start_align}"
+    if v.helps:
+        said = f"{v.speedup:.2f}× ({policy})"
+    else:
+        said = f"no policy saves ≥ 1 % (best {policy}: {v.speedup:.2f}×)"
+    return (
+        f"the original analysis's per-iteration replay says {said}, as in the table below; "
+        "for alignment what-ifs the pipeline model is the more accurate (FIDELITY.md)"
+    )

@@ -131,3 +131,23 @@ def test_shares_and_warnings() -> None:
     assert math.isnan(c.realised_pct) and "predicted no gain" in c.text
     with pytest.raises(ValueError, match="actual/actual"):
         compare(rows("a", {("min", "min"): [1.0]}), rows("b", flat))
+
+
+def test_a_prediction_is_labelled_never_called_measured() -> None:
+    """Issue #19: a run against its own 8-worker what-if said "27 ms → 16 ms measured"."""
+    what_if = {"replay_model": "pipeline", "loader_changed": True, "loader_workers": 8,
+               "loader_prefetch_factor": 2}  # fmt: skip
+    c = compare(rows("r", BEFORE, loader_changed=False), rows("r", AFTER, **what_if))
+    assert (c.before_label, c.after_label) == (
+        "measured",
+        "predicted (pipeline model, 8 workers, prefetch 2)",
+    )
+    assert c.text.startswith(
+        "Iterations 3 s measured → 2 s predicted (pipeline model, 8 workers, prefetch 2) (−33 %)"
+    )
+    assert "measured (" not in c.text and "AFTER would realise 50 %" in c.text
+    assert c.warnings == ["the same run on both sides: one side is a prediction, not a re-run"]
+    assert c.record()["after_label"].startswith("predicted")
+    plain = compare(rows("a", BEFORE), rows("b", AFTER))
+    assert (plain.before_label, plain.after_label) == ("measured", "measured")
+    assert " measured (" in plain.text and "AFTER realised" in plain.text

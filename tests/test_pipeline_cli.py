@@ -11,6 +11,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import synthetic_run, write_synthetic
 
+from dsim.errors import UsageError
 from dsim.execute import Job, PolicyResult, execute
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models.pipeline import PipelineModel
@@ -147,6 +148,26 @@ def test_loader_options_need_the_pipeline_model(tmp_path: Path) -> None:
     assert "--workers is a what-if of the pipeline model: add --model pipeline" in proc.stderr
     bad = run_dsim("run", RUN, "--model", "nope", cwd=tmp_path)
     assert bad.returncode == 2 and "known models: per-iteration, pipeline" in bad.stderr
+
+
+def test_repeated_or_listed_loader_options_are_refused_not_last_wins(tmp_path: Path) -> None:
+    """Issue #19: `--workers 4 --workers 8` kept only 8; a sweep is `dsim tune`'s."""
+    write_synthetic(tmp_path / "traces", RUN, iterations=15)
+    proc = run_dsim("run", RUN, "--model", "pipeline", "--workers", "4", "--workers", "8",
+                    cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "dsim: error: --workers given 2 times (4, 8): dsim run replays one loader setting; "
+        "sweep several with `dsim tune RUN --workers 4,8`"
+    )
+    assert not (tmp_path / "results").exists()
+    from dsim.commands.run import one_loader_value
+
+    assert one_loader_value(["3"], "--workers", 0) == 3 and one_loader_value(None, "-", 0) is None
+    for values, why in [(["1-4"], "list or range"), (["2,4"], "list or range"),
+                        (["0"], ">= 1"), (["x"], "not an integer")]:  # fmt: skip
+        with pytest.raises(UsageError, match=why):
+            one_loader_value(values, "--prefetch-factor", 1)
 
 
 def test_config_keys_and_their_original_names(tmp_path: Path) -> None:

@@ -170,15 +170,22 @@ def test_verdict_is_the_first_thing_run_and_summarize_print(tmp_path: Path) -> N
     env = {"COLUMNS": "300"}
     proc = run_dsim("run", "synth_run", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    first = proc.stdout.lstrip().splitlines()[0]
+    first, second = proc.stdout.lstrip().splitlines()[:2]
+    # The headline is the pipeline model's, the more accurate for alignment what-ifs
+    # (FIDELITY.md); the original analysis's number follows on the next line.
     assert re.match(r"(Aligning .* would make iterations [\d.]+× faster|Loaders are)", first)
-    assert first.endswith("(per-iteration replay model)")
-    # the numbers are the summary's
+    assert first.endswith("(pipeline replay model)")
+    # the numbers of the second line are the summary's
     summary = pd.read_csv(tmp_path / "results" / "summary.csv")
     info = json.loads((tmp_path / "results" / "synth_run" / "result.json").read_text())
-    expected = run_verdicts(summary, {"synth_run": info})[0].text
+    original = run_verdicts(summary, {"synth_run": info})[0]
+    expected = original.text
     assert "saved per epoch of 30 iterations on 4 GPUs" in expected
-    assert first == expected
+    policy = f"{original.best_fetch_align}/{original.best_start_align}"
+    assert second.strip().startswith(
+        f"the original analysis's per-iteration replay says {original.speedup:.2f}× ({policy}), "
+        "as in the table below"
+    )
     proc = run_dsim("summarize", "results", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.lstrip().splitlines()[0] == expected
@@ -241,3 +248,47 @@ def test_pipeline_verdict_notes_a_trace_inconsistent_with_synchronous_ddp() -> N
     # the per-iteration model calibrates nothing: no note, no loader sentence
     plain = verdict(specs, trace=INCONSISTENT, loader_record=IMPLIED).text
     assert plain.endswith("(per-iteration replay model)")
+
+
+def _loader_tables(workers: int = 1) -> pd.DataFrame:
+    """A pipeline run at its measured loader settings and one loader what-if, 9 + 9 rows."""
+    pipeline = {"replay_model": "pipeline", "loader_prefetch_factor": 2}
+    measured = {**pipeline, "loader_changed": False, "loader_workers": 2, "results": "o/r@p"}
+    changed = {**pipeline, "loader_changed": True, "loader_workers": workers, "results": "o/r@w"}
+    base = [(*MEASURED[:2], 3.0, 2.2, 40.0), ("min", "min", 2.0, 1.2, 5.0)]
+    what_if = [("actual", "actual", 5.0, 4.0, 40.0), ("min", "min", 2.4, 1.5, 5.0)]
+    frame = [{**row(*s), **measured} for s in base] + [{**row(*s), **changed} for s in what_if]
+    return add_what_if(pd.DataFrame(frame))
+
+
+def test_a_combined_what_if_is_split_into_its_parts() -> None:
+    """Issue #19: 1 worker alone is slower; the combined verdict must not hide it."""
+    [measured, combined] = run_verdicts(_loader_tables())
+    assert measured.loader_speedup is None and "Split" not in measured.text
+    assert combined.best_policy == ("min", "min")
+    assert combined.speedup == pytest.approx(3.0 / 2.4)
+    assert combined.loader_speedup == pytest.approx(3.0 / 5.0)  # 0.60×: slower
+    assert combined.alignment_speedup == pytest.approx(3.0 / 2.0)
+    assert (
+        "Split: running with 1 DataLoader workers and prefetch 2 alone 0.60×; aligning "
+        "(min/min) alone, at the measured loader settings, 1.50×; both 1.25×."
+    ) in combined.text
+
+
+def test_caveats_for_too_many_workers_and_too_few_iterations() -> None:
+    table = _loader_tables(workers=8)
+    table["iterations"] = 12
+    table["iteration_s_std"] = 0.3
+    trace = {"gpus": 4, "loader": {"cores": 2, "local_world_size": 4}}
+    rows_wi = table[table["loader_changed"]].to_dict("records")
+    v = verdict(rows_wi, trace=trace, model="pipeline")
+    assert v.speedup_low is not None and v.speedup_low < v.speedup < v.speedup_high
+    assert f"faster (95 % interval {v.speedup_low:.2f}–{v.speedup_high:.2f}×)" in v.text
+    assert v.caveats == (
+        "only 12 iterations selected (fewer than 30): read the interval, not the number",
+        "8 workers per rank are 32 worker processes on a node whose run recorded 2 cores: "
+        "they cannot all run at once",
+    )
+    table["iterations"] = 30
+    many = verdict(table[table["loader_changed"]].to_dict("records"), trace={"gpus": 4})
+    assert many.speedup_low is None and many.caveats == ()

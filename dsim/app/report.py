@@ -181,6 +181,7 @@ def selection_text(row: Any) -> str:
 
 def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
     """Everything the report shows, read from the results directories; and notes for the user."""
+    from dsim.app.headline import headlines
     from dsim.render.html import ReportInput
 
     scan = scan_results(list(request.results))
@@ -231,16 +232,20 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
             utilisation[name] = per_iteration
     blame = {name: describe(a.table) for name, a in attributions.items() if a.table is not None}
     first_row = summary[summary["run"] == chosen[0]].iloc[0]
+    infos = {str(r.directory): r.info for r in runs}
+    verdicts = run_verdicts(summary, infos)
     data = ReportInput(
         summary=summary,
         timelines=timelines,
         threshold_s=float(first_row["threshold_s"]),
         selection=selection_text(first_row),
         sources=[str(p) for p in request.results],
-        verdicts=run_verdicts(summary, {str(r.directory): r.info for r in runs}),
+        verdicts=verdicts,
+        headlines=headlines(summary, verdicts, request.traces, infos),
         blame=blame,
         attributions={name: attributions[name] for name in chosen},
         utilisation=utilisation,
+        tune=tune_tables(runs, names),
     )
     notes = scan.notes(runs)
     matching = len(_matching(summary, request.timeline_run))
@@ -250,6 +255,31 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
             "predicted gains); choose others with --timeline-run GLOB"
         )
     return data, notes
+
+
+def tune_tables(runs: list[ResultRun], names: dict[str, str]) -> dict[str, pd.DataFrame]:
+    """Display name → the run's ``dsim tune`` table beside its results, where one exists.
+
+    A table that cannot be read is left out (the report's other sections do not
+    depend on it); ``dsim tune`` rewrites it.
+    """
+    from dsim.app.tune import TUNE_DIR
+    from dsim.io.parquetio import read_table
+
+    tables: dict[str, pd.DataFrame] = {}
+    seen: set[Path] = set()
+    for r in runs:  # model variants of a run share its table: shown once, under the first
+        run = r.info.trace.name if r.info.trace is not None else r.name
+        path = r.directory.parent / TUNE_DIR / f"{run}.parquet"
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        label = names.get(str(r.directory), run)
+        try:
+            tables[label] = read_table(path, remedy="re-run `dsim tune`").to_pandas()
+        except InputError:
+            continue
+    return tables
 
 
 def run_utilisation(run: ResultRun, traces: Path, frame: pd.DataFrame) -> pd.DataFrame | None:

@@ -42,6 +42,36 @@ Examples:
   dsim run myrun --fail-if 'effective_delay_pct>10'   # a CI gate: exit 5 when it holds
 """
 
+
+def one_loader_value(values: list[str] | None, option: str, lowest: int) -> int | None:
+    """The one value of a loader what-if option; a sweep (repeated, ``4,8``, ``1-8``) is refused.
+
+    Last-wins would replay a setting the user did not mean to be the only one
+    (issue #19): ``dsim tune`` is the command that replays several.
+    """
+    from dsim.errors import UsageError
+
+    if not values:
+        return None
+    tune = "--workers" if option == "--workers" else "--prefetch"
+    sweep = (
+        f"dsim run replays one loader setting; sweep several with "
+        f"`dsim tune RUN {tune} {','.join(v.strip() for v in values)}`"
+    )
+    if len(values) > 1:
+        raise UsageError(f"{option} given {len(values)} times ({', '.join(values)}): {sweep}")
+    text = values[0].strip()
+    if "," in text or (text.lstrip("-").count("-") > 0):
+        raise UsageError(f"{option} {text!r} is a list or range: {sweep}")
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: not an integer") from None
+    if value < lowest:
+        raise UsageError(f"{option} {text!r}: must be an integer >= {lowest}")
+    return value
+
+
 # A progress bar is worth drawing only when the replay takes noticeable time.
 PROGRESS_MIN_ROWS = 200_000
 
@@ -126,18 +156,19 @@ def command(
         "(DataLoader pipelines across iterations) or stall-only (stall what-ifs from the train "
         "table; runs without fetch records get it). Default: config 'model'.",
     ),
-    workers: int | None = typer.Option(
+    workers: list[str] | None = typer.Option(
         None,
         "--workers",
-        min=0,
+        metavar="N",
         help="Pipeline model: replay as if each rank's DataLoader had N workers "
-        "(default: as measured).",
+        "(default: as measured). One value; `dsim tune` sweeps several.",
     ),
-    prefetch_factor: int | None = typer.Option(
+    prefetch_factor: list[str] | None = typer.Option(
         None,
         "--prefetch-factor",
-        min=1,
-        help="Pipeline model: replay with this DataLoader prefetch_factor (default: as measured).",
+        metavar="N",
+        help="Pipeline model: replay with this DataLoader prefetch_factor (default: as "
+        "measured). One value; `dsim tune` sweeps several.",
     ),
     force: bool = typer.Option(
         False,
@@ -171,8 +202,8 @@ def command(
         runs=tuple(dict.fromkeys([*(runs or ()), *(run_globs or ())])),
         policies=policies,
         model=model,
-        workers=workers,
-        prefetch_factor=prefetch_factor,
+        workers=one_loader_value(workers, "--workers", 0),
+        prefetch_factor=one_loader_value(prefetch_factor, "--prefetch-factor", 1),
         traces=traces,
         out=out,
         epochs=parse_epochs_option(epochs),
@@ -228,8 +259,12 @@ def command(
     for note in selection_changes(before, recorded_selections(config.out, config.runs)):
         _say(err, f"dsim: {note}")
     if not as_json:
+        from dsim.app.headline import headlines
+
         blame = attribution_lines(read_attributions([config.out]), outcome.summary)
-        print_verdicts(verdicts, blame)
+        print_verdicts(
+            verdicts, blame, headlines=headlines(outcome.summary, verdicts, config.traces, infos)
+        )
         print_summary(outcome.summary, full=full)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())

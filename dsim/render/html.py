@@ -22,6 +22,7 @@ from dsim import __version__
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
+from dsim.verdict import original_line
 
 if TYPE_CHECKING:
     from dsim.attribution import LastOverTime
@@ -96,6 +97,11 @@ class ReportInput:
     utilisation: Mapping[str, pd.DataFrame] = field(default_factory=dict)
     """Run of ``timelines`` → GPU utilisation per iteration (``util_pct_gpu<N>``), rows in
     its replays' order, for runs whose trace has utilisation samples (SPEC §1.9)."""
+    headlines: Mapping[str, Verdict] = field(default_factory=dict)
+    """Results directory → the more accurate model's verdict, shown first (``dsim run``'s
+    headline, ``dsim.app.headline``), with the original verdict's number below it."""
+    tune: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    """Run → its ``dsim tune`` table (``<results>/tune/<run>.parquet``), where one was written."""
 
 
 @dataclass
@@ -277,6 +283,8 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
     out: list[tuple[str, go.Figure]] = []
     for i, run in enumerate(dict.fromkeys(data.summary["run"])):
         out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run, labels[run])))
+    for i, (run, table) in enumerate(data.tune.items()):
+        out.append((f"fig-tune-{i}", figures.tune_figure(table, labels.get(run, run))))
     out.append(("fig-bars", figures.bars_figure(data.summary)))
     out.append(("fig-scaling", figures.scaling_figure(data.summary)))
     selection = f", {data.selection}" if data.selection else ""
@@ -381,10 +389,17 @@ def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
             if several
             else ""
         )
-        lines = "".join(f"<li>{html.escape(line)}</li>" for line in data.blame.get(v.run, ()))
+        head = data.headlines.get(v.results) if v.results is not None else None
+        said = v if head is None else head
+        original = [] if head is None else [original_line(v)]  # dsim.verdict
+        caveats = [f"caveat: {note}" for note in said.caveats]
+        lines = "".join(
+            f"<li>{html.escape(line)}</li>"
+            for line in (*original, *caveats, *data.blame.get(v.run, ()))
+        )
         blame = f"<ul class='blame'>{lines}</ul>" if lines else ""
         out.append(
-            f"<div class='verdict'>{run}<p class='say'>{html.escape(v.text)}</p>{blame}</div>"
+            f"<div class='verdict'>{run}<p class='say'>{html.escape(said.text)}</p>{blame}</div>"
         )
     return "".join(out)
 
@@ -463,6 +478,21 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             + _stall_only_note(data.summary),
             whatif,
         ),
+        *(
+            [
+                _section(
+                    "tune",
+                    "Which loader settings?",
+                    "<code>dsim tune</code>'s sweep of <code>num_workers</code> × "
+                    "<code>prefetch_factor</code> with the pipeline model: predicted speed-up "
+                    "over the recorded run, the loader alone and with the best alignment; "
+                    "★ the cheapest setting within 2 % of the best (docs/SPEC.md §5.7).",
+                    "".join(v for k, v in divs.items() if k.startswith("fig-tune-")),
+                )
+            ]
+            if data.tune
+            else []
+        ),
         _section(
             "bars",
             "Iteration time and training stall",
@@ -521,6 +551,7 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             ("verdict", "Verdict"),
             ("runs", "Runs"),
             ("whatif", "What-if"),
+            *([("tune", "Settings")] if data.tune else []),
             ("bars", "Time &amp; stall"),
             ("scaling", "Throughput"),
             ("timeline", "Timeline"),

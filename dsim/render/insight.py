@@ -19,18 +19,32 @@ def print_verdicts(
     verdicts: Sequence[Verdict],
     blame: Mapping[str, Sequence[str]] | None = None,
     console: Console | None = None,
+    headlines: Mapping[str, Verdict] | None = None,
 ) -> None:
     """One paragraph per run: its name (when there are several), the verdict, and the
-    attribution lines of that run (``blame``: run name → lines) below it."""
+    attribution lines of that run (``blame``: run name → lines) below it.
+
+    ``headlines`` (results directory → the more accurate model's verdict,
+    ``dsim.app.headline``)
+    come first where given, with the original verdict's number one line below."""
     from rich.console import Console
     from rich.padding import Padding
     from rich.text import Text
 
     console = console or Console()
     blame = blame or {}
+    headlines = headlines or {}
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
-        console.print(f"{prefix}{v.text}", highlight=False, markup=False, style="bold")
+        head = headlines.get(v.results) if v.results is not None else None
+        said = v if head is None else head
+        console.print(f"{prefix}{said.text}", highlight=False, markup=False, style="bold")
+        if head is not None:
+            from dsim.verdict import original_line
+
+            console.print(Padding(Text(original_line(v)), (0, 0, 0, 2), expand=False))
+        for note in said.caveats:
+            console.print(Padding(Text(f"caveat: {note}"), (0, 0, 0, 2), expand=False))
         for line in blame.get(v.run, ()):
             console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
     if verdicts:
@@ -58,15 +72,22 @@ def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
 
 
 def print_comparison(comparison: Any, console: Console | None = None) -> None:
-    """The before/after table (measured means), the realised-gain sentence, and warnings."""
+    """The before/after table (each side measured or predicted), the realised-gain sentence,
+    and warnings."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
     c = comparison
+    labels = getattr(c, "before_label", "measured"), getattr(c, "after_label", "measured")
+    sides = (
+        "measured, actual/actual"
+        if labels == ("measured", "measured")
+        else f"BEFORE {labels[0]}, AFTER {labels[1]}; actual/actual"
+    )
     table = Table(
-        title=f"BEFORE {c.before_run} → AFTER {c.after_run} (measured, actual/actual)",
+        title=f"BEFORE {c.before_run} → AFTER {c.after_run} ({sides})",
         box=box.SIMPLE_HEAD,
         header_style="bold",
     )

@@ -28,6 +28,7 @@ from dsim.render.figures.scaling import scaling_figure
 from dsim.render.figures.spread import SPREAD_QUANTILES, quantile_spread, whiskers
 from dsim.render.figures.style import FONT, GPU_COLORS, POLICY_COLORS, gpu_color, policy_color
 from dsim.render.figures.timeline import HOVER_AT, timeline_figure
+from dsim.render.figures.tune import tune_figure
 
 __all__ = [
     "FONT",
@@ -52,6 +53,7 @@ __all__ = [
     "scaling_figure",
     "short_labels",
     "timeline_figure",
+    "tune_figure",
     "variant_text",
     "whiskers",
     "workers_figure",

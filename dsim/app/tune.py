@@ -1,0 +1,268 @@
+"""`dsim tune` as a library call: one parsed run → its loader sweep and recommendation.
+
+Reads the trace, selects iterations as ``dsim run`` does (§5), calibrates the
+pipeline model once and replays the grid through the model's public entry
+points (``dsim.tuning``), alone and under the best alignment; writes the tidy
+table ``<out>/tune/<run>.{parquet,csv}`` atomically. Nothing is printed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsim.errors import InputError, OutputError
+from dsim.model.tables import read_run
+from dsim.replay.arrays import IterationArrays, build_iteration_arrays
+from dsim.replay.models import get_model
+from dsim.replay.models.pipeline import SUPPORTED, measured_loader
+from dsim.replay.params import LoaderSettings, ReplayParams
+from dsim.summary import DEFAULT_WARMUP, selected_iterations
+from dsim.tuning import (
+    DEFAULT_PREFETCH,
+    LOADER_WHATIF_ERROR,
+    Band,
+    Flattening,
+    Point,
+    bands,
+    cheapest_near_best,
+    cores_per_rank,
+    default_workers,
+    flattening,
+    sweep,
+)
+
+ACTUAL = ("actual", "actual")
+#: Fewer selected iterations than this make a stated speed-up too uncertain to show bare.
+FEW_ITERATIONS = 30
+TUNE_DIR = "tune"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A recommended setting under one alignment, with its bands and flattening."""
+
+    point: Point
+    bands: dict[str, Band]
+    flat: Flattening
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """Everything `dsim tune` reports about one run."""
+
+    run: str
+    measured: LoaderSettings
+    baseline: Point
+    alone: list[Point]
+    alignment: tuple[str, str]
+    combined: list[Point]
+    loader_only: Choice
+    with_alignment: Choice | None
+    iterations: int
+    ranks: int
+    cores: int | None
+    ranks_on_node: int | None
+    batch_bytes: int | None
+    caveats: list[str]
+    files: tuple[Path, ...] = ()
+
+
+def _positive_int(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+def _node_facts(loader: Any) -> tuple[int | None, int | None, int | None]:
+    """Cores, ranks per node and batch bytes, as run.json's loader block recorded them."""
+    if not isinstance(loader, dict):
+        return None, None, None
+    return (
+        _positive_int(loader.get("cores")),
+        _positive_int(loader.get("local_world_size")),
+        _positive_int(loader.get("batch_bytes")),
+    )
+
+
+def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
+    """A run's arrays with its logged loader settings; exit 3 without fetch records."""
+    from dsim.app.run import logged_loader
+
+    tables = read_run(run_dir)
+    if tables.fetch.num_rows == 0:
+        raise InputError(
+            f"run {name} has no fetch records (profiler traces?): dsim tune replays the "
+            "DataLoader's fetches, which only dsim.instrument's fetch lines record",
+            run_dir,
+        )
+    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    if arrays.n_iterations == 0:
+        raise InputError(f"run {name}: no iteration has every rank's fetch and train record")
+    return replace(arrays, loader=logged_loader(tables.info))
+
+
+def _best_alignment(model: Any, prepared: Any, mask: np.ndarray, base: ReplayParams) -> tuple:
+    """The alignment with the shortest predicted iteration at the measured loader settings."""
+    scores = {}
+    for fetch in SUPPORTED:
+        for start in SUPPORTED:
+            if (fetch, start) == ACTUAL:
+                continue
+            out = model.replay(prepared, (fetch, start), base)
+            scores[(fetch, start)] = float(np.asarray(out.iteration_s)[mask].mean())
+    # Ties (equal within 1e-12 s) go to the simpler policy: fewer aligned sides, as verdicts do.
+    return min(scores, key=lambda p: (round(scores[p], 12), sum(s != "actual" for s in p), p))
+
+
+def tune_run(
+    run_dir: Path,
+    *,
+    workers: Sequence[int] | None = None,
+    prefetch: Sequence[int] | None = None,
+    epochs: Sequence[int] | str | None = None,
+    warmup: int | None = None,
+    alignment: bool = True,
+    out: Path | None = None,
+) -> TuneResult:
+    """Sweep one run's loader settings; write ``<out>/tune/<run>.{parquet,csv}`` if ``out``."""
+    from dsim.model.tables import read_info
+
+    info = read_info(run_dir)
+    name = info.name or run_dir.name
+    arrays = fetch_arrays(run_dir, name)
+    _, mask = selected_iterations(
+        arrays.epoch, arrays.iteration, epochs, DEFAULT_WARMUP if warmup is None else warmup, name
+    )
+    cores, ranks_on_node, batch_bytes = _node_facts(info.loader)
+    grid_w = tuple(workers) if workers else default_workers(cores_per_rank(cores, ranks_on_node))
+    grid_p = tuple(prefetch) if prefetch else DEFAULT_PREFETCH
+
+    model = get_model("pipeline")
+    base = ReplayParams()
+    prepared = model.prepare(arrays, base)
+    measured = measured_loader(arrays)
+    [baseline] = sweep(
+        model, prepared, mask, [measured.workers], [measured.prefetch_factor], ACTUAL, base
+    )
+    alone = sweep(model, prepared, mask, grid_w, grid_p, ACTUAL, base)
+    ranks = [int(g) for g in arrays.gpus]
+    loader_only = _choice(baseline, alone, ranks)
+    policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
+    combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
+    with_alignment = _choice(baseline, combined, ranks) if combined else None
+    n = int(mask.sum())
+    result = TuneResult(
+        name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
+        n, arrays.n_gpus, cores, ranks_on_node, batch_bytes,
+        caveats(n, loader_only.point.workers, cores, ranks_on_node, arrays.n_gpus, measured),
+    )  # fmt: skip
+    if out is not None:
+        result = replace(result, files=write_table(result, out))
+    return result
+
+
+def _choice(baseline: Point, points: list[Point], ranks: list[int]) -> Choice:
+    chosen = cheapest_near_best(points)
+    flat = flattening(points, ranks=ranks)
+    return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flat)
+
+
+def caveats(
+    n: int,
+    workers: int,
+    cores: int | None,
+    ranks_on_node: int | None,
+    ranks: int,
+    measured: LoaderSettings,
+) -> list[str]:
+    """What limits how far the recommendation can be trusted, in words."""
+    notes = []
+    if n < FEW_ITERATIONS:
+        notes.append(
+            f"only {n} iterations selected (fewer than {FEW_ITERATIONS}): read the interval, "
+            "not the number"
+        )
+    if cores is not None:
+        processes = workers * (ranks_on_node or ranks)
+        if processes > cores:
+            notes.append(
+                f"{workers} workers per rank are {processes} worker processes on a node whose "
+                f"run recorded {cores} cores: they cannot all run at once, and a model that "
+                "does not know the cores predicts too much"
+            )
+    if measured.source == "implied":
+        notes.append(
+            "the run's loader settings were not logged: taken as "
+            f"{measured.workers} workers (from worker ids) and prefetch "
+            f"{measured.prefetch_factor} (PyTorch's default)"
+        )
+    return notes
+
+
+def table(result: TuneResult) -> Any:
+    """The tidy table: one row per (alignment, workers, prefetch) with predictions."""
+    import pyarrow as pa
+
+    base = result.baseline.mean_iteration_s
+    rows: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
+    for points, choice in (
+        (result.alone, result.loader_only),
+        (result.combined, result.with_alignment),
+    ):
+        for p in points:
+            rows["run"].append(result.run)
+            rows["policy"].append(f"{p.policy[0]}/{p.policy[1]}")
+            rows["workers"].append(p.workers)
+            rows["prefetch_factor"].append(p.prefetch)
+            rows["iteration_ms"].append(p.mean_iteration_s * 1e3)
+            rows["stall_ms"].append(p.mean_stall_s * 1e3)
+            rows["speedup"].append(base / p.mean_iteration_s)
+            rows["recommended"].append(choice is not None and p is choice.point)
+            rows["measured_setting"].append(
+                (p.workers, p.prefetch)
+                == (result.measured.workers, result.measured.prefetch_factor)
+            )
+    return pa.table(rows)
+
+
+_COLUMNS = (
+    "run", "policy", "workers", "prefetch_factor", "iteration_ms", "stall_ms", "speedup",
+    "recommended", "measured_setting",
+)  # fmt: skip
+
+
+def write_table(result: TuneResult, out: Path) -> tuple[Path, ...]:
+    """``<out>/tune/<run>.parquet`` and ``.csv``, each written atomically."""
+    from dsim.io.atomic import write_parquet, write_text
+
+    data = table(result)
+    target = Path(out) / TUNE_DIR
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {target}: {exc.strerror or exc}") from exc
+    parquet, csv = target / f"{result.run}.parquet", target / f"{result.run}.csv"
+    write_parquet(data, parquet)
+    write_text(data.to_pandas().to_csv(index=False, float_format="%.6g"), csv)
+    return parquet, csv
+
+
+def resolve_run(run: str, traces: Path) -> Path:
+    """A run name under ``traces`` or a run directory (with its ``run.json``)."""
+    path = Path(run)
+    if (path / "run.json").is_file():
+        return path
+    candidate = traces / run
+    if (candidate / "run.json").is_file():
+        return candidate
+    raise InputError(
+        f"no parsed run {run!r} (looked for {candidate}/run.json and {path}/run.json; "
+        "run `dsim parse` first)"
+    )

@@ -1,0 +1,104 @@
+"""`dsim tune`: which DataLoader settings to use, predicted by the pipeline model.
+
+Thin: options become ``dsim.app.tune.tune_run`` calls; output goes through
+``dsim.render.tune``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsim.commands.common import Quiet
+
+HELP = """Sweep num_workers x prefetch_factor with the pipeline model and recommend one.
+
+Prints first the cheapest setting (fewest workers, then smallest prefetch)
+within 2 % of the best predicted, its predicted iteration time, stall and
+speed-up with a 95 % band (bootstrap over iterations, widened by the model's
+validated loader error, FIDELITY.md), what it costs, and where more workers
+stop helping and why; then the curve as a workers x prefetch table, alone and
+with the best alignment. Writes RESULTS/tune/<run>.{parquet,csv}.
+
+\b
+Examples:
+  dsim tune myrun                         # traces/myrun, the default grid
+  dsim tune myrun --workers 1-8 --prefetch 1,2,4
+  dsim tune myrun --json | jq '.[0].recommendation'
+"""
+
+
+def command(
+    runs: Annotated[list[str], typer.Argument(metavar="RUN...", help="Run names or directories.")],
+    traces: Annotated[
+        Path, typer.Option("--traces", help="Directory of parsed runs (dsim parse --out).")
+    ] = Path("traces"),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Results directory; the table goes to OUT/tune/.")
+    ] = Path("results"),
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="LIST",
+            help="num_workers to try: 1,2,4,8 or 1-8 (default: 0,1,2,4,... past the cores).",
+        ),
+    ] = None,
+    prefetch: Annotated[
+        str | None,
+        typer.Option(
+            "--prefetch", metavar="LIST", help="prefetch_factor to try: 1,2,4 (default) or 1-4."
+        ),
+    ] = None,
+    epochs: Annotated[
+        str | None, typer.Option("--epochs", help="Epochs: 1,2 or 'all' (default: all but 0).")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="Skip iterations <= N (default 10).")
+    ] = None,
+    no_alignment: Annotated[
+        bool, typer.Option("--no-alignment", help="Sweep the loader alone, no alignment.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list (one object per run), nothing else.")
+    ] = False,
+    quiet: Quiet = False,
+) -> None:
+    from dsim.app.tune import resolve_run, tune_run
+    from dsim.options import parse_epochs_option
+    from dsim.render import tune as render
+    from dsim.tuning import parse_counts
+
+    grid_w = parse_counts(workers, "--workers", 0) if workers is not None else None
+    grid_p = parse_counts(prefetch, "--prefetch", 1) if prefetch is not None else None
+    chosen = parse_epochs_option(epochs)
+    dirs = [resolve_run(run, traces) for run in runs]
+    results = [
+        tune_run(
+            d,
+            workers=grid_w,
+            prefetch=grid_p,
+            epochs=chosen,
+            warmup=warmup,
+            alignment=not no_alignment,
+            out=out,
+        )
+        for d in dirs
+    ]
+    if as_json:
+        from dsim.render.machine import dumps
+
+        typer.echo(dumps([render.document(r) for r in results]), nl=False)
+        return
+    if quiet:
+        return
+    for i, result in enumerate(results):
+        if i:
+            typer.echo("")
+        typer.echo("\n".join(render.lines(result)))
+        typer.echo(f"wrote {', '.join(str(f) for f in result.files)}")
+
+
+command.__doc__ = HELP

@@ -1,0 +1,198 @@
+"""`dsim tune` in the terminal and as JSON: the recommendation first, then the curve.
+
+The first lines answer the user's question in words (which settings, how
+much faster, how sure, what it costs); the workers × prefetch table and the
+reason the curve flattens follow.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dsim.tuning import LOADER_WHATIF_ERROR, Band
+
+if TYPE_CHECKING:
+    from dsim.app.tune import Choice, TuneResult
+    from dsim.tuning import Point
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _band_ms(band: Band) -> str:
+    return f"{_ms(band.value)} ({band.low * 1e3:.1f}–{band.high * 1e3:.1f})"
+
+
+def _speed(band: Band) -> str:
+    return f"{band.value:.2f}× ({band.low:.2f}–{band.high:.2f}×)"
+
+
+def _setting(point: Point) -> str:
+    if point.workers == 0:
+        return "num_workers=0 (loading in the training process)"
+    return f"num_workers={point.workers}, prefetch_factor={point.prefetch}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover - the loop always returns
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 batch``, ``16 batches``, ``4 worker processes``."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}es" if noun.endswith(("ch", "s")) else f"{n} {noun}s"
+
+
+def cost_line(result: TuneResult, point: Point) -> str:
+    """Worker processes per rank and on the node; batches queued in memory."""
+    node = result.ranks_on_node
+    if node is not None:
+        procs = (
+            f"{_count(point.workers, 'worker process')} per rank, "
+            f"{point.workers * node} on the node"
+        )
+    else:
+        procs = (
+            f"{_count(point.workers, 'worker process')} per rank "
+            f"({point.workers * result.ranks} if all {result.ranks} ranks share one node)"
+        )
+    queued = point.workers * point.prefetch
+    if result.batch_bytes is not None:
+        memory = (
+            f"{_count(queued, 'batch')} queued per rank ({_bytes(queued * result.batch_bytes)})"
+        )
+    else:
+        memory = f"{_count(queued, 'batch')} queued per rank (batch size in bytes unknown)"
+    return f"  costs: {procs}; {memory}"
+
+
+def recommendation_lines(result: TuneResult) -> list[str]:
+    """The answer in words: settings, speed-up with its band, stall, cost."""
+    choice = result.loader_only
+    m = result.measured
+    lines = [
+        f"{result.run}: use {_setting(choice.point)} "
+        f"(recorded: {m.workers} workers, prefetch {m.prefetch_factor})",
+        f"  predicted iteration {_band_ms(choice.bands['iteration_s'])}, "
+        f"stall {_band_ms(choice.bands['stall_s'])}, "
+        f"{_speed(choice.bands['speedup'])} vs the recorded "
+        f"{_ms(result.baseline.mean_iteration_s)}",
+        f"  95 % band: bootstrap over {result.iterations} iterations, widened by the pipeline "
+        f"model's validated loader error (±{LOADER_WHATIF_ERROR:.1%}, FIDELITY.md)",
+        cost_line(result, choice.point),
+        f"  {choice.flat.text}",
+    ]
+    combined = result.with_alignment
+    if combined is not None:
+        label = f"{result.alignment[0]}/{result.alignment[1]}"
+        lines.append(
+            f"  with aligned loaders ({label}) as well: {_setting(combined.point)}, "
+            f"{_speed(combined.bands['speedup'])}"
+        )
+    lines += [f"  caveat: {c}" for c in result.caveats]
+    return lines
+
+
+def curve_table(points: list[Point], baseline: Point, recommended: Point) -> list[str]:
+    """Workers (rows) × prefetch (columns): predicted iteration ms and speed-up."""
+    workers = sorted({p.workers for p in points})
+    prefetch = sorted({p.prefetch for p in points})
+    cell = {(p.workers, p.prefetch): p for p in points}
+    head = "workers " + "".join(f"{'prefetch ' + str(q):>20}" for q in prefetch)
+    lines = [head]
+    for w in workers:
+        row = f"{w:>7} "
+        for q in prefetch:
+            p = cell.get((w, q))
+            if p is None:
+                row += f"{'':>20}"
+                continue
+            mark = "*" if p is recommended else " "
+            speed = baseline.mean_iteration_s / p.mean_iteration_s
+            row += f"{p.mean_iteration_s * 1e3:8.1f} ms {speed:5.2f}×{mark}".rjust(20)
+        lines.append(row)
+    return lines
+
+
+def lines(result: TuneResult) -> list[str]:
+    """Everything `dsim tune` prints for one run."""
+    out = recommendation_lines(result)
+    out += ["", "predicted iteration time and speed-up, loader alone (* recommended):"]
+    out += curve_table(result.alone, result.baseline, result.loader_only.point)
+    if result.with_alignment is not None:
+        label = f"{result.alignment[0]}/{result.alignment[1]}"
+        out += ["", f"with aligned loaders ({label}):"]
+        out += curve_table(result.combined, result.baseline, result.with_alignment.point)
+    return out
+
+
+def _band_doc(band: Band) -> dict[str, float]:
+    return {"value": band.value, "low": band.low, "high": band.high}
+
+
+def _choice_doc(result: TuneResult, choice: Choice) -> dict[str, Any]:
+    p = choice.point
+    return {
+        "workers": p.workers,
+        "prefetch_factor": p.prefetch,
+        "policy": f"{p.policy[0]}/{p.policy[1]}",
+        "iteration_s": _band_doc(choice.bands["iteration_s"]),
+        "stall_s": _band_doc(choice.bands["stall_s"]),
+        "speedup": _band_doc(choice.bands["speedup"]),
+        "worker_processes_per_rank": p.workers,
+        "worker_processes_on_node": (
+            None if result.ranks_on_node is None else p.workers * result.ranks_on_node
+        ),
+        "queued_batches_per_rank": p.workers * p.prefetch,
+        "queued_bytes_per_rank": (
+            None if result.batch_bytes is None else p.workers * p.prefetch * result.batch_bytes
+        ),
+        "flattens_at_workers": choice.flat.workers,
+        "flattening_reason": choice.flat.reason,
+        "flattening": choice.flat.text,
+    }
+
+
+def document(result: TuneResult) -> dict[str, Any]:
+    """One run's ``--json`` object (docs/SPEC.md §5.7)."""
+    base = result.baseline.mean_iteration_s
+
+    def grid(points: list[Point]) -> list[dict[str, Any]]:
+        return [
+            {
+                "workers": p.workers,
+                "prefetch_factor": p.prefetch,
+                "iteration_s": p.mean_iteration_s,
+                "stall_s": p.mean_stall_s,
+                "speedup": base / p.mean_iteration_s,
+            }
+            for p in points
+        ]
+
+    return {
+        "run": result.run,
+        "model": "pipeline",
+        "measured": result.measured.document(),
+        "baseline_iteration_s": base,
+        "iterations": result.iterations,
+        "ranks": result.ranks,
+        "cores": result.cores,
+        "ranks_on_node": result.ranks_on_node,
+        "batch_bytes": result.batch_bytes,
+        "model_error": LOADER_WHATIF_ERROR,
+        "recommendation": _choice_doc(result, result.loader_only),
+        "alignment": f"{result.alignment[0]}/{result.alignment[1]}",
+        "with_alignment": (
+            None if result.with_alignment is None else _choice_doc(result, result.with_alignment)
+        ),
+        "grid": grid(result.alone),
+        "grid_with_alignment": grid(result.combined),
+        "caveats": list(result.caveats),
+        "files": [str(f) for f in result.files],
+    }

@@ -1,0 +1,290 @@
+"""`dsim tune`'s logic: the loader grid, the sweep, the recommendation (docs/SPEC.md §5.7).
+
+Pure functions over one run's prepared pipeline replay: no files, no
+printing. The sweep calls only the replay model's public entry points
+(``prepare`` once, ``replay`` per setting), so whatever the pipeline model
+learns (causality, CPU awareness) reaches ``dsim tune`` without a change here.
+
+Why the recommendation is the *cheapest* setting near the best and not the
+best: past the knee of the curve, more workers buy fractions of a percent
+that are well inside the model's error, and cost processes and memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dsim.errors import UsageError
+
+#: The model's validated error for loader what-ifs: the pipeline model's mean absolute
+#: error of the mean iteration time over the physical re-runs, FIDELITY.md ("Absolute
+#: errors in short", row "loader | iteration ms"). Update it when FIDELITY.md is re-run.
+LOADER_WHATIF_ERROR = 0.048
+#: A setting within this fraction of the best predicted iteration time counts as "as good".
+NEAR_BEST = 0.02
+#: More workers "stop helping" when the next step of the grid gains less than this.
+FLAT_GAIN = 0.02
+#: The best setting is compute-bound when its iteration time is within this of the compute floor.
+COMPUTE_BOUND_WITHIN = 0.05
+#: One rank "binds" when its remaining stall is at least this many times the next rank's.
+SLOW_RANK_RATIO = 2.0
+#: Bootstrap resamples of the per-iteration times (vectorised: a few hundred are fast).
+BOOTSTRAP_RESAMPLES = 300
+#: Iterations are resampled in at most this many contiguous blocks (bounded memory; blocks
+#: keep the autocorrelation of neighbouring iterations inside a resample).
+BOOTSTRAP_BLOCKS = 2000
+#: Largest worker count or prefetch factor a grid may ask for (a sane bound, not PyTorch's).
+MAX_SETTING = 256
+#: The grid when the run did not record its cores.
+DEFAULT_WORKERS = (0, 1, 2, 4, 8, 16)
+DEFAULT_PREFETCH = (1, 2, 4)
+
+_ITEM = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?$")
+
+
+def parse_counts(text: str, option: str, lowest: int) -> tuple[int, ...]:
+    """``"1,2,4"``, ``"1-8"`` or a mix (``"0,2-4"``) → sorted distinct values.
+
+    ``UsageError`` (exit 2) for anything malformed, below ``lowest`` or above
+    ``MAX_SETTING``, naming the option and the offending item.
+    """
+    values: set[int] = set()
+    for item in text.split(","):
+        match = _ITEM.match(item)
+        if match is None:
+            raise UsageError(
+                f"{option} {text!r}: {item.strip()!r} is not a number or a range like 1-8"
+            )
+        lo = int(match.group(1))
+        hi = lo if match.group(2) is None else int(match.group(2))
+        if hi < lo:
+            raise UsageError(f"{option} {text!r}: range {lo}-{hi} runs backwards")
+        if lo < lowest:
+            raise UsageError(f"{option} {text!r}: {lo} is below the smallest meaningful {lowest}")
+        if hi > MAX_SETTING:
+            raise UsageError(f"{option} {text!r}: {hi} is above the maximum {MAX_SETTING}")
+        values.update(range(lo, hi + 1))
+    return tuple(sorted(values))
+
+
+def cores_per_rank(cores: int | None, ranks_on_node: int | None) -> float | None:
+    """The recorded cores each rank's loader could use, when the run recorded its cores."""
+    if not cores or cores <= 0:
+        return None
+    return cores / max(int(ranks_on_node or 1), 1)
+
+
+def default_workers(per_rank: float | None) -> tuple[int, ...]:
+    """0, 1, 2, 4, … up to two powers of two past the recorded cores per rank (else 16)."""
+    if per_rank is None:
+        return DEFAULT_WORKERS
+    top = 1
+    while top < 4 * per_rank:
+        top *= 2
+    top = min(max(top, 4), MAX_SETTING)
+    values = [0, 1]
+    while values[-1] < top:
+        values.append(values[-1] * 2)
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One replayed setting: per selected iteration, the job's iteration time and stall."""
+
+    workers: int
+    prefetch: int
+    policy: tuple[str, str]
+    iteration_s: np.ndarray  # [n] selected iterations
+    stall_s: np.ndarray  # [n]
+    rank_stall_s: np.ndarray  # [G] mean replayed stall per rank
+
+    @property
+    def mean_iteration_s(self) -> float:
+        return float(self.iteration_s.mean())
+
+    @property
+    def mean_stall_s(self) -> float:
+        return float(self.stall_s.mean())
+
+
+def sweep(
+    model: Any,
+    prepared: Any,
+    mask: np.ndarray,
+    workers: Sequence[int],
+    prefetch: Sequence[int],
+    policy: tuple[str, str],
+    base_params: Any,
+) -> list[Point]:
+    """Replay every (workers, prefetch) of the grid under ``policy``; rows kept by ``mask``."""
+    from dataclasses import replace
+
+    points = []
+    for w in workers:
+        for p in prefetch:
+            out = model.replay(
+                prepared, policy, replace(base_params, workers=int(w), prefetch_factor=int(p))
+            )
+            points.append(
+                Point(
+                    int(w), int(p), policy,
+                    np.asarray(out.iteration_s)[mask], np.asarray(out.stall_s)[mask],
+                    np.asarray(out.gpu_stall_s)[mask].mean(axis=0),
+                )
+            )  # fmt: skip
+    return points
+
+
+def _blocks(values: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sums and counts of ``values`` (rows: series) over contiguous blocks of iterations."""
+    n = values.shape[-1]
+    edges = np.linspace(0, n, min(n, blocks) + 1).astype(np.int64)
+    sums = np.add.reduceat(values, edges[:-1], axis=-1)
+    return sums, np.diff(edges)
+
+
+def bootstrap_means(
+    series: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    blocks: int = BOOTSTRAP_BLOCKS,
+) -> np.ndarray:
+    """Resampled means of each row of ``series`` [k, n], the same resamples for every row.
+
+    Paired: a ratio of two rows' resampled means keeps their shared
+    iteration-to-iteration variation out of the interval. Returns [resamples, k].
+    """
+    series = np.atleast_2d(np.asarray(series, dtype=np.float64))
+    sums, counts = _blocks(series, blocks)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, counts.size, size=(resamples, counts.size))
+    total = counts[pick].sum(axis=1)
+    return sums[:, pick].sum(axis=2).T / total[:, None]
+
+
+@dataclass(frozen=True)
+class Band:
+    """A value with its interval: bootstrap percentiles, widened by the model's error."""
+
+    value: float
+    low: float
+    high: float
+
+
+def _band(value: float, samples: np.ndarray, widen: float, *, inverse: bool = False) -> Band:
+    lo, hi = np.percentile(samples, [2.5, 97.5])
+    if inverse:  # a speed-up: the model's error on the time divides it
+        return Band(value, float(lo / (1 + widen)), float(hi / max(1 - widen, 1e-9)))
+    return Band(value, float(lo * (1 - widen)), float(hi * (1 + widen)))
+
+
+def bands(
+    baseline: Point, chosen: Point, widen: float = LOADER_WHATIF_ERROR, seed: int = 0
+) -> dict[str, Band]:
+    """Predicted iteration time, stall and speed-up of ``chosen`` over ``baseline``, with bands."""
+    means = bootstrap_means(
+        np.vstack([baseline.iteration_s, chosen.iteration_s, chosen.stall_s]), seed=seed
+    )
+    speedup = baseline.mean_iteration_s / chosen.mean_iteration_s
+    return {
+        "iteration_s": _band(chosen.mean_iteration_s, means[:, 1], widen),
+        "stall_s": _band(chosen.mean_stall_s, means[:, 2], widen),
+        "speedup": _band(speedup, means[:, 0] / means[:, 1], widen, inverse=True),
+    }
+
+
+def cheapest_near_best(points: Sequence[Point], near: float = NEAR_BEST) -> Point:
+    """The fewest workers, then the smallest prefetch, within ``near`` of the best time."""
+    best = min(p.mean_iteration_s for p in points)
+    good = [p for p in points if p.mean_iteration_s <= best * (1 + near)]
+    return min(good, key=lambda p: (p.workers, p.prefetch))
+
+
+def best_prefetch_curve(points: Sequence[Point]) -> list[Point]:
+    """Per worker count, the setting with the best prefetch: the curve over workers."""
+    by_workers: dict[int, Point] = {}
+    for p in points:
+        held = by_workers.get(p.workers)
+        if held is None or p.mean_iteration_s < held.mean_iteration_s:
+            by_workers[p.workers] = p
+    return [by_workers[w] for w in sorted(by_workers)]
+
+
+@dataclass(frozen=True)
+class Flattening:
+    """Where more workers stop helping, and why (``reason`` is a key, ``text`` the words)."""
+
+    workers: int | None  # None: still helping at the largest setting tried
+    reason: str  # compute-bound | slow-rank | cpu-saturated | loading-bound | stall-left
+    text: str
+
+
+def flattening(
+    points: Sequence[Point],
+    *,
+    cpu_saturated_at: int | None = None,
+    ranks: Sequence[int] | None = None,
+    gain: float = FLAT_GAIN,
+) -> Flattening:
+    """The knee of the curve over workers and what binds there.
+
+    The compute floor is the knee's mean iteration time less its stall (the
+    loop's compute and all-reduce), which no loader setting can beat.
+    ``ranks``: the rank ids of the stall columns (default 0, 1, …).
+    ``cpu_saturated_at``: the worker count from which the model reports the
+    node's cores saturated, only when the model is CPU-aware (else ``None``).
+    """
+    curve = best_prefetch_curve(points)
+    knee = None
+    for here, there in itertools.pairwise(curve):
+        if here.mean_iteration_s <= there.mean_iteration_s * (1 + gain):
+            knee = here
+            break
+    if knee is None:
+        top = curve[-1]
+        return Flattening(
+            None,
+            "loading-bound",
+            f"loading-bound up to the largest setting tried ({top.workers} workers): "
+            "more workers may still help",
+        )
+    t = knee.mean_iteration_s
+    compute_floor_s = t - knee.mean_stall_s
+    if t <= compute_floor_s * (1 + COMPUTE_BOUND_WITHIN):
+        return Flattening(
+            knee.workers,
+            "compute-bound",
+            f"more than {knee.workers} workers stop helping: compute-bound, the loop's compute "
+            f"floor ({compute_floor_s * 1e3:.1f} ms per iteration) binds",
+        )
+    stalls = knee.rank_stall_s
+    ordered = np.sort(stalls)[::-1]
+    if stalls.size > 1 and ordered[0] > 0 and ordered[0] >= SLOW_RANK_RATIO * ordered[1]:
+        column = int(np.argmax(stalls))
+        rank = column if ranks is None else int(ranks[column])
+        return Flattening(
+            knee.workers,
+            "slow-rank",
+            f"more than {knee.workers} workers stop helping: one slow rank, rank "
+            f"{rank}'s loader binds ({stalls.max() / stalls.sum():.0%} of the stall left)",
+        )
+    if cpu_saturated_at is not None and knee.workers >= cpu_saturated_at:
+        return Flattening(
+            knee.workers,
+            "cpu-saturated",
+            f"more than {knee.workers} workers stop helping: the node's CPU cores are saturated",
+        )
+    return Flattening(
+        knee.workers,
+        "stall-left",
+        f"more than {knee.workers} workers stop helping: the stall left "
+        f"({knee.mean_stall_s * 1e3:.1f} ms per iteration) does not shrink with more workers "
+        "or a larger prefetch",
+    )

@@ -1,0 +1,203 @@
+"""`dsim tune`: grids, the recommendation on traces with a known optimum, JSON, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import dsim
+from dsim.errors import InputError, UsageError
+from dsim.render.tune import lines
+from dsim.synth import SynthParams, synthesize
+from dsim.tuning import (
+    DEFAULT_WORKERS,
+    MAX_SETTING,
+    Point,
+    bootstrap_means,
+    cheapest_near_best,
+    default_workers,
+    flattening,
+    parse_counts,
+)
+
+# One batch takes 0.2 s to build; an iteration computes for 0.05 + 0.02 s: the loader keeps
+# up from ceil(0.2 / 0.07) = 3 workers on (loading-bound below). The second trace builds a
+# batch in 0.02 s: one worker keeps up with 0.12 s of compute (compute-bound).
+LOADING = {"fetch_mean_s": 0.2, "compute_s": 0.05, "name": "loadbound"}
+COMPUTE = {"fetch_mean_s": 0.02, "compute_s": 0.1, "name": "computebound"}
+
+
+def _trace(tmp: Path, **kwargs) -> Path:
+    params = {"gpus": 2, "iterations": 60, "epochs": 2, "workers": 2, "seed": 1} | kwargs
+    params |= {"straggler_prob": 0.0}
+    logs = synthesize(SynthParams(**params), tmp / "logs")
+    return dsim.parse(logs, out=tmp / "traces").directory
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("tune")
+    return {"loading": _trace(tmp, **LOADING), "compute": _trace(tmp, **COMPUTE)}
+
+
+def test_loading_bound_trace_gets_the_workers_that_keep_up(traces, tmp_path):
+    result = dsim.tune(traces["loading"], workers="1-8", prefetch=[2], out=tmp_path)
+    chosen = result.loader_only
+    assert chosen.point.workers in (3, 4)  # the known optimum, not the largest setting tried
+    speed = chosen.bands["speedup"]
+    assert speed.value > 1.3 and speed.low < speed.value < speed.high
+    assert chosen.flat.reason == "compute-bound" and chosen.flat.workers == chosen.point.workers
+    files = {f.suffix for f in result.files}
+    assert files == {".parquet", ".csv"}
+    table = pq.read_table(tmp_path / "tune" / "loadbound.parquet").to_pandas()
+    assert len(table) == 2 * 8  # the loader alone and with the best alignment
+    assert table.groupby("policy")["recommended"].sum().tolist() == [1, 1]
+
+
+def test_compute_bound_trace_needs_no_more_workers(traces):
+    result = dsim.tune(traces["compute"], out=None)
+    chosen = result.loader_only
+    assert chosen.point.workers <= 1 and chosen.point.prefetch == 1
+    assert chosen.flat.reason == "compute-bound"
+    assert abs(chosen.bands["speedup"].value - 1) < 0.02
+    assert [p.workers for p in result.alone][::3] == list(DEFAULT_WORKERS)
+    text = "\n".join(lines(result))
+    assert text.startswith("computebound: use num_workers=1, prefetch_factor=1 (recorded: 2 ")
+    assert "costs: 1 worker process per rank (2 if all 2 ranks share one node); 1 batch " in text
+
+
+def test_recorded_cores_shape_the_grid_and_warn(traces, tmp_path):
+    import shutil
+
+    run = shutil.copytree(traces["loading"], tmp_path / "traces" / "loadbound")
+    doc = json.loads((run / "run.json").read_text())
+    doc["loader"] = {"num_workers": 2, "prefetch_factor": 2, "cores": 2, "local_world_size": 2}
+    (run / "run.json").write_text(json.dumps(doc))
+    result = dsim.tune(run, prefetch="2", out=None, alignment=False)
+    assert sorted({p.workers for p in result.alone}) == [0, 1, 2, 4]
+    assert result.with_alignment is None
+    assert any("cannot all run at once" in c for c in result.caveats)
+
+
+def test_few_iterations_get_a_caveat(traces):
+    result = dsim.tune(traces["compute"], workers=[1], prefetch=[2], warmup=55, out=None)
+    assert result.iterations < 30
+    assert any("read the interval" in c for c in result.caveats)
+
+
+def test_grid_parsing():
+    assert parse_counts("1,2,4", "--workers", 0) == (1, 2, 4)
+    assert parse_counts("4-6, 1", "--workers", 0) == (1, 4, 5, 6)
+    for bad, why in [
+        ("-1", "below"),
+        ("0", "below"),
+        (f"1-{MAX_SETTING + 1}", "above the maximum"),
+        ("2,x", "not a number"),
+        ("1-", "not a number"),
+        ("8-2", "backwards"),
+    ]:
+        with pytest.raises(UsageError, match=why):
+            parse_counts(bad, "--prefetch", 1)
+
+
+def test_default_workers_reach_past_the_cores():
+    assert default_workers(None) == DEFAULT_WORKERS
+    assert default_workers(1.0) == (0, 1, 2, 4)
+    assert default_workers(8.0)[-1] == 32
+
+
+def _point(workers: int, prefetch: int, t: float, stall: float = 0.0, ranks=(1.0, 1.0)):
+    n = 50
+    return Point(
+        workers, prefetch, ("actual", "actual"), np.full(n, t), np.full(n, stall), np.array(ranks)
+    )
+
+
+def test_cheapest_within_two_percent_of_the_best():
+    points = [_point(1, 2, 2.0), _point(2, 2, 1.015), _point(2, 1, 1.019), _point(8, 2, 1.0)]
+    assert (cheapest_near_best(points).workers, cheapest_near_best(points).prefetch) == (2, 1)
+
+
+def test_flattening_names_one_slow_rank_and_loading_bound():
+    slow = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5, (0.9, 0.1)), _point(4, 2, 1.5, 0.5)]
+    assert flattening(slow).reason == "slow-rank" and flattening(slow).workers == 2
+    assert "rank 7's loader binds" in flattening(slow, ranks=[7, 8]).text
+    even = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5), _point(4, 2, 1.5, 0.5)]
+    assert flattening(even).reason == "stall-left"
+    assert flattening(even, cpu_saturated_at=2).reason == "cpu-saturated"
+    assert flattening(even, cpu_saturated_at=4).reason == "stall-left"
+    still = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5)]
+    assert flattening(still).reason == "loading-bound" and flattening(still).workers is None
+
+
+def test_bootstrap_is_paired_and_deterministic():
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 0.1, 5000)
+    means = bootstrap_means(np.vstack([x, 2 * x]))
+    assert means.shape == (300, 2)
+    assert np.allclose(means[:, 1] / means[:, 0], 2.0)  # same resamples on both rows
+    assert np.array_equal(means, bootstrap_means(np.vstack([x, 2 * x])))
+    assert abs(means[:, 0].std() - 0.1 / np.sqrt(5000)) < 0.0005
+
+
+def test_run_without_fetch_records_is_refused(traces, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+
+    run = shutil.copytree(traces["compute"], tmp_path / "nofetch")
+    fetch = pq.read_table(run / "fetch.parquet")
+    pq.write_table(pa.Table.from_batches([], schema=fetch.schema), run / "fetch.parquet")
+    with pytest.raises(InputError, match="no fetch records"):
+        dsim.tune(run, out=None)
+
+
+def test_unwritable_out_is_an_output_error(traces, tmp_path):
+    from dsim.errors import OutputError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="cannot create"):
+        dsim.tune(traces["compute"], workers=[1], prefetch=[1], out=tmp_path / "file")
+
+
+def test_cli_json_and_bad_grid(traces, tmp_path, dsim_cli):
+    run = traces["compute"]
+    done = dsim_cli(
+        "tune", run.name, "--traces", run.parent, "--out", tmp_path, "--workers", "1,2", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    [doc] = json.loads(done.stdout)
+    assert doc["run"] == "computebound" and doc["model"] == "pipeline"
+    rec = doc["recommendation"]
+    assert {"workers", "prefetch_factor", "speedup", "iteration_s", "stall_s"} <= set(rec)
+    assert rec["speedup"]["low"] <= rec["speedup"]["value"] <= rec["speedup"]["high"]
+    assert len(doc["grid"]) == 2 * 3 and doc["files"]
+    bad = dsim_cli("tune", run.name, "--traces", run.parent, "--workers", "0,500")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"dsim: error: --workers '0,500': 500 is above the maximum {MAX_SETTING}"
+    ]
+
+
+def test_the_report_shows_the_tune_heatmap(traces, tmp_path):
+    from dsim.app.report import ReportRequest, read_report_input
+    from dsim.render.html import render_report
+
+    results = tmp_path / "results"
+    dsim.run(traces["loading"], policies=["min/min"], out=results, executor="local")
+    request = ReportRequest(
+        results=[results], out=tmp_path / "r.html", traces=traces["loading"].parent
+    )
+    data, _ = read_report_input(request)
+    assert data.tune == {}  # no tune table yet: no section
+    assert "id='tune'" not in render_report(data)
+    dsim.tune(traces["loading"], workers=[1, 2, 4], prefetch=[2], out=results)
+    data, _ = read_report_input(request)
+    [table] = data.tune.values()
+    assert len(table) == 2 * 3 and table["recommended"].sum() == 2
+    page = render_report(data)
+    assert "id='tune'" in page and "fig-tune-0" in page and "href='#tune'" in page
