@@ -194,7 +194,6 @@ def test_kind_clipping_and_start_policies_from_run_files(tmp_path) -> None:
     import json
 
     from dsim.errors import InputError
-    from dsim.replay.policies import KNOWN
     from validation.compare import clipping, run_kind, start_aligns
 
     for name, job in (("a", {"kind": "decode"}), ("b", {"regime": {"kind": "mixed"}}), ("c", {})):
@@ -215,7 +214,7 @@ def test_kind_clipping_and_start_policies_from_run_files(tmp_path) -> None:
         "x_w1_p2_none_smax_r1",
         "x_w1_p2_none_sctl_r1",
     ]
-    assert start_aligns(names) == [False, "min", *(["max"] if "max" in KNOWN else [])]
+    assert start_aligns(names) == [False, "min", "max"]
     assert start_aligns(["x_w1_p2_none", "x_w1_p2_min"]) == [False]
 
 

@@ -22,7 +22,7 @@ def test_headline_is_the_pipeline_runs_own_verdict(tmp_path: Path) -> None:
     assert list(found) == [v.results]
     # The same numbers as `dsim run --model pipeline` on the same policies and selection.
     assert found[v.results].text == piped.verdicts[0].text
-    assert found[v.results].text.endswith("(pipeline replay model)")
+    assert "(pipeline replay model; fetch durations assumed independent" in found[v.results].text
     assert v.text.endswith("(per-iteration replay model)")  # the verdict itself is unchanged
     rows = original.summary.to_dict("records")
     assert pipeline_verdict(rows, tmp_path / "missing", None) is None  # no trace: no headline

@@ -167,14 +167,18 @@ def test_verdict_is_the_first_thing_run_and_summarize_print(tmp_path: Path) -> N
     from tracegen import write_synthetic
 
     write_synthetic(tmp_path / "traces", "synth_run", iterations=30)
-    env = {"COLUMNS": "300"}
+    env = {"COLUMNS": "1000"}
     proc = run_dsim("run", "synth_run", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.lstrip().splitlines()[:2]
     # The headline is the pipeline model's, the more accurate for alignment what-ifs
     # (FIDELITY.md); the original analysis's number follows on the next line.
     assert re.match(r"(Aligning .* would make iterations [\d.]+× faster|Loaders are)", first)
-    assert first.endswith("(pipeline replay model)")
+    assert first.endswith(
+        "(pipeline replay model; fetch durations assumed independent of load: the logs carry "
+        "no CPU times) Calibrated with 3 DataLoader workers (inferred from worker ids) and "
+        "prefetch 2 (PyTorch's default, assumed)."
+    )
     # the numbers of the second line are the summary's
     summary = pd.read_csv(tmp_path / "results" / "summary.csv")
     info = json.loads((tmp_path / "results" / "synth_run" / "result.json").read_text())
@@ -224,7 +228,8 @@ def test_pipeline_verdict_says_which_loader_settings_were_measured_and_which_inf
     specs = rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9))
     implied = verdict(specs, trace=TRACE, model="pipeline", loader_record=IMPLIED).text
     assert implied.endswith(
-        "(pipeline replay model) Calibrated with 4 DataLoader workers (inferred from worker ids) "
+        "(pipeline replay model; fetch durations assumed independent of load: the logs carry "
+        "no CPU times) Calibrated with 4 DataLoader workers (inferred from worker ids) "
         "and prefetch 2 (PyTorch's default, assumed)."
     )
     logged = verdict(specs, trace=TRACE, model="pipeline", loader_record=LOGGED).text

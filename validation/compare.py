@@ -35,7 +35,7 @@ import pandas as pd
 
 from dsim.errors import DsimError, InputError
 from dsim.io.atomic import write_text
-from dsim.replay.policies import KNOWN
+from dsim.replay.policies import START_KNOWN
 from validation.cells import Cell, group_runs, parse_run_name, stat, stats_of
 from validation.machine import REPO, git_commit
 from validation.metrics import METRICS, error
@@ -47,7 +47,7 @@ from validation.predict import (
     supports,
 )
 from validation.swaps import term_swaps
-from validation.sweep import BASE_PREFETCH, DEFAULT_OUT, MANIFEST, load_manifest
+from validation.sweep import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.targets import verdicts
 
 POLICY_OF_ALIGN = {"min": ("min", "actual"), "mean": ("avg", "actual")}
@@ -85,8 +85,12 @@ class Pair:
 
 
 def default_outputs(data: Path) -> tuple[Path, Path]:
-    """The repo's FIDELITY.md and validation/fidelity.csv for the committed data, else beside it."""
-    if data.resolve() == DEFAULT_OUT.resolve():
+    """The repo's FIDELITY.md and validation/fidelity.csv for the committed contention sweep.
+
+    Any other sweep (the first, sleep-only one in validation/data included) gets
+    its FIDELITY.md and fidelity.csv beside its logs.
+    """
+    if data.resolve() == CPU_OUT.resolve():
         return REPO / "FIDELITY.md", REPO / "validation" / "fidelity.csv"
     return data / "FIDELITY.md", data / "fidelity.csv"
 
@@ -121,8 +125,8 @@ def start_policy(start: str) -> tuple[tuple[str, str] | None, tuple[str, str] | 
     if start == "ctl":
         return BASELINE, BASELINE
     policy = ("actual", start)
-    per_iteration = policy if start in KNOWN else None
-    return per_iteration, policy if start in KNOWN and supports(policy) else None
+    per_iteration = policy if start in START_KNOWN else None
+    return per_iteration, policy if start in START_KNOWN and supports(policy) else None
 
 
 def pairs(names: list[str] | dict[str, object]) -> list[Pair]:
@@ -204,7 +208,7 @@ def run_kind(data: Path, name: str, manifest_entry: dict) -> str:
 def start_aligns(names: list[str]) -> list[object]:
     """``dsim run``'s START_ALIGN: actual, plus what the physical runs need and dsim knows."""
     starts = {parse_run_name(n).cell.start for n in names} - {None, "ctl"}
-    return [False, *(s for s in ("min", "max") if s in starts and s in KNOWN)]
+    return [False, *(s for s in ("min", "max") if s in starts and s in START_KNOWN)]
 
 
 def clipping(data: Path, names: list[str]) -> dict[str, float]:
@@ -421,7 +425,7 @@ def _shown_path(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=str(DEFAULT_OUT), help="sweep directory (%(default)s)")
+    p.add_argument("--data", default=str(CPU_OUT), help="sweep directory (%(default)s)")
     p.add_argument("--fidelity", help="FIDELITY.md to update (default: see validation/README)")
     p.add_argument("--csv", help="CSV of every number (default: see validation/README)")
     p.add_argument("--jobs", type=int, default=1, help="runs `dsim parse` reads at once")

@@ -461,7 +461,8 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
         f"{machine.get('memory_gib', '?')} GiB, {machine.get('os', '?')}, "
         f"Python {machine.get('python', '?')}, torch {machine.get('torch', '?')}",
         f"- load average (1 min) around the runs: {min(loads, default=math.nan):.2f} to "
-        f"{max(loads, default=math.nan):.2f} — other work on the machine adds noise",
+        f"{max(loads, default=math.nan):.2f} (the runs' own ranks and workers count in it: "
+        "one run at a time, the sweep's job is all the load a quiet machine has)",
         f"- code of the runs: {', '.join(commits)}",
         f"- compared {context['compared_utc']} at {context['commit']} with "
         f"`{context['command']}`; raw logs in `{context['data']}`, every number in "

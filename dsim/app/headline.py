@@ -80,7 +80,7 @@ def pipeline_verdict(
         out.append({**keep, **stats})
     table = add_what_if(pd.DataFrame(out)).to_dict("records")
     try:
-        return verdict(table, trace=trace, model="pipeline")
+        return verdict(table, trace=trace, model="pipeline", loader_record=_record(arrays))
     except ValueError:
         return None
 
@@ -102,3 +102,14 @@ def headlines(
         if better is not None:
             found[v.results] = better
     return found
+
+
+def _record(arrays: Any) -> dict[str, Any]:
+    """The loader record ``dsim run --model pipeline`` keeps in result.json, for the verdict."""
+    from dsim.replay.models.pipeline import cpu_assumption, measured_loader
+
+    record: dict[str, Any] = {"measured": measured_loader(arrays).document()}
+    cpu = cpu_assumption(arrays)
+    if cpu is not None:
+        record["cpu"] = cpu
+    return record

@@ -21,6 +21,7 @@ from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED, measured_loader
 from dsim.replay.params import LoaderSettings, ReplayParams
+from dsim.replay.policies import KNOWN
 from dsim.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.tuning import (
     DEFAULT_PREFETCH,
@@ -111,8 +112,9 @@ def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
 def _best_alignment(model: Any, prepared: Any, mask: np.ndarray, base: ReplayParams) -> tuple:
     """The alignment with the shortest predicted iteration at the measured loader settings."""
     scores = {}
-    for fetch in SUPPORTED:
-        for start in SUPPORTED:
+    both_sides = [name for name in SUPPORTED if name in KNOWN]  # `max` is start-only, a barrier
+    for fetch in both_sides:
+        for start in both_sides:
             if (fetch, start) == ACTUAL:
                 continue
             out = model.replay(prepared, (fetch, start), base)
@@ -153,10 +155,11 @@ def tune_run(
     )
     alone = sweep(model, prepared, mask, grid_w, grid_p, ACTUAL, base)
     ranks = [int(g) for g in arrays.gpus]
-    loader_only = _choice(baseline, alone, ranks)
+    saturated = cpu_saturated_at(prepared, grid_w, measured.prefetch_factor)
+    loader_only = _choice(baseline, alone, ranks, saturated)
     policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
     combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
-    with_alignment = _choice(baseline, combined, ranks) if combined else None
+    with_alignment = _choice(baseline, combined, ranks, saturated) if combined else None
     n = int(mask.sum())
     result = TuneResult(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
@@ -168,9 +171,31 @@ def tune_run(
     return result
 
 
-def _choice(baseline: Point, points: list[Point], ranks: list[int]) -> Choice:
+#: The node's CPU demand (cores busy / cores) from which the CPU-aware model calls them saturated.
+SATURATED_DEMAND = 0.9
+
+
+def cpu_saturated_at(prepared: Any, workers: Sequence[int], prefetch: int) -> int | None:
+    """The fewest workers at which the CPU-aware pipeline model finds the node's cores saturated.
+
+    ``None`` when the run carries no CPU times (the model then assumes fetch
+    durations independent of load, so it cannot say) or no setting saturates.
+    """
+    from dsim.replay.models.pipeline import solve_contention
+
+    if getattr(prepared, "cpu", None) is None:
+        return None
+    for w in sorted(x for x in set(workers) if x > 0):
+        if solve_contention(prepared, ACTUAL, w, prefetch).demand >= SATURATED_DEMAND:
+            return w
+    return None
+
+
+def _choice(
+    baseline: Point, points: list[Point], ranks: list[int], saturated: int | None = None
+) -> Choice:
     chosen = cheapest_near_best(points)
-    flat = flattening(points, ranks=ranks)
+    flat = flattening(points, ranks=ranks, cpu_saturated_at=saturated)
     return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flat)
 
 

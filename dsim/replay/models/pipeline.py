@@ -161,6 +161,38 @@ def _stretched(prepared: PreparedPipeline, rho: float) -> PreparedPipeline:
     return PreparedPipeline(inputs, calibration, None)
 
 
+def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipeline:
+    """The run's CPU times as a fetch alignment changes them, and the node's demand with them.
+
+    Aligning a batch's fetches to the fastest rank's (``min``) gives every rank
+    that rank's CPU work for the batch; to the mean (``avg``), the mean CPU
+    work over ranks. The node's CPU demand C follows, so that aligned loaders
+    that do less work also contend less (SPEC §4.2, CPU contention).
+    """
+    cpu = prepared.cpu
+    if cpu is None or fetch_align == "actual":
+        return prepared
+    load = cpu.load
+    n, g = load.fetch_cpu.shape
+    if n == 0:
+        return prepared
+    if fetch_align == "min":
+        rank = np.argmin(prepared.inputs.fetch, axis=1)
+        rows = np.arange(n)
+        work = load.fetch_cpu[rows, rank]
+        wait = load.fetch_runq[rows, rank]
+    else:
+        work = load.fetch_cpu.mean(axis=1)
+        wait = load.fetch_runq.mean(axis=1)
+    load = replace(
+        load,
+        fetch_cpu=np.repeat(work[:, None], g, axis=1),
+        fetch_runq=np.repeat(wait[:, None], g, axis=1),
+    )
+    state = replace(cpu, load=load, demand_s=cpu_share.node_demand(load))
+    return PreparedPipeline(prepared.inputs, prepared.calibration, state)
+
+
 def pipeline_inputs(arrays: IterationArrays) -> PipelineInputs:
     """The kernel's row-major inputs from a run's [N, G] arrays."""
     from dsim.replay.models.pipeline_kernel import PipelineInputs, segments_of
@@ -237,6 +269,7 @@ class PipelineModel(ReplayModel):
             prefetch in (None, calibration.prefetch)
         )
         if prepared.cpu is not None and not (same and tuple(policy) == ("actual", "actual")):
+            prepared = aligned_cpu(prepared, policy[0])
             solution = solve_contention(prepared, policy, workers, prefetch)
             prepared = _stretched(prepared, solution.rho)
         out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
