@@ -8,6 +8,7 @@ sentences generated from numbers.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -229,3 +230,26 @@ def test_the_models_assumption_is_read_where_exposed() -> None:
     assert assumption_of(SimpleNamespace(assumption="no CPU times: fetches as measured")) == (
         "no CPU times: fetches as measured"
     )
+
+
+def test_clipping_pools_the_harness_per_rank_figures(tmp_path) -> None:
+    """start_align.json as validation/startalign.py writes it: per rank counts and shifts."""
+    from validation.compare import clipping
+
+    doc = {
+        "mode": "min",
+        "clip_threshold_ms": 1.0,
+        "ranks": [
+            {"rank": 0, "batches": 10, "clipped": {"count": 2, "mean_ms": 5.0},
+             "waited": {"count": 10, "mean_ms": 0.1}},
+            {"rank": 1, "batches": 10, "clipped": {"count": 6, "mean_ms": 1.0},
+             "waited": {"count": 10, "mean_ms": 0.3}},
+        ],
+    }  # fmt: skip
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "start_align.json").write_text(json.dumps(doc))
+    got = clipping(tmp_path, ["r"])
+    assert got["clip_share_pct"] == pytest.approx(40.0)
+    assert got["clip_shift_ms"] == pytest.approx((2 * 5.0 + 6 * 1.0) / 8)
+    assert got["clip_wait_ms"] == pytest.approx(0.2)
+    assert got["clip_threshold_ms"] == 1.0

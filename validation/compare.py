@@ -232,7 +232,37 @@ def clipping(data: Path, names: list[str]) -> dict[str, float]:
         for key, value in entries.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 values.setdefault(f"clip_{key}", []).append(float(value))
+        for key, value in _rank_totals(entries.get("ranks")).items():
+            values.setdefault(f"clip_{key}", []).append(value)
     return {key: stat(v).mean for key, v in values.items()}
+
+
+def _rank_totals(ranks: object) -> dict[str, float]:
+    """Over every rank of one run: the share of batches clipped (%) and the mean shift (ms).
+
+    The harness logs per rank how many batches the causal rule clipped (own
+    start later than the earliest rank's by more than the threshold) and by
+    how much (``validation/startalign.py``); here they are pooled over ranks.
+    """
+    if not isinstance(ranks, list):
+        return {}
+    batches = clipped = shift = waited = 0.0
+    for r in ranks:
+        if not isinstance(r, dict) or not isinstance(r.get("clipped"), dict):
+            continue
+        batches += float(r.get("batches") or 0)
+        count = float(r["clipped"].get("count") or 0)
+        clipped += count
+        shift += count * float(r["clipped"].get("mean_ms") or 0.0)
+        wait = r.get("waited") if isinstance(r.get("waited"), dict) else {}
+        waited += float(wait.get("count") or 0) * float(wait.get("mean_ms") or 0.0)
+    if batches <= 0:
+        return {}
+    return {
+        "share_pct": 100.0 * clipped / batches,
+        "shift_ms": shift / clipped if clipped else 0.0,
+        "wait_ms": waited / batches,
+    }
 
 
 def _predictions(
