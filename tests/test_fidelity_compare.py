@@ -252,4 +252,4 @@ def test_clipping_pools_the_harness_per_rank_figures(tmp_path) -> None:
     assert got["clip_share_pct"] == pytest.approx(40.0)
     assert got["clip_shift_ms"] == pytest.approx((2 * 5.0 + 6 * 1.0) / 8)
     assert got["clip_wait_ms"] == pytest.approx(0.2)
-    assert got["clip_threshold_ms"] == 1.0
+    assert got["clip_clip_threshold_ms"] == 1.0  # top-level numbers as they come
