@@ -166,12 +166,13 @@ def test_contention_run_parses(tmp_path: Path, name: str) -> None:
 
     fetch = pd.read_parquet(tmp_path / "tr" / name / "fetch.parquet")
     assert len(fetch) == 16 * 2
-    if name.startswith("cpu"):  # CPU work lasts at least its table cost (1 core at most)
-        from validation.regimes import REGIMES, cost_table
-
-        table = cost_table(REGIMES["cpu"], 1, 16, 2, 0)
-        cost = table[fetch.epoch, fetch.iteration, fetch.gpu]
-        assert (fetch.fetch_s.to_numpy() >= 0.5 * cost).all()
+    if name.startswith("cpu"):
+        # CPU work is logged as such (its wall time depends on this machine's speed, as the
+        # calibration here is a fixed 500 units per ms), and no fetch spends more CPU than
+        # wall time. (The start-max barrier's polling adds CPU of its own to each fetch.)
+        cpu = fetch.cpu_s.to_numpy()
+        assert (cpu > 0).all()
+        assert (fetch.fetch_s.to_numpy() >= 0.95 * cpu).all()
 
 
 def test_gpu_variant_refuses_cleanly_without_cuda(tmp_path: Path) -> None:
