@@ -264,3 +264,6 @@ def test_loader_line_node_fields_are_optional() -> None:
     assert "cores" not in old and (new["cores"], new["local_world_size"]) == (16, None)
     _, rejects = _parse(_block([base + " cores 4"], "\n"), fast=True)
     assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER]
+    for zero in (" cores 0 local_world_size 4", " cores 2 local_world_size 0"):
+        _, rejects = _parse(_block([base + zero], "\n"), fast=True)
+        assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER], zero

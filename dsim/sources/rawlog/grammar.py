@@ -63,7 +63,9 @@ LOADER_PATTERN = (
     r"\s+num_workers\s+(?P<num_workers>\d{1,6})\s+prefetch_factor\s+(?P<prefetch_factor>\d{1,6}|none)"
     r"\s+batch_size\s+(?P<batch_size>\d{1,9}|none)\s+persistent_workers\s+(?P<persistent_workers>[01])"
     r"\s+pin_memory\s+(?P<pin_memory>[01])"
-    r"(?:\s+cores\s+(?P<cores>\d{1,6})\s+local_world_size\s+(?P<local_world_size>\d{1,6}|none))?"
+    # A process runs on at least one core, a node holds at least one rank: 0 is malformed.
+    r"(?:\s+cores\s+(?P<cores>[1-9]\d{0,5})"
+    r"\s+local_world_size\s+(?P<local_world_size>[1-9]\d{0,5}|none))?"
     r"\s*$"
 )
 NODE_FIELDS = ("cores", "local_world_size")  # optional: absent from older loader lines
