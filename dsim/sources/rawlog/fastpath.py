@@ -334,11 +334,15 @@ def _cut_fetch(
     ok &= tok_ok & _lit(words, p, b" data idx")
     idx, idx_len = _digits(words, p + 9, 2)
     q = p + 9 + idx_len
-    # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end.
-    cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
-    runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
-    runq_ok &= cpu_ok & (q_runq == end)
-    cpu_ok &= (q_cpu == end) | runq_ok
+    # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end. Logs
+    # without them (every log before CPU times) skip the look: this is the hot path.
+    cpu_ok = runq_ok = np.zeros(len(q), dtype=bool)
+    cpu_tok = runq_tok = None
+    if (q != end).any():
+        cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
+        runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
+        runq_ok &= cpu_ok & (q_runq == end)
+        cpu_ok &= (q_cpu == end) | runq_ok
     ok &= (idx_len >= 1) & (idx_len <= 9) & ((q == end) | cpu_ok)
     rows = np.flatnonzero(ok)
     fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
@@ -420,12 +424,15 @@ def _cut_train(
     has_tp = tp_ok & (raw[q] == 41)
     p = np.where(has_tp, q, p)  # the ``)`` closing the last standard field
     # Optionally ``\tCPU c (avg)`` and then ``\tRunq q (avg)`` (SPEC §1.2), then the end.
-    cpu_ok, cpu_tok, q = _value_then_avg(words, raw, p, b")\tCPU ")
-    has_cpu = cpu_ok & (raw[q] == 41)
-    runq_ok, runq_tok, r = _value_then_avg(words, raw, q, b")\tRunq ")
-    has_runq = has_cpu & runq_ok & (raw[r] == 41)
-    last = np.where(has_runq, r, np.where(has_cpu, q, p))
-    ok &= last + 1 == end
+    has_cpu = has_runq = np.zeros(len(p), dtype=bool)
+    cpu_tok = runq_tok = None
+    if (p + 1 != end).any():  # logs without CPU fields skip the look (hot path)
+        cpu_ok, cpu_tok, q = _value_then_avg(words, raw, p, b")\tCPU ")
+        has_cpu = cpu_ok & (raw[q] == 41)
+        runq_ok, runq_tok, r = _value_then_avg(words, raw, q, b")\tRunq ")
+        has_runq = has_cpu & runq_ok & (raw[r] == 41)
+        p = np.where(has_runq, r, np.where(has_cpu, q, p))
+    ok &= p + 1 == end
     rows = np.flatnonzero(ok)
     iteration_v, total_v = _taken(iteration, rows), _taken(total, rows)
     good = iteration_v < total_v  # the general path names the reason otherwise
