@@ -272,7 +272,9 @@ class PipelineModel(ReplayModel):
             prepared = aligned_cpu(prepared, policy[0])
             solution = solve_contention(prepared, policy, workers, prefetch)
             prepared = _stretched(prepared, solution.rho)
-        out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
+        out = replay_pipeline(
+            prepared.inputs, prepared.calibration, policy, workers, prefetch, starts=False
+        )
         return Replay(
             iteration_s=out["iteration_s"],
             stall_s=out["stall_s"],
@@ -301,7 +303,9 @@ def _mean_iteration(
     """
     from dsim.replay.models.pipeline_kernel import replay_pipeline
 
-    out = replay_pipeline(prepared.inputs, prepared.calibration, policy, workers, prefetch)
+    out = replay_pipeline(
+        prepared.inputs, prepared.calibration, policy, workers, prefetch, starts=False
+    )
     times = out["iteration_s"]
     if len(times) == 0:
         return 0.0
