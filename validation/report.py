@@ -431,7 +431,7 @@ def detail_section(regime: str, frame: pd.DataFrame) -> list[str]:
             ]
         )
     return [
-        f"### {regime} ({kind})" + (f" — {about}" if about else ""),
+        f"### {regime} ({kind})" + (f" — meant to be: {about}" if about else ""),
         "",
         *_table(header, rows),
         "",
@@ -499,7 +499,13 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
         for name, numbers in regimes.items()
     ]
     header = ["regime", "kind", "batch ms (rank 0)", "skew", "cv", "stragglers", "compute ms"]
-    return [*lines, "Regimes:", "", *_table([*header, "about"], rows), ""]
+    return [
+        *lines,
+        "Regimes:",
+        "",
+        *_table([*header, "meant to be (the design; the tables below say what happened)"], rows),
+        "",
+    ]
 
 
 def render(
