@@ -30,6 +30,7 @@ _received: int | None = None
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _WATCH_PERIOD_S = 0.5
 _STOP_GRACE_S = 10.0
+_RESEND_AFTER_S = 0.01
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -39,12 +40,39 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _on_unraisable(unraisable) -> None:
+    """Re-deliver an interrupt that landed where Python cannot raise it.
+
+    A handler's ``KeyboardInterrupt`` raised inside a ``__del__``, a weakref
+    callback or an at-fork hook (logging's, run by every ``fork`` of the
+    parse pool) is printed as "Exception ignored in ..." with a traceback,
+    and lost: the command would run on to the end and only then say
+    "interrupted". Sending the signal again lets it arrive at the next safe
+    point instead, where it unwinds the command as usual. It is sent a moment
+    later from another thread: sent now, the handler would run inside this
+    hook, itself a place where exceptions are ignored (and if it lands in
+    one again, it comes back here and is sent again).
+    """
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received is not None:
+        if handles(_received):
+            resend = threading.Timer(_RESEND_AFTER_S, os.kill, args=(os.getpid(), _received))
+            resend.daemon = True
+            with contextlib.suppress(RuntimeError):  # no new threads at interpreter exit
+                resend.start()
+        return
+    _default_unraisable(unraisable)
+
+
+_default_unraisable = sys.unraisablehook
+
+
 def install_handlers() -> None:
     """Turn SIGINT and SIGTERM into ``KeyboardInterrupt`` (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
+    sys.unraisablehook = _on_unraisable
 
 
 def handles(signum: int) -> bool:
