@@ -101,7 +101,7 @@ def test_fidelity_section_counts_and_target() -> None:
         "| x (cpu) | 1 w 100.00 ± 1.00; 2 w 60.00 ± 0.50; 4 w 59.00 ± 0.50; 8 w 61.00 ± 2.00"
         in text
     )
-    assert "| 4 w | 4 w ×1, 2 w ×1 | 1/2 | 2/2 | +1.7 % | 2/2 |" in text
+    assert "| 4 w (59.00 ms) | 4 w ×1, 2 w ×1 | 1/2 | 2/2 | +1.7 % | 2/2 |" in text
     assert "| 2 w / 2 w ×2 |" in text
     assert "from every base run of every regime: met." in text
     bad = pd.DataFrame([_row("x", 1, 1, 95.0, GRID)])

@@ -479,6 +479,7 @@ def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
             for (w, p), r in grid.items()
         )
         best = _setting(first["best_workers"], first["best_prefetch"], prefetches)
+        best += f" ({fmt_value('iteration_ms', first['best_measured_ms'])} ms)"
         gaps = pd.to_numeric(part["gap_pct"], errors="coerce")
         errs = pd.to_numeric(part["predicted_err_pct"], errors="coerce").dropna()
         if gaps.isna().any() or not (gaps <= TARGET_PCT).all():
