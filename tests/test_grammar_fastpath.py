@@ -267,3 +267,28 @@ def test_loader_line_node_fields_are_optional() -> None:
     for zero in (" cores 0 local_world_size 4", " cores 2 local_world_size 0"):
         _, rejects = _parse(_block([base + zero], "\n"), fast=True)
         assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER], zero
+
+
+def test_loader_line_batch_bytes_is_optional_and_the_largest_is_kept() -> None:
+    from dsim.sources.rawlog.parse import loader_settings
+
+    base = (
+        "2021-09-01 19:48:54.841 GPU: 1 LOADER num_workers 2 prefetch_factor 2 batch_size 8"
+        " persistent_workers 0 pin_memory 1"
+    )
+    node = base + " cores 16 local_world_size 4"
+    records = _assert_same(
+        _block([base, node + " batch_bytes 4096", base + " batch_bytes 8192", node], "\n")
+    )
+    old, first, second, last = records.loader
+    assert "batch_bytes" not in old and "batch_bytes" not in last
+    assert (first["batch_bytes"], first["cores"], second["batch_bytes"]) == (4096, 16, 8192)
+    assert "cores" not in second
+    for bad in (" batch_bytes -1", " batch_bytes 1.5", " batch_bytes", " batch_bytes 1 cores 2"):
+        _, rejects = _parse(_block([node + bad], "\n"), fast=True)
+        assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER], bad
+    # The size varies with the batch: it is not compared, the largest is kept.
+    settings, warning = loader_settings([dict(first, file="f"), dict(last, file="f")])
+    assert warning is None and settings["batch_bytes"] == 4096 and settings["lines"] == 2
+    settings, _ = loader_settings([dict(last, file="f")])
+    assert "batch_bytes" not in settings  # old logs: run.json's loader exactly as before

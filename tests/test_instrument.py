@@ -45,7 +45,8 @@ LOADER_RE = re.compile(
     r" num_workers (?P<num_workers>\d+) prefetch_factor (?P<prefetch_factor>\d+|none)"
     r" batch_size (?P<batch_size>\d+|none) persistent_workers (?P<persistent_workers>[01])"
     r" pin_memory (?P<pin_memory>[01])"
-    r"( cores (?P<cores>\d+) local_world_size (?P<local_world_size>\d+|none))?$"
+    r"( cores (?P<cores>\d+) local_world_size (?P<local_world_size>\d+|none))?"
+    r"( batch_bytes (?P<batch_bytes>\d+))?$"
 )
 
 
@@ -107,6 +108,41 @@ def test_cpu_fields_are_appended_only_when_known() -> None:
     assert old.rstrip("\n").endswith("pin_memory 0")  # no node fields: the old line exactly
     m = LOADER_RE.match(loader_line(0.0, 0, {**base, "cores": 2, "local_world_size": None})[:-1])
     assert m and m["cores"] == "2" and m["local_world_size"] == "none"
+    assert loader_line(0.0, 0, {**base, "batch_bytes": None}) == old  # unknown: not written
+    m = LOADER_RE.match(loader_line(0.0, 0, {**base, "cores": 2, "batch_bytes": 4096})[:-1])
+    assert m and m["cores"] == "2" and m["batch_bytes"] == "4096"
+
+
+def test_first_batch_hook_reports_once_and_steps_aside() -> None:
+    from dsim.instrument.batchsize import on_first_batch
+
+    class Iterator:  # the part of a DataLoader iterator the hook relies on
+        def __init__(self, items):
+            self.items = list(items)
+
+        def _next_data(self):
+            if not self.items:
+                raise StopIteration
+            return self.items.pop(0)
+
+    seen: list = []
+    it = Iterator(["no tensor", "b"])
+    on_first_batch(it, seen.append)
+    assert it._next_data() == "no tensor" and seen == [None]  # no tensor: size unknown
+    assert "_next_data" not in vars(it) and it._next_data() == "b" and seen == [None]
+    empty = Iterator([])
+    on_first_batch(empty, seen.append)
+    with pytest.raises(StopIteration):
+        empty._next_data()
+    assert seen == [None, None]  # an epoch without a batch still logs its settings
+    again = Iterator(["x"])
+    on_first_batch(again, seen.append)
+    on_first_batch(again, seen.append)  # re-armed before a batch (persistent workers)
+    assert seen == [None, None, None]
+    again._next_data()
+    assert seen == [None, None, None, None] and "_next_data" not in vars(again)
+    on_first_batch(object(), seen.append)  # no _next_data at all: reported at once
+    assert seen == [None] * 5
 
 
 def test_thread_times_read_schedstat_and_count_this_threads_work() -> None:
@@ -247,6 +283,29 @@ def make_loader(torch, cfg: dict, rank: int):
     return DataLoader(ds, **kwargs), sampler
 
 
+def tensor_bytes(batch) -> int | None:
+    """The tensors' bytes in a batch, counted independently of dsim; None without a tensor."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    parts = batch.values() if isinstance(batch, dict) else batch
+    if not isinstance(batch, dict | list | tuple):
+        return None
+    sizes = [n for n in map(tensor_bytes, parts) if n is not None]
+    return sum(sizes) if sizes else None
+
+
+def test_batch_bytes_sum_nested_tensors_and_give_up_past_the_cap(torch) -> None:
+    from dsim.instrument.batchsize import MAX_ITEMS, batch_nbytes
+
+    batch = {"x": torch.zeros(4, 3), "y": [torch.zeros(5, dtype=torch.int64), "label"],
+             "z": (torch.zeros(2, dtype=torch.float16), 7)}  # fmt: skip
+    assert batch_nbytes(batch) == 4 * 3 * 4 + 5 * 8 + 2 * 2 == tensor_bytes(batch)
+    assert batch_nbytes(torch.zeros(0)) == 0 and batch_nbytes(["a", 1]) is None
+    assert batch_nbytes([torch.zeros(1)] + [0] * MAX_ITEMS) is None
+
+
 def run_epochs(torch, loader, sampler, epochs: int, timer=None) -> list[list]:
     out = []
     for epoch in range(epochs):
@@ -309,7 +368,7 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
         loaders: list[dict[str, str]] = []
         fetches, trains = read_log(log_dir / f"rank{rank}.log", loaders)
         n = len(expected[0])
-        # One loader line per epoch (per iterator), before that epoch's batches, as configured.
+        # One loader line per epoch (per iterator), with its first batch's bytes, as configured.
         workers = cfg["workers"]
         settings = {
             "gpu": str(rank),
@@ -321,9 +380,10 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
             "cores": str(len(os.sched_getaffinity(0))),
             "local_world_size": os.environ.get("LOCAL_WORLD_SIZE", "none"),
         }
-        assert [{k: v for k, v in r.items() if k != "ts"} for r in loaders] == [settings] * len(
-            expected
-        )
+        sizes = [None if not e else tensor_bytes(e[0]) for e in expected]
+        assert [{k: v for k, v in r.items() if k != "ts"} for r in loaders] == [
+            {**settings, "batch_bytes": None if size is None else str(size)} for size in sizes
+        ]
         assert {r["gpu"] for r in fetches + trains} <= {str(rank)}
         assert {int(r["worker"]) for r in fetches} <= set(range(max(cfg["workers"], 1)))
         # One fetch per batch and epoch: every index of the epoch once per epoch.
@@ -405,7 +465,10 @@ def test_rank_comes_from_the_environment_and_logger_output_works(
     assert len(lines) == 5
     assert all(line.startswith("[rank3]: ") for line in lines)
     stripped = [line.removeprefix("[rank3]: ") for line in lines]
-    assert LOADER_RE.match(stripped[0])
+    # The loader line comes with the first batch (after its fetch line), carrying its bytes:
+    # x is 2 float32 × 2 samples, label 2 int64 (the names are not tensors).
+    [loader_line] = [m for s in stripped if (m := LOADER_RE.match(s))]
+    assert loader_line["batch_bytes"] == str(2 * 2 * 4 + 2 * 8)
     assert sum(bool(FETCH_RE.match(s)) for s in stripped) == 2
     assert sum(bool(TRAIN_RE.match(s)) for s in stripped) == 2
     assert all("GPU: 3 " in s for s in stripped)
@@ -502,4 +565,6 @@ def test_real_parser_reads_two_ranks_with_zero_rejects(torch, tmp_path: Path) ->
     assert (fetch.cpu_s >= 0).all() and (train.cpu_s >= 0).all()
     assert ("runq_s" in fetch) == ("runq_s" in train) == _has_schedstat()
     assert run.info.loader["cores"] == len(os.sched_getaffinity(0))
+    # The largest first batch (3 samples: x 3 × 2 float32, label 3 int64) reaches run.json.
+    assert run.info.loader["batch_bytes"] == 3 * 2 * 4 + 3 * 8
     assert "local_world_size" in run.info.loader

@@ -11,7 +11,7 @@ import pytest
 
 import dsim
 from dsim.errors import InputError, UsageError
-from dsim.render.tune import lines
+from dsim.render.tune import document, lines
 from dsim.synth import SynthParams, synthesize
 from dsim.tuning import (
     DEFAULT_WORKERS,
@@ -67,7 +67,10 @@ def test_compute_bound_trace_needs_no_more_workers(traces):
     assert [p.workers for p in result.alone][::3] == list(DEFAULT_WORKERS)
     text = "\n".join(lines(result))
     assert text.startswith("computebound: use num_workers=1, prefetch_factor=1 (recorded: 2 ")
-    assert "costs: 1 worker process per rank (2 if all 2 ranks share one node); 1 batch " in text
+    assert (
+        "costs: 1 worker process per rank (2 if all 2 ranks share one node); pinned memory: "
+        "unknown (1 queued batch per rank; the logs carry no batch size in bytes)"
+    ) in text
 
 
 def test_recorded_cores_shape_the_grid_and_warn(traces, tmp_path):
@@ -201,3 +204,20 @@ def test_the_report_shows_the_tune_heatmap(traces, tmp_path):
     assert len(table) == 2 * 3 and table["recommended"].sum() == 2
     page = render_report(data)
     assert "id='tune'" in page and "fig-tune-0" in page and "href='#tune'" in page
+
+
+def test_cost_line_prices_the_queued_batches_when_the_logs_give_their_bytes(traces):
+    from dataclasses import replace
+
+    from dsim.render.tune import cost_line
+
+    result = dsim.tune(traces["loading"], workers="1,4", prefetch="2", alignment=False, out=None)
+    point = result.loader_only.point
+    assert (point.workers, point.prefetch) == (4, 2)
+    sized = replace(result, batch_bytes=3 * 1024 * 1024, ranks_on_node=2)
+    assert cost_line(sized, point) == (
+        "  costs: 4 worker processes per rank, 8 on the node; pinned memory: 24.0 MiB per "
+        "rank, 48.0 MiB on the node (8 queued batches × 3.0 MiB)"
+    )
+    doc = document(sized)["recommendation"]
+    assert doc["queued_bytes_per_rank"] == 8 * 3 * 1024 * 1024

@@ -49,6 +49,7 @@ from validation.predict import (
 from validation.swaps import term_swaps
 from validation.sweep import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.targets import verdicts
+from validation.tunecheck import tune_rows
 
 POLICY_OF_ALIGN = {"min": ("min", "actual"), "mean": ("avg", "actual")}
 BASELINE = ("actual", "actual")
@@ -405,6 +406,26 @@ def compare_runs(
     return pd.DataFrame(rows), pd.DataFrame(swaps)
 
 
+def tune_check(data: Path, manifest: dict, work: Path) -> pd.DataFrame:
+    """dsim tune on every A run of ``work``'s traces, judged against the measured grid.
+
+    Reads what ``compare_runs`` left in ``work`` (the parsed traces, ``dsim
+    run``'s results); the measured iteration time of a run is dsim's own
+    ``actual/actual`` replay of it, as everywhere in this comparison.
+    """
+    runs = manifest["runs"]
+    present = [name for name in runs if (work / "traces" / name / "run.json").is_file()]
+    grid = [
+        n for n in present
+        if parse_run_name(n).cell.align == "none" and parse_run_name(n).cell.start is None
+    ]  # fmt: skip
+    measured = {
+        n: predict_per_iteration(work / "results", n, BASELINE)["iteration_ms"] for n in grid
+    }
+    kinds = {parse_run_name(n).cell.regime: run_kind(data, n, runs[n]) for n in grid}
+    return tune_rows(work / "traces", grid, measured, kinds, BASE_PREFETCH)
+
+
 def compare(
     data: Path,
     *,
@@ -425,12 +446,15 @@ def compare(
     commit = git_commit()  # before our outputs change tracked files (it would read -dirty)
     with tempfile.TemporaryDirectory(prefix="dsim-fidelity-") as tmp:
         frame, swaps = compare_runs(data, manifest, Path(tmp), jobs)
+        tune = tune_check(data, manifest, Path(tmp))
     if frame.empty:
         raise InputError(f"{data}: no pair of runs to compare (A and a re-run)")
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     write_text(frame.to_csv(index=False, float_format="%.6g"), csv_path)
     swaps_path = csv_path.with_name(csv_path.stem + "_swaps.csv")
     write_text(swaps.to_csv(index=False, float_format="%.6g"), swaps_path)
+    tune_path = csv_path.with_name(csv_path.stem + "_tune.csv")
+    write_text(tune.to_csv(index=False, float_format="%.6g"), tune_path)
     context = {
         "compared_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit,
@@ -440,8 +464,9 @@ def compare(
         "data": _shown_path(data),
         "csv": _shown_path(csv_path),
         "swaps_csv": _shown_path(swaps_path),
+        "tune_csv": _shown_path(tune_path),
     }
-    update_fidelity(fidelity_path, frame, manifest, context, swaps)
+    update_fidelity(fidelity_path, frame, manifest, context, swaps, tune)
     print(f"wrote {csv_path} and {fidelity_path} ({len(frame)} rows)")
     return frame
 

@@ -409,6 +409,133 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
             *sentences, ""]  # fmt: skip
 
 
+def _setting(workers: object, prefetch: object, prefetches: int) -> str:
+    """``2 w`` when the grid has one prefetch factor, else ``2 w p4``."""
+    text = f"{int(float(workers))} w"  # type: ignore[arg-type]
+    return text + (f" p{int(float(prefetch))}" if prefetches > 1 else "")  # type: ignore[arg-type]
+
+
+def _tally(values: Iterable[str]) -> str:
+    """``2 w ×9, 4 w ×3``: how often each value occurs, most frequent first (then first seen)."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _share(flags: pd.Series) -> str:
+    """``met/judged`` of a column of booleans (empty values are not judged)."""
+    judged = [str(v).lower() == "true" for v in flags if str(v).lower() in ("true", "false")]
+    return f"{sum(judged)}/{len(judged)}" if judged else "n/a"
+
+
+def _knee(value: object) -> str:
+    v = _num(value)
+    return "not in the grid" if v is None else f"{int(v)} w"
+
+
+def measured_grid(frame: pd.DataFrame, regime: str) -> dict[tuple[int, int], pd.Series]:
+    """A regime's A cells, (workers, prefetch) -> the row of its identity what-if.
+
+    The identity rows carry each A cell's measured mean ± sd over its repeats.
+    """
+    ident = frame[(frame["kind"] == "identity") & (frame["regime"] == regime)]
+    return {
+        (int(r["workers"]), int(r["pipeline_prefetch"])): r
+        for _, r in ident.sort_values(["workers", "pipeline_prefetch"]).iterrows()
+    }
+
+
+def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
+    """dsim tune's recommendation against the measured best, per regime and per base cell."""
+    head = ["### dsim tune's recommendation against the measured best", ""]
+    if tune is None or tune.empty:
+        return [*head, "No regime with two or more measured worker counts: `dsim tune`'s "
+                "recommendation is not checked against this sweep.", ""]  # fmt: skip
+    from validation.tunecheck import NEAR_PCT, TARGET_PCT
+
+    head += [
+        "Every base run (each repeat of A at each measured worker count) is given to "
+        "`dsim tune` (`dsim.app.tune.tune_run`, the code the command runs; the loader "
+        "alone, over the grid of settings this sweep measured). Its recommended setting "
+        "is set against the grid's measured iteration times (mean ± sd over repeats). "
+        f"*Within*: the recommended setting measured at most max({NEAR_PCT:g} %, 2σ) "
+        "slower than the measured best, σ = sqrt(sd_rec² + sd_best²); *worst gap*: how "
+        "much slower it measured, % of the best, over the base runs; *predicted vs "
+        "measured*: tune's predicted iteration time of its recommendation against that "
+        "setting's measured mean (mean |error|, and the worst); *flattens*: the first "
+        "worker count whose next step gains < 2 % (tune's rule), on the measured curve "
+        "and on tune's predicted one (counted over base runs).",
+        "",
+    ]
+    rows, misses = [], []
+    for regime, part in tune.groupby("regime", sort=False):
+        first = part.iloc[0]
+        prefetches = len(str(first["grid_prefetch"]).split(";"))
+        grid = measured_grid(frame, str(regime))
+        curve = "; ".join(
+            f"{_setting(w, p, prefetches)} "
+            + _stat(r, "iteration_ms_measured", "n_target", "iteration_ms").split(" (")[0]
+            for (w, p), r in grid.items()
+        )
+        best = _setting(first["best_workers"], first["best_prefetch"], prefetches)
+        best += f" ({fmt_value('iteration_ms', first['best_measured_ms'])} ms)"
+        gaps = pd.to_numeric(part["gap_pct"], errors="coerce")
+        errs = pd.to_numeric(part["predicted_err_pct"], errors="coerce").dropna()
+        if gaps.isna().any() or not (gaps <= TARGET_PCT).all():
+            misses.append(str(regime))
+        rows.append([
+            f"{regime} ({first['regime_kind']})",
+            curve or "n/a",
+            best,
+            _tally(_setting(r["recommended_workers"], r["recommended_prefetch"], prefetches)
+                   for _, r in part.iterrows()),
+            _share(part["is_best"]),
+            _share(part["within"]),
+            "n/a" if gaps.isna().all() else f"{gaps.max():+.1f} %",
+            _share(part["within_target"]),
+            "n/a" if errs.empty else
+            f"{errs.abs().mean():.1f} %; worst {errs.loc[errs.abs().idxmax()]:+.1f} %",
+            f"{_knee(first['measured_knee_workers'])} / "
+            + _tally(_knee(v) for v in part["predicted_knee_workers"]),
+        ])  # fmt: skip
+    header = ["regime (kind)", "measured iteration ms", "measured best",
+              "tune recommends (base runs)", "= best", f"within max({NEAR_PCT:g} %, 2σ)",
+              "worst gap", f"within {TARGET_PCT:g} %", "predicted vs measured",
+              "flattens: measured / predicted"]  # fmt: skip
+    verdict = "met" if not misses else f"missed ({', '.join(misses)})"
+    return [*head, *_table(header, rows), "",
+            f"Issue #19's target, the recommended setting's measured time within "
+            f"{TARGET_PCT:g} % of the measured best, from every base run of every regime: "
+            f"{verdict}.", "", *tune_detail(tune)]  # fmt: skip
+
+
+def tune_detail(tune: pd.DataFrame) -> list[str]:
+    """Per base cell: what tune recommended from each repeat, predicted and measured."""
+    rows = []
+    for (regime, workers), part in tune.groupby(["regime", "base_workers"], sort=False):
+        first = part.iloc[0]
+        prefetches = len(str(first["grid_prefetch"]).split(";"))
+        predicted = pd.to_numeric(part["predicted_ms"], errors="coerce")
+        gaps = pd.to_numeric(part["gap_pct"], errors="coerce")
+        errs = pd.to_numeric(part["predicted_err_pct"], errors="coerce")
+        rows.append([
+            f"{regime} ({first['regime_kind']})",
+            f"{int(workers)} w p{int(first['base_prefetch'])}",
+            ", ".join(_setting(r["recommended_workers"], r["recommended_prefetch"], prefetches)
+                      for _, r in part.iterrows()),
+            ", ".join(f"{v:.2f}" for v in predicted),
+            ", ".join("n/a" if _num(v) is None else f"{float(v):.2f}"
+                      for v in part["recommended_measured_ms"]),
+            ", ".join("n/a" if math.isnan(v) else f"{v:+.1f} %" for v in gaps),
+            ", ".join("n/a" if math.isnan(v) else f"{v:+.1f} %" for v in errs),
+        ])  # fmt: skip
+    header = ["regime (kind)", "base cell", "recommended (per repeat)", "predicted ms",
+              "its measured ms", "gap to best", "predicted error"]  # fmt: skip
+    return ["Per base cell, one value per repeat (the base run tune read):", "",
+            *_table(header, rows), ""]  # fmt: skip
+
+
 def detail_section(regime: str, frame: pd.DataFrame) -> list[str]:
     about = REGIMES[regime].about if regime in REGIMES else ""
     kind = str(frame["regime_kind"].iloc[0])
@@ -467,7 +594,8 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
         f"- compared {context['compared_utc']} at {context['commit']} with "
         f"`{context['command']}`; raw logs in `{context['data']}`, every number in "
         f"`{context['csv']}`"
-        + (f" and `{context['swaps_csv']}`" if "swaps_csv" in context else ""),
+        + (f" and `{context['swaps_csv']}`" if "swaps_csv" in context else "")
+        + (f"; dsim tune's check in `{context['tune_csv']}`" if "tune_csv" in context else ""),
         "- cells and repeats: runs of one setting (regime, workers, prefetch, alignment, "
         "start alignment) are a cell's repeats; the first sweep's `_repeat` run is repeat 2 "
         "of its cell. Measured = mean ± sd over the cell's repeats; a prediction is made "
@@ -509,7 +637,11 @@ def sweep_section(manifest: dict, context: dict) -> list[str]:
 
 
 def render(
-    frame: pd.DataFrame, manifest: dict, context: dict, swaps: pd.DataFrame | None = None
+    frame: pd.DataFrame,
+    manifest: dict,
+    context: dict,
+    swaps: pd.DataFrame | None = None,
+    tune: pd.DataFrame | None = None,
 ) -> str:
     if "regime_kind" not in frame:
         frame = frame.assign(regime_kind="sleep")
@@ -521,6 +653,7 @@ def render(
     lines += start_section(frame)
     lines += loader_section(frame, manifest)
     lines += swap_section(swaps)
+    lines += tune_section(tune, frame)
     lines += [
         "### Predicted against measured, per regime",
         "",
@@ -552,8 +685,9 @@ def update_fidelity(
     manifest: dict,
     context: dict,
     swaps: pd.DataFrame | None = None,
+    tune: pd.DataFrame | None = None,
 ) -> None:
     """Write ``path`` anew: introduction, the generated block, the closing line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = replace_block(INTRO, render(frame, manifest, context, swaps)) + OUTRO
+    text = replace_block(INTRO, render(frame, manifest, context, swaps, tune)) + OUTRO
     write_text(text, path)

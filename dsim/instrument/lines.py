@@ -97,12 +97,14 @@ NODE_FIELDS = ("cores", "local_world_size")  # appended when the settings carry 
 
 
 def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
-    """The loader's settings as an epoch's iterator is created: what a pipeline replay needs.
+    """The loader's settings when an epoch's first batch arrives: what a pipeline replay needs.
 
     Integers as digits, booleans as 0/1, an unset value (``prefetch_factor``
     without workers, ``batch_size`` with a custom batch sampler) as ``none``.
     With ``cores`` in ``settings``, the node's fields follow: the cores the
     process may use and the ranks on the node (``none`` when unknown).
+    ``batch_bytes`` (the bytes of the tensors of the epoch's first batch)
+    comes last, only when known.
     """
     fields = []
     names = LOADER_FIELDS + (NODE_FIELDS if "cores" in settings else ())
@@ -110,6 +112,8 @@ def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
         value = settings.get(name)
         text = "none" if value is None else str(int(value))
         fields.append(f"{name} {text}")
+    if settings.get("batch_bytes") is not None:
+        fields.append(f"batch_bytes {int(settings['batch_bytes'])}")  # type: ignore[call-overload]
     return f"{format_timestamp(wall)} GPU: {rank} LOADER {' '.join(fields)}\n"
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dsim.errors import UsageError
+from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 
@@ -155,8 +156,9 @@ def _instrumented_loader_class() -> type:
         class InstrumentedDataLoader(DataLoader):
             """A DataLoader whose index sampler tags each batch with its position in the epoch.
 
-            Every new iterator (one per epoch) first logs the loader's settings,
-            which the pipeline replay model needs and the fetch lines cannot show.
+            Every new iterator (one per epoch) logs the loader's settings, which
+            the pipeline replay model needs and the fetch lines cannot show, when
+            its first batch reaches the loop: with that batch's size in bytes.
             """
 
             _dsim_sink: LineSink | None = None
@@ -167,11 +169,16 @@ def _instrumented_loader_class() -> type:
                 return _TaggingSampler(super()._index_sampler)
 
             def __iter__(self):
+                iterator = super().__iter__()
                 if self._dsim_sink is not None:
-                    self._dsim_sink.write(
-                        loader_line(time.time(), self._dsim_rank, _settings(self))
-                    )
-                return super().__iter__()
+                    sink, rank, settings = self._dsim_sink, self._dsim_rank, _settings(self)
+
+                    def log(nbytes: int | None) -> None:
+                        line = loader_line(time.time(), rank, {**settings, "batch_bytes": nbytes})
+                        sink.write(line)
+
+                    on_first_batch(iterator, log)
+                return iterator
 
         _loader_class = InstrumentedDataLoader
     return _loader_class

@@ -62,14 +62,30 @@ def cost_line(result: TuneResult, point: Point) -> str:
             f"{_count(point.workers, 'worker process')} per rank "
             f"({point.workers * result.ranks} if all {result.ranks} ranks share one node)"
         )
+    return f"  costs: {procs}; {memory_text(result, point)}"
+
+
+def memory_text(result: TuneResult, point: Point) -> str:
+    """The batches held ahead of the loop (workers × prefetch per rank) and their bytes.
+
+    The bytes come from the loader lines' ``batch_bytes`` (``run.json``
+    ``loader.batch_bytes``, the largest logged); without it the cost is
+    unknown and the line says so rather than guess.
+    """
     queued = point.workers * point.prefetch
-    if result.batch_bytes is not None:
-        memory = (
-            f"{_count(queued, 'batch')} queued per rank ({_bytes(queued * result.batch_bytes)})"
-        )
-    else:
-        memory = f"{_count(queued, 'batch')} queued per rank (batch size in bytes unknown)"
-    return f"  costs: {procs}; {memory}"
+    batches = f"{_count(queued, 'queued batch')}"
+    if result.batch_bytes is None:
+        return f"pinned memory: unknown ({batches} per rank; the logs carry no batch size in bytes)"
+    per_rank = queued * result.batch_bytes
+    node = (
+        ""
+        if result.ranks_on_node is None
+        else f", {_bytes(per_rank * result.ranks_on_node)} on the node"
+    )
+    return (
+        f"pinned memory: {_bytes(per_rank)} per rank{node} "
+        f"({batches} × {_bytes(result.batch_bytes)})"
+    )
 
 
 def recommendation_lines(result: TuneResult) -> list[str]:

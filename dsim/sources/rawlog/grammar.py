@@ -66,6 +66,8 @@ LOADER_PATTERN = (
     # A process runs on at least one core, a node holds at least one rank: 0 is malformed.
     r"(?:\s+cores\s+(?P<cores>[1-9]\d{0,5})"
     r"\s+local_world_size\s+(?P<local_world_size>[1-9]\d{0,5}|none))?"
+    # The bytes of the tensors of the epoch's first batch, when dsim.instrument counted them.
+    r"(?:\s+batch_bytes\s+(?P<batch_bytes>\d{1,15}))?"
     r"\s*$"
 )
 NODE_FIELDS = ("cores", "local_world_size")  # optional: absent from older loader lines
@@ -319,6 +321,8 @@ def _loader_records(
             for name in NODE_FIELDS:
                 text = parts.field(name)[row].as_py()
                 record[name] = None if text == "none" else int(text)
+        if parts.field("batch_bytes")[row].as_py():
+            record["batch_bytes"] = int(parts.field("batch_bytes")[row].as_py())
         out.append(record)
     return out
 

@@ -270,7 +270,8 @@ def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | Non
     """The run's DataLoader settings from its loader lines (``run.json``'s ``loader``).
 
     One entry when every rank logged the same settings in every epoch (the
-    usual case); when they differ, the most common one (the first seen on a
+    usual case; ``batch_bytes``, which varies with the batch, is not compared:
+    the largest logged is kept); when they differ, the most common one (the first seen on a
     tie), the number of lines that disagree, and a warning: the pipeline
     model replays a run with one loader configuration.
     """
@@ -282,6 +283,9 @@ def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | Non
     settings: dict[str, Any] = dict(zip(names, common, strict=True))
     for flag in ("persistent_workers", "pin_memory"):
         settings[flag] = bool(settings[flag])
+    sizes = [r["batch_bytes"] for r in records if r.get("batch_bytes") is not None]
+    if sizes:  # varies with the batch, so not a setting to agree on: the largest one
+        settings["batch_bytes"] = max(sizes)
     settings["lines"] = len(records)
     odd = [r for r, k in zip(records, keys, strict=True) if k != common]
     if not odd:
