@@ -173,6 +173,13 @@ def test_why_it_misses_is_generated_from_the_swaps() -> None:
     assert "removes 80 % of the error" in text
     assert "align min, 1 w (+9.0 %): no single term's re-run value reduces the error" in text
     assert "No missed cell" in "\n".join(swap_section(swaps.iloc[0:0]))
+    # The CPU-aware model's stretch is a ratio, not milliseconds (unit "x").
+    stretch = swaps.assign(unit="ms")
+    stretch.loc[len(stretch)] = ["cpu", "cpu", "align min, 1 w", "stretch", 1.97, 1.85,
+                                 9.0, 99.0, 0.9, 90.0, "x"]  # fmt: skip
+    text = "\n".join(swap_section(stretch))
+    assert "stretch 1.97→1.85x: +90 %" in text and "hand 3.00→3.10 ms" in text
+    assert "`stretch` (1.97x in the prediction, 1.85x in the re-run)" in text
 
 
 def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:

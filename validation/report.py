@@ -360,6 +360,12 @@ def loader_section(frame: pd.DataFrame, manifest: dict) -> list[str]:
     ]
 
 
+def _unit(row: pd.Series) -> str:
+    """How a swapped term's two values print: " ms", or "x" for the CPU stretch."""
+    unit = row.get("unit", "ms")
+    return "x" if unit == "x" else " ms"
+
+
 def swap_section(swaps: pd.DataFrame | None) -> list[str]:
     """Why it misses: per missed cell, each term swapped, and the sentence of the best one."""
     head = ["### Why it misses: one measured term swapped in", ""]
@@ -371,7 +377,10 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
         "calibration (`lat_sent`: index sent → fetch start, `lat_free`: worker free → "
         "fetch start, `hand`: hand-over of a ready batch, `deliver`: fetch end → arrival, "
         "`after`: last arrival → iteration end, i.e. compute + all-reduce + step, `loop`: "
-        "the loop's gap) — has its per-rank mean moved to the re-run's; *removed* is the "
+        "the loop's gap) — has its per-rank mean moved to the re-run's; where the logs "
+        "carry CPU times, also `stretch`: the CPU-aware model's wall seconds per CPU second, "
+        "the prediction's solved value replaced by the re-run's measured one (1 + run-queue "
+        "wait / CPU time); *removed* is the "
         "share of the absolute error that swap takes away (negative: it grows).",
         "",
     ]
@@ -382,7 +391,7 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
         for _, r in part.iterrows():
             removed = _num(r["removed"])
             cells.append(
-                f"{r['term']} {r['base_term_ms']:.2f}→{r['rerun_term_ms']:.2f} ms: "
+                f"{r['term']} {r['base_term_ms']:.2f}→{r['rerun_term_ms']:.2f}{_unit(r)}: "
                 + ("n/a" if removed is None else f"{removed:+.0f} %")
             )
         first = part.iloc[0]
@@ -398,11 +407,12 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
                 "reduces the error."
             )
             continue
+        where = "the prediction" if _unit(b) == "x" else "A"
         sentences.append(
             f"- {regime}, {what}: error {b['err_pct']:+.1f} % → {b['swapped_err_pct']:+.1f} % "
-            f"with the re-run's `{b['term']}` ({b['base_term_ms']:.2f} ms in A, "
-            f"{b['rerun_term_ms']:.2f} ms in the re-run): it removes {b['removed']:.0f} % of "
-            "the error."
+            f"with the re-run's `{b['term']}` ({b['base_term_ms']:.2f}{_unit(b)} in {where}, "
+            f"{b['rerun_term_ms']:.2f}{_unit(b)} in the re-run): it removes "
+            f"{b['removed']:.0f} % of the error."
         )
     header = ["regime (kind)", "missed what-if", "pipeline error", "term A→re-run: removed"]
     return [*head, *_table(header, rows), "", "The term that removes most, per cell:", "",

@@ -93,6 +93,7 @@ class CpuState:
     demand_s: float
     a: float
     measured_iteration_s: float
+    rho_given: float | None = None  # replay at this stretch instead of solving (term swaps)
 
 
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
@@ -341,10 +342,7 @@ class PipelineModel(ReplayModel):
             prefetch in (None, calibration.prefetch)
         )
         if prepared.cpu is not None and not (same and tuple(policy) == ("actual", "actual")):
-            prepared = aligned_cpu(prepared, policy[0])
-            solution = solve_contention(prepared, policy, workers, prefetch)
-            rho_t = trainer_stretches(prepared, policy, workers, prefetch, solution.rho)
-            prepared = _stretched(prepared, solution.rho, rho_t)
+            prepared = contended(prepared, policy, workers, prefetch)
         out = replay_pipeline(
             prepared.inputs, prepared.calibration, policy, workers, prefetch, starts=False
         )
@@ -403,3 +401,25 @@ def solve_contention(
         return _mean_iteration(_stretched(prepared, rho), policy, workers, prefetch)
 
     return cpu_share.solve(t_of, cpu.demand_s, cpu.load.cores, cpu.a)
+
+
+def contended(
+    prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
+) -> PreparedPipeline:
+    """The run as the what-if's CPU contention stretches it, ready for the kernel.
+
+    The fetch alignment moves the CPU work (``aligned_cpu``); the stretch ρ*
+    is solved (``solve_contention``) unless the run carries one to use
+    (``CpuState.rho_given``: the validation's swap of the re-run's measured
+    stretch); the trainers' stretch follows the node's demand per iteration
+    (``trainer_stretches``).
+    """
+    prepared = aligned_cpu(prepared, policy[0])
+    cpu = prepared.cpu
+    assert cpu is not None
+    if cpu.rho_given is not None:
+        rho = float(cpu.rho_given)
+    else:
+        rho = solve_contention(prepared, policy, workers, prefetch).rho
+    rho_t = trainer_stretches(prepared, policy, workers, prefetch, rho)
+    return _stretched(prepared, rho, rho_t)
