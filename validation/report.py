@@ -360,6 +360,47 @@ def loader_section(frame: pd.DataFrame, manifest: dict) -> list[str]:
     ]
 
 
+def drain_section(frame: pd.DataFrame) -> list[str]:
+    """Loader what-ifs: the body and the last P·W iterations of an epoch, physical and predicted."""
+    if "drain_ms_measured" not in frame:
+        return []
+    part = frame[(frame["kind"] == "loader") & frame["drain_ms_measured"].notna()]
+    if part.empty:
+        return []
+
+    def ms(value: object) -> str:
+        number = _num(value)
+        return "n/a" if number is None else f"{number:.1f}"
+
+    rows = [
+        [
+            f"{r['regime']} ({r['regime_kind']})",
+            str(r["what_if"]),
+            str(int(r["drain_iterations"])),
+            ms(r["body_ms_measured"]),
+            ms(r["drain_ms_measured"]),
+            ms(r["body_ms_pipeline"]),
+            ms(r["drain_ms_pipeline"]),
+        ]
+        for _, r in part.iterrows()
+    ]
+    header = ["regime (kind)", "what-if", "last P·W", "physical body ms", "physical last P·W ms"]
+    header += ["pipeline body ms", "pipeline last P·W ms"]
+    return [
+        "### Where an epoch ends: the last P·W iterations",
+        "",
+        "The last P·W iterations of an epoch take batches whose indices were all sent "
+        "before: no fetch starts any more, the workers go idle one by one. Mean iteration "
+        "time of the body (the selected iterations before them) and of those last P·W, "
+        "in the re-run (mean over its repeats) and in the pipeline model's prediction "
+        '(mean over the base\'s repeats); SPEC §4.2 "The drain" says how the model '
+        "treats them.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
 def _unit(row: pd.Series) -> str:
     """How a swapped term's two values print: " ms", or "x" for the CPU stretch."""
     unit = row.get("unit", "ms")
@@ -530,6 +571,7 @@ def render(
     lines += noise_section(frame)
     lines += start_section(frame)
     lines += loader_section(frame, manifest)
+    lines += drain_section(frame)
     lines += swap_section(swaps)
     lines += [
         "### Predicted against measured, per regime",
