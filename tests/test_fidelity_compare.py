@@ -173,6 +173,13 @@ def test_why_it_misses_is_generated_from_the_swaps() -> None:
     assert "removes 80 % of the error" in text
     assert "align min, 1 w (+9.0 %): no single term's re-run value reduces the error" in text
     assert "No missed cell" in "\n".join(swap_section(swaps.iloc[0:0]))
+    # The CPU-aware model's stretch is a ratio, not milliseconds (unit "x").
+    stretch = swaps.assign(unit="ms")
+    stretch.loc[len(stretch)] = ["cpu", "cpu", "align min, 1 w", "stretch", 1.97, 1.85,
+                                 9.0, 99.0, 0.9, 90.0, "x"]  # fmt: skip
+    text = "\n".join(swap_section(stretch))
+    assert "stretch 1.97→1.85x: +90 %" in text and "hand 3.00→3.10 ms" in text
+    assert "`stretch` (1.97x in the prediction, 1.85x in the re-run)" in text
 
 
 def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:
@@ -253,3 +260,35 @@ def test_clipping_pools_the_harness_per_rank_figures(tmp_path) -> None:
     assert got["clip_shift_ms"] == pytest.approx((2 * 5.0 + 6 * 1.0) / 8)
     assert got["clip_wait_ms"] == pytest.approx(0.2)
     assert got["clip_clip_threshold_ms"] == 1.0  # top-level numbers as they come
+
+
+def test_drain_split_separates_the_last_pw_iterations_of_each_epoch() -> None:
+    from validation.metrics import drain_split
+
+    epoch = np.repeat([0, 1], 20)
+    iteration = np.tile(np.arange(20), 2)
+    times = np.where(iteration >= 16, 0.010, 0.050)  # the last 4 of each epoch are fast
+    body, drain = drain_split(epoch, iteration, times, 4)
+    # Epoch 1 only (every epoch but the first), iterations 11..15 vs 16..19.
+    assert body == pytest.approx(50.0) and drain == pytest.approx(10.0)
+    assert math.isnan(drain_split(epoch, iteration, times, 0)[1])
+
+
+def test_drain_section_is_generated_from_the_rows() -> None:
+    from validation.report import drain_section
+
+    rows = pd.DataFrame(
+        [
+            {"kind": "loader", "regime": "cpu", "regime_kind": "cpu", "what_if": "workers 2 -> 8",
+             "drain_iterations": 16.0, "body_ms_measured": 56.5, "drain_ms_measured": 25.6,
+             "body_ms_pipeline": 55.6, "drain_ms_pipeline": 42.2},
+            {"kind": "align", "regime": "cpu", "regime_kind": "cpu", "what_if": "align min, 1 w",
+             "drain_iterations": math.nan, "body_ms_measured": math.nan,
+             "drain_ms_measured": math.nan, "body_ms_pipeline": math.nan,
+             "drain_ms_pipeline": math.nan},
+        ]
+    )  # fmt: skip
+    text = "\n".join(drain_section(rows))
+    assert "| cpu (cpu) | workers 2 -> 8 | 16 | 56.5 | 25.6 | 55.6 | 42.2 |" in text
+    assert "align min" not in text
+    assert drain_section(rows.drop(columns=["drain_ms_measured"])) == []

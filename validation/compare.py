@@ -27,10 +27,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dsim.errors import DsimError, InputError
@@ -41,6 +43,7 @@ from validation.machine import REPO, git_commit
 from validation.metrics import METRICS, error
 from validation.predict import (
     PipelineBase,
+    drain_metrics,
     predict_per_iteration,
     prepare_pipeline,
     replay_metrics,
@@ -296,6 +299,32 @@ def _predictions(
     return meas, preds
 
 
+def drain_row(
+    pair: Pair,
+    base_runs: list[str],
+    target_runs: list[str],
+    base_of: Callable[[str], PipelineBase],
+) -> dict[str, float]:
+    """A loader what-if's body and drain (last P·W iterations), measured and predicted, in ms.
+
+    Measured: each re-run's own ``actual/actual`` pipeline replay (the run,
+    exactly: the identity); predicted: the pipeline's replay of each base
+    repeat under the what-if. Means over the repeats.
+    """
+    policy = pair.pipeline_policy or BASELINE
+    measured = [drain_metrics(base_of(t), BASELINE, None, None) for t in target_runs]
+    predicted = [
+        drain_metrics(base_of(b), policy, pair.pipeline_workers, pair.pipeline_prefetch)
+        for b in base_runs
+    ]
+    out = {"drain_iterations": float(pair.target.workers * pair.target.prefetch)}
+    for name, values in (("measured", measured), ("pipeline", predicted)):
+        body, drain = np.array(values, dtype=np.float64).reshape(-1, 2).T
+        out[f"body_ms_{name}"] = float(np.nanmean(body)) if len(body) else math.nan
+        out[f"drain_ms_{name}"] = float(np.nanmean(drain)) if len(drain) else math.nan
+    return out
+
+
 def compare_runs(
     data: Path, manifest: dict, work: Path, jobs: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -371,6 +400,8 @@ def compare_runs(
         }
         if p.kind in ("start", "control"):
             row.update(clipping(data, target_runs))
+        if p.kind == "loader" and p.pipeline_policy:
+            row.update(drain_row(p, base_runs, target_runs, base_of))
         pipe_rows = preds["pipeline"] or []
         assumptions = sorted({str(r.get("assumption", "n/a")) for r in pipe_rows})
         row["pipeline_assumption"] = ";".join(assumptions) or "n/a"

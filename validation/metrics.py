@@ -73,6 +73,37 @@ def run_metrics(
     }
 
 
+def drain_split(
+    epoch: np.ndarray,
+    iteration: np.ndarray,
+    iteration_s: np.ndarray,
+    drain: int,
+    *,
+    warmup: int = DEFAULT_WARMUP,
+) -> tuple[float, float]:
+    """(body, drain) mean iteration time in ms over the selected iterations of every epoch.
+
+    Why: the last ``drain`` (P·W) iterations of an epoch consume batches whose
+    indices were all sent before; no new fetch starts, so on a busy node they
+    run at another pace than the body. The drain is each selected epoch's
+    last ``drain`` iterations (by iteration number), the body the selected
+    ones before them (``run_metrics``' selection). NaN where either is empty.
+    """
+    epoch = np.asarray(epoch)
+    iteration = np.asarray(iteration)
+    iteration_s = np.asarray(iteration_s, dtype=np.float64)
+    epochs = default_epochs(np.unique(epoch).tolist())
+    mask = selection_mask(epoch, iteration, epochs, warmup)
+    tail = np.zeros(len(epoch), dtype=bool)
+    for e in epochs:
+        mine = epoch == e
+        if mine.any():
+            tail |= mine & (iteration > iteration[mine].max() - max(int(drain), 0))
+    body, last = mask & ~tail, mask & tail
+    mean = lambda m: float(iteration_s[m].mean()) * 1e3 if m.any() else math.nan  # noqa: E731
+    return mean(body), mean(last)
+
+
 def error(metric: str, predicted: float | None, measured: float | None) -> float | None:
     """Signed error of a prediction: % of the measured value for times, else absolute."""
     if predicted is None or measured is None:

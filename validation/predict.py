@@ -26,7 +26,7 @@ from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models.pipeline import PipelineModel, PreparedPipeline, cpu_assumption
 from dsim.replay.params import TORCH_DEFAULT_PREFETCH, LoaderSettings, ReplayParams
 from dsim.replay.policies import Policy
-from validation.metrics import run_metrics
+from validation.metrics import drain_split, run_metrics
 
 
 def predict_per_iteration(results: Path, run: str, policy: Policy) -> dict[str, float]:
@@ -145,6 +145,23 @@ def replay_metrics(
         else "no CPU times: fetch durations independent of load"
     )
     return metrics
+
+
+def drain_metrics(
+    base: PipelineBase, policy: tuple[str, str], workers: int | None, prefetch: int | None
+) -> tuple[float, float]:
+    """(body, drain) mean iteration ms of one pipeline replay (``metrics.drain_split``).
+
+    The drain is the last P·W iterations of each epoch under the replay's loader
+    settings; ``actual/actual`` at the traced settings is the run as measured.
+    """
+    result = base.model.replay(
+        base.prepared, tuple(policy), ReplayParams(workers=workers, prefetch_factor=prefetch)
+    )
+    c = base.prepared.calibration
+    w = c.workers if workers is None else int(workers)
+    p = c.prefetch if prefetch is None else int(prefetch)
+    return drain_split(base.arrays.epoch, base.arrays.iteration, result.iteration_s, w * p)
 
 
 def predict_pipeline(

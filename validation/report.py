@@ -360,6 +360,53 @@ def loader_section(frame: pd.DataFrame, manifest: dict) -> list[str]:
     ]
 
 
+def drain_section(frame: pd.DataFrame) -> list[str]:
+    """Loader what-ifs: the body and the last P·W iterations of an epoch, physical and predicted."""
+    if "drain_ms_measured" not in frame:
+        return []
+    part = frame[(frame["kind"] == "loader") & frame["drain_ms_measured"].notna()]
+    if part.empty:
+        return []
+
+    def ms(value: object) -> str:
+        number = _num(value)
+        return "n/a" if number is None else f"{number:.1f}"
+
+    rows = [
+        [
+            f"{r['regime']} ({r['regime_kind']})",
+            str(r["what_if"]),
+            str(int(r["drain_iterations"])),
+            ms(r["body_ms_measured"]),
+            ms(r["drain_ms_measured"]),
+            ms(r["body_ms_pipeline"]),
+            ms(r["drain_ms_pipeline"]),
+        ]
+        for _, r in part.iterrows()
+    ]
+    header = ["regime (kind)", "what-if", "last P·W", "physical body ms", "physical last P·W ms"]
+    header += ["pipeline body ms", "pipeline last P·W ms"]
+    return [
+        "### Where an epoch ends: the last P·W iterations",
+        "",
+        "The last P·W iterations of an epoch take batches whose indices were all sent "
+        "before: no fetch starts any more, the workers go idle one by one. Mean iteration "
+        "time of the body (the selected iterations before them) and of those last P·W, "
+        "in the re-run (mean over its repeats) and in the pipeline model's prediction "
+        '(mean over the base\'s repeats); SPEC §4.2 "The drain" says how the model '
+        "treats them.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def _unit(row: pd.Series) -> str:
+    """How a swapped term's two values print: " ms", or "x" for the CPU stretch."""
+    unit = row.get("unit", "ms")
+    return "x" if unit == "x" else " ms"
+
+
 def swap_section(swaps: pd.DataFrame | None) -> list[str]:
     """Why it misses: per missed cell, each term swapped, and the sentence of the best one."""
     head = ["### Why it misses: one measured term swapped in", ""]
@@ -371,7 +418,10 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
         "calibration (`lat_sent`: index sent → fetch start, `lat_free`: worker free → "
         "fetch start, `hand`: hand-over of a ready batch, `deliver`: fetch end → arrival, "
         "`after`: last arrival → iteration end, i.e. compute + all-reduce + step, `loop`: "
-        "the loop's gap) — has its per-rank mean moved to the re-run's; *removed* is the "
+        "the loop's gap) — has its per-rank mean moved to the re-run's; where the logs "
+        "carry CPU times, also `stretch`: the CPU-aware model's wall seconds per CPU second, "
+        "the prediction's solved value replaced by the re-run's measured one (1 + run-queue "
+        "wait / CPU time); *removed* is the "
         "share of the absolute error that swap takes away (negative: it grows).",
         "",
     ]
@@ -382,7 +432,7 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
         for _, r in part.iterrows():
             removed = _num(r["removed"])
             cells.append(
-                f"{r['term']} {r['base_term_ms']:.2f}→{r['rerun_term_ms']:.2f} ms: "
+                f"{r['term']} {r['base_term_ms']:.2f}→{r['rerun_term_ms']:.2f}{_unit(r)}: "
                 + ("n/a" if removed is None else f"{removed:+.0f} %")
             )
         first = part.iloc[0]
@@ -398,11 +448,12 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
                 "reduces the error."
             )
             continue
+        where = "the prediction" if _unit(b) == "x" else "A"
         sentences.append(
             f"- {regime}, {what}: error {b['err_pct']:+.1f} % → {b['swapped_err_pct']:+.1f} % "
-            f"with the re-run's `{b['term']}` ({b['base_term_ms']:.2f} ms in A, "
-            f"{b['rerun_term_ms']:.2f} ms in the re-run): it removes {b['removed']:.0f} % of "
-            "the error."
+            f"with the re-run's `{b['term']}` ({b['base_term_ms']:.2f}{_unit(b)} in {where}, "
+            f"{b['rerun_term_ms']:.2f}{_unit(b)} in the re-run): it removes "
+            f"{b['removed']:.0f} % of the error."
         )
     header = ["regime (kind)", "missed what-if", "pipeline error", "term A→re-run: removed"]
     return [*head, *_table(header, rows), "", "The term that removes most, per cell:", "",
@@ -652,6 +703,7 @@ def render(
     lines += noise_section(frame)
     lines += start_section(frame)
     lines += loader_section(frame, manifest)
+    lines += drain_section(frame)
     lines += swap_section(swaps)
     lines += tune_section(tune, frame)
     lines += [

@@ -157,3 +157,65 @@ def solve(
         else:
             lo = mid
     return Solution(hi, t_hi, demand_s / (cores * t_hi) if t_hi > 0 else 0.0, steps)
+
+
+def overlap_rate(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rates: np.ndarray,
+    span_lo: np.ndarray,
+    span_hi: np.ndarray,
+) -> np.ndarray:
+    """Per span, the mean over it of Σ_j rate_j over the intervals [s_j, e_j) covering t.
+
+    Why: a fetch spends its CPU seconds over its whole wall interval, so the
+    CPU a node's fetches want during an iteration is each fetch's rate (CPU
+    seconds per wall second) times the part of the iteration it covers. The
+    step function is integrated once (a sweep over the sorted ends), so this
+    costs O((n + m) log n). Spans of zero or negative length give NaN.
+    """
+    starts = np.asarray(starts, dtype=np.float64).ravel()
+    ends = np.asarray(ends, dtype=np.float64).ravel()
+    rates = np.asarray(rates, dtype=np.float64).ravel()
+    span_lo = np.asarray(span_lo, dtype=np.float64)
+    span_hi = np.asarray(span_hi, dtype=np.float64)
+    length = span_hi - span_lo
+    out = np.full(span_lo.shape, np.nan)
+    positive = length > 0
+    ok = np.isfinite(starts) & np.isfinite(ends) & (ends > starts) & np.isfinite(rates)
+    if not ok.any():
+        out[positive] = 0.0
+        return out
+    times = np.concatenate([starts[ok], ends[ok]])
+    steps = np.concatenate([rates[ok], -rates[ok]])
+    order = np.argsort(times, kind="stable")
+    times, level = times[order], np.cumsum(steps[order])
+    area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+    covered = np.interp(span_hi, times, area) - np.interp(span_lo, times, area)
+    out[positive] = covered[positive] / length[positive]
+    return out
+
+
+def trainer_stretch(rho: float, demand: np.ndarray, body: np.ndarray) -> np.ndarray:
+    """ρ_k = 1 + (ρ − 1) d_k / d̄: the stretch of iteration k's training CPU on one node.
+
+    Why: the fixed point gives one stretch ρ for the body of a segment, where
+    every worker has indices to build. When the sampler runs out, the last
+    P·W batches finish and the workers go idle: the node's CPU demand falls
+    and the training processes get the cores (the 8-worker re-runs' last 16
+    iterations ran 2-3x faster than their body though their fetches took as
+    long). The excess stretch ρ − 1 is taken proportional to the node's
+    demand ``demand`` (d_k, CPU seconds per second in iteration k), scaled so
+    that it is ρ − 1 at the body's mean demand d̄ (rows ``body``; every row if
+    none is marked). No constant is fitted: where d̄ is not positive or d_k is
+    unknown the stretch stays ρ.
+    """
+    demand = np.asarray(demand, dtype=np.float64)
+    mask = np.asarray(body, dtype=bool) & np.isfinite(demand)
+    if not mask.any():
+        mask = np.isfinite(demand)
+    ref = float(demand[mask].mean()) if mask.any() else 0.0
+    if not ref > 0.0:
+        return np.full(demand.shape, float(rho))
+    scale = np.where(np.isfinite(demand), demand / ref, 1.0)
+    return 1.0 + (float(rho) - 1.0) * scale

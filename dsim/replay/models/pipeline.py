@@ -93,6 +93,7 @@ class CpuState:
     demand_s: float
     a: float
     measured_iteration_s: float
+    rho_given: float | None = None  # replay at this stretch instead of solving (term swaps)
 
 
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
@@ -141,12 +142,16 @@ def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
     }
 
 
-def _stretched(prepared: PreparedPipeline, rho: float) -> PreparedPipeline:
+def _stretched(
+    prepared: PreparedPipeline, rho: float, trainer_rho: np.ndarray | None = None
+) -> PreparedPipeline:
     """The run with every CPU second taking ``rho`` wall seconds instead of ρ_m.
 
     A fetch of wall time f and CPU time c becomes f + c (ρ − ρ_m) (never
     negative); each rank's time after the last arrival grows by its training
-    process's CPU time c_t (ρ − ρ_m): it competes for the same cores.
+    process's CPU time c_t (ρ_t − ρ_m): it competes for the same cores.
+    ``trainer_rho`` ([N, G]) gives each iteration's ρ_t where the node's
+    demand varies along the run (``trainer_stretches``); without it ρ_t = ρ.
     """
     cpu = prepared.cpu
     assert cpu is not None
@@ -155,10 +160,78 @@ def _stretched(prepared: PreparedPipeline, rho: float) -> PreparedPipeline:
         prepared.inputs,
         fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * delta, 0.0),
     )
+    trainer_delta = delta if trainer_rho is None else trainer_rho - cpu.rho_measured
     calibration = replace(
-        prepared.calibration, after=prepared.calibration.after + cpu.load.train_cpu * delta
+        prepared.calibration,
+        after=prepared.calibration.after + cpu.load.train_cpu * trainer_delta,
     )
     return PreparedPipeline(inputs, calibration, None)
+
+
+#: Passes of the trainers' per-iteration stretch (each replays once more; the
+#: re-runs' predictions move < 0.3 ms between 2 and 12 passes).
+TRAINER_PASSES = 2
+
+
+def trainer_stretches(
+    prepared: PreparedPipeline,
+    policy: Policy,
+    workers: int | None,
+    prefetch: int | None,
+    rho: float,
+) -> np.ndarray:
+    """Each iteration's stretch of the training CPU, from the node's demand in it ([N, G]).
+
+    Why: ρ* is the body's stretch; at a segment's end the workers finish their
+    last batches and go idle, the node's demand falls and the loop runs
+    faster (SPEC §4.2, CPU contention, "The drain"). The replay at ρ* gives
+    every fetch's wall interval; a fetch spends its CPU time c evenly over it,
+    a training process its c_t over its iteration; their sum over the node
+    during iteration k's span (from the node's earliest end of iteration
+    k − 1 to its latest end of k) is the demand d_k, and
+    ``cpu_share.trainer_stretch`` turns it into ρ_k. Fetches keep ρ*: a
+    fetch lives across many iterations, and the last ones measured as long as
+    the body's. Repeated ``TRAINER_PASSES`` times with the new iteration ends.
+    """
+    from dsim.replay.models.pipeline_kernel import replay_pipeline
+
+    cpu = prepared.cpu
+    assert cpu is not None
+    load = cpu.load
+    n, g = prepared.inputs.fetch.shape
+    c = prepared.calibration
+    startup = max((c.workers if workers is None else int(workers)) * (
+        c.prefetch if prefetch is None else int(prefetch)), 1)  # fmt: skip
+    body = np.zeros(n, dtype=bool)
+    first = np.zeros(n, dtype=bool)
+    for lo, hi in prepared.inputs.segments:
+        body[lo + startup : hi - startup] = True
+        first[lo] = True
+    nodes = np.arange(g) // max(load.ranks_per_node, 1)
+    rho_t = np.full((n, g), float(rho))
+    for _ in range(TRAINER_PASSES):
+        stretched = _stretched(prepared, rho, rho_t)
+        out = replay_pipeline(
+            stretched.inputs, stretched.calibration, policy, workers, prefetch, starts=True
+        )
+        start, fetch, end = out["gpu_start_s"], stretched.inputs.fetch, out["gpu_end_s"]
+        rate = np.divide(load.fetch_cpu, fetch, out=np.zeros_like(fetch), where=fetch > 0)
+        for node in np.unique(nodes):
+            cols = nodes == node
+            span_hi = end[:, cols].max(axis=1)
+            span_lo = np.empty(n)
+            span_lo[1:] = end[:-1, cols].min(axis=1)
+            span_lo[first] = span_hi[first] - out["iteration_s"][first]
+            demand = cpu_share.overlap_rate(
+                start[:, cols], start[:, cols] + fetch[:, cols], rate[:, cols], span_lo, span_hi
+            )
+            length = span_hi - span_lo
+            trainers = np.divide(
+                load.train_cpu[:, cols].sum(axis=1), length,
+                out=np.zeros(n), where=length > 0,
+            )  # fmt: skip
+            rho_t[:, cols] = cpu_share.trainer_stretch(rho, demand + trainers, body)[:, None]
+    return rho_t
 
 
 def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipeline:
@@ -269,9 +342,7 @@ class PipelineModel(ReplayModel):
             prefetch in (None, calibration.prefetch)
         )
         if prepared.cpu is not None and not (same and tuple(policy) == ("actual", "actual")):
-            prepared = aligned_cpu(prepared, policy[0])
-            solution = solve_contention(prepared, policy, workers, prefetch)
-            prepared = _stretched(prepared, solution.rho)
+            prepared = contended(prepared, policy, workers, prefetch)
         out = replay_pipeline(
             prepared.inputs, prepared.calibration, policy, workers, prefetch, starts=False
         )
@@ -330,3 +401,25 @@ def solve_contention(
         return _mean_iteration(_stretched(prepared, rho), policy, workers, prefetch)
 
     return cpu_share.solve(t_of, cpu.demand_s, cpu.load.cores, cpu.a)
+
+
+def contended(
+    prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
+) -> PreparedPipeline:
+    """The run as the what-if's CPU contention stretches it, ready for the kernel.
+
+    The fetch alignment moves the CPU work (``aligned_cpu``); the stretch ρ*
+    is solved (``solve_contention``) unless the run carries one to use
+    (``CpuState.rho_given``: the validation's swap of the re-run's measured
+    stretch); the trainers' stretch follows the node's demand per iteration
+    (``trainer_stretches``).
+    """
+    prepared = aligned_cpu(prepared, policy[0])
+    cpu = prepared.cpu
+    assert cpu is not None
+    if cpu.rho_given is not None:
+        rho = float(cpu.rho_given)
+    else:
+        rho = solve_contention(prepared, policy, workers, prefetch).rho
+    rho_t = trainer_stretches(prepared, policy, workers, prefetch, rho)
+    return _stretched(prepared, rho, rho_t)
