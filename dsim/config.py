@@ -20,17 +20,26 @@ import fnmatch
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
+from dsim.io.names import RULE as NAME_RULE
+from dsim.io.names import name_problem
 from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import resolve_epochs
 from dsim.model.tables import read_info
 from dsim.replay.models import DEFAULT_MODEL, MODELS
-from dsim.replay.params import DEFAULT_STALL_FLOOR_S, DEFAULT_STALL_GROW_MIN_S
+from dsim.replay.params import (
+    DEFAULT_STALL_FLOOR_S,
+    DEFAULT_STALL_GROW_MIN_S,
+    MAX_LOADER_SETTING,
+    STALL_FLOOR_RANGE_S,
+    STALL_GROW_MIN_RANGE_S,
+)
 from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
 
 DEFAULT_TRACES = Path("traces")
@@ -148,17 +157,83 @@ class SimConfig:
     run_infos: dict[str, RunInfo] = field(default_factory=dict, compare=False)
 
 
+#: Largest config file read (bytes): a config is a few lines; ``--conf /dev/zero`` or a log
+#: given by mistake fails at once instead of filling memory.
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Deepest nesting of arrays and objects in a config (a real one nests 2 deep); checked before
+#: parsing, so that a config nested 100,000 deep is an error, not a ``RecursionError``.
+MAX_CONFIG_DEPTH = 32
+#: Accepted ranges of the integer settings (inclusive); ``num_cpus``'s top is per machine.
+WORKERS_RANGE = (0, MAX_LOADER_SETTING)
+PREFETCH_RANGE = (1, MAX_LOADER_SETTING)
+#: ``num_cpus`` may oversubscribe this machine's CPUs at most this many times: the embedded
+#: Ray starts a worker per CPU it is given, and 10**9 of them never start.
+NUM_CPUS_FACTOR = 4
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def max_num_cpus() -> int:
+    """The largest ``num_cpus`` accepted on this machine (``NUM_CPUS_FACTOR`` x its CPUs)."""
+    return NUM_CPUS_FACTOR * (os.cpu_count() or 1)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's keys, refused when one repeats (``json`` would keep the last silently)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
+    return found
+
+
+def _depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in JSON text (strings skipped), without parsing it."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', data)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
+    """The config's JSON object: at most ``MAX_CONFIG_BYTES``, ``MAX_CONFIG_DEPTH`` deep,
+    no key twice in one object; anything else a one-line ``UsageError`` naming the file."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read config {path}: {exc}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(
+            f"config {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB: not a dsim config"
+        )
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise UsageError(
+            f"config {path} nests arrays or objects more than {MAX_CONFIG_DEPTH} deep: "
+            "not a dsim config"
+        )
+    try:
+        raw = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read config {path}: not UTF-8 text ({exc.reason})") from exc
+    except _DuplicateKey as exc:
+        raise UsageError(
+            f"config {path} gives key {exc.args[0]!r} twice in one object: keep one"
+        ) from None
     except json.JSONDecodeError as exc:
         raise UsageError(
             f"config {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from exc
+    except RecursionError:  # the depth check makes this unreachable; kept as a last guard
+        raise UsageError(f"config {path} nests too deeply: not a dsim config") from None
     if not isinstance(raw, dict):
         raise UsageError(f"config {path} must be a JSON object, got {type(raw).__name__}")
     return raw
@@ -188,12 +263,18 @@ class _Problems:
             raise UsageError(f"{where}: {count} {noun}: " + "; ".join(self.items))
 
 
-def _number(raw: dict[str, Any], key: str, problems: _Problems) -> float | None:
+def _number(
+    raw: dict[str, Any], key: str, problems: _Problems, bounds: tuple[float, float] | None = None
+) -> float | None:
+    """A number of seconds >= 0 (and within ``bounds``, inclusive, when given)."""
     if key not in raw:
         return None
     value = raw[key]
     if not _is_number(value) or value < 0:
         problems.add(f"{key} must be a non-negative number of seconds, got {value!r}")
+        return None
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        problems.add(f"{key} must be between {bounds[0]:g} and {bounds[1]:g} s, got {value!r}")
         return None
     return float(value)
 
@@ -262,7 +343,16 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
         if any(ch in pattern for ch in "*?["):
             matches = fnmatch.filter(available, pattern)
         else:
+            problem = name_problem(pattern)  # a run name is one directory name (§1.1)
+            if problem is not None:
+                problems.add(f"run {pattern!r} is not a valid run name ({problem}; {NAME_RULE})")
+                continue
             matches = [pattern] if pattern in available else []
+        for name in matches:
+            problem = name_problem(name)  # a directory made by hand under traces
+            if problem is not None:
+                problems.add(f"run {name!r} in {traces} is not a valid run name ({problem})")
+        matches = [name for name in matches if name_problem(name) is None]
         if matches:
             found.extend(matches)
         else:
@@ -295,6 +385,11 @@ def _check_epochs(
 def _model(overrides: Overrides, raw: dict[str, Any], problems: _Problems) -> str:
     """The replay model (``--model`` > config ``model`` > the default), by registered name."""
     value = overrides.model if overrides.model is not None else raw.get("model", DEFAULT_MODEL)
+    if not isinstance(value, str):  # a list or object: no model's name (and unhashable)
+        problems.add(
+            f"model must be a replay model's name, got {value!r}; known models: {', '.join(MODELS)}"
+        )
+        return DEFAULT_MODEL
     if value not in MODELS:
         problems.add(f"unknown replay model {value!r}; known models: {', '.join(MODELS)}")
         return DEFAULT_MODEL
@@ -323,9 +418,9 @@ def _loader_setting(
         value = raw[where]
     else:
         return None
-    lowest = 0 if key == "workers" else 1
-    if not _is_int(value) or value < lowest:
-        problems.add(f"{where} must be an integer >= {lowest}, got {value!r}")
+    lowest, highest = WORKERS_RANGE if key == "workers" else PREFETCH_RANGE
+    if not _is_int(value) or not lowest <= value <= highest:
+        problems.add(f"{where} must be an integer from {lowest} to {highest}, got {value!r}")
         return None
     if not MODELS[model].uses_loader:
         if override is not None:
@@ -466,8 +561,8 @@ def validate_config(
         threshold = _number(raw, "effective_delay_threshold_s", problems)
     elif not math.isfinite(threshold) or threshold < 0:
         problems.add(f"threshold must be a non-negative number of seconds, got {threshold}")
-    stall_floor = _number(raw, "stall_floor_s", problems)
-    grow_min = _number(raw, "stall_grow_min_s", problems)
+    stall_floor = _number(raw, "stall_floor_s", problems, STALL_FLOOR_RANGE_S)
+    grow_min = _number(raw, "stall_grow_min_s", problems, STALL_GROW_MIN_RANGE_S)
 
     executor = overrides.executor or raw.get("executor", "auto")
     if executor not in EXECUTORS:
@@ -478,8 +573,13 @@ def validate_config(
         if not _is_int(num_cpus):
             problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
             num_cpus = None
-    if num_cpus is not None and num_cpus < 1:
-        problems.add(f"num_cpus must be a positive integer, got {num_cpus!r}")
+    if num_cpus is not None and not 1 <= num_cpus <= max_num_cpus():
+        where = "--num-cpus" if overrides.num_cpus is not None else "num_cpus"
+        problems.add(
+            f"{where} must be an integer from 1 to {max_num_cpus()} ({NUM_CPUS_FACTOR} x this "
+            f"machine's {os.cpu_count() or 1} CPUs), got {num_cpus!r}"
+        )
+        num_cpus = None
     ray_address = _ray_address(overrides, raw, executor, problems)
     mlflow = _mlflow(overrides, raw, problems)
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import UsageError
+from dsim.replay.params import MAX_LOADER_SETTING
 
 #: The model's validated error for loader what-ifs: the pipeline model's mean absolute
 #: error of the mean iteration time over the physical re-runs, FIDELITY.md ("Targets",
@@ -40,8 +41,8 @@ BOOTSTRAP_RESAMPLES = 300
 #: Iterations are resampled in at most this many contiguous blocks (bounded memory; blocks
 #: keep the autocorrelation of neighbouring iterations inside a resample).
 BOOTSTRAP_BLOCKS = 2000
-#: Largest worker count or prefetch factor a grid may ask for (a sane bound, not PyTorch's).
-MAX_SETTING = 256
+#: Largest worker count or prefetch factor a grid may ask for (``dsim run``'s bound too).
+MAX_SETTING = MAX_LOADER_SETTING
 #: The grid when the run did not record its cores.
 DEFAULT_WORKERS = (0, 1, 2, 4, 8, 16)
 DEFAULT_PREFETCH = (1, 2, 4)

@@ -197,6 +197,7 @@ def test_leftovers_of_killed_writers_are_removed(tmp_path: Path) -> None:
     traces = tmp_path / "parsed"
     gone = [_plant(traces, f".{log_run}.{dead}.k9k9k9k9.tmp", is_dir=True)]
     old = _plant(traces, f".{log_run}.old-{dead}", is_dir=True)  # its target is missing
+    (old / "run.json").write_text('{"format_version": 1}')  # a run directory dsim wrote
     proc = run_dsim("parse", "logs", "--out", "parsed", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not gone[0].exists() and not old.exists()

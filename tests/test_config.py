@@ -157,7 +157,7 @@ def test_every_problem_is_listed_in_one_error(workdir: Path) -> None:
         "stall_grow_min_s must be a non-negative number",
         "epochs must be a list of epoch numbers",
         "executor must be one of auto, local, ray, got 'dask'",
-        "num_cpus must be a positive integer, got 0",
+        "num_cpus must be an integer from 1 to",
         "traces must be a path string",
     ):
         assert part in message, part
@@ -233,3 +233,94 @@ def test_epochs_option() -> None:
     for bad in ("one", ",", "1;2"):
         with pytest.raises(UsageError, match="--epochs"):
             parse_epochs_option(bad)
+
+
+# --- #20: configs that must fail cleanly, each naming the file and the key --------------------
+
+
+def test_duplicate_keys_are_refused_naming_key_and_file(workdir: Path) -> None:
+    path = workdir / "dup.json"
+    path.write_text(f'{{"FILE": "{RUN}", "mlflow": {{"experiment": "a", "experiment": "b"}}}}')
+    message = _error(path)
+    assert message == f"config {path} gives key 'experiment' twice in one object: keep one"
+    path.write_text(f'{{"FILE": "{RUN}", "FILE": "other_run"}}')
+    assert "gives key 'FILE' twice" in _error(path)
+
+
+def test_oversized_and_deeply_nested_configs_fail_fast(workdir: Path) -> None:
+    from dsim.config import MAX_CONFIG_BYTES
+
+    big = workdir / "big.json"
+    big.write_text(json.dumps({"FILE": RUN, "x": "a" * MAX_CONFIG_BYTES}))
+    assert f"config {big} is larger than 1024 KiB" in _error(big)
+    deep = workdir / "deep.json"
+    deep.write_text('{"FILE": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert f"config {deep} nests arrays or objects more than 32 deep" in _error(deep)
+    fine = workdir / "brackets.json"  # brackets inside strings are no nesting
+    fine.write_text(json.dumps({"FILE": RUN, "mlflow": {"experiment": "[" * 100}}))
+    assert load_config(fine).mlflow.experiment == "[" * 100
+
+
+def test_dev_zero_as_config_is_a_clean_error(workdir: Path) -> None:
+    from conftest import run_dsim
+
+    result = run_dsim("run", "--conf", "/dev/zero", cwd=workdir, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr
+        == "dsim: error: config /dev/zero is larger than 1024 KiB: not a dsim config\n"
+    )
+
+
+@pytest.mark.parametrize("model", [["pipeline"], {"name": "pipeline"}])
+def test_model_of_the_wrong_type_is_a_clean_error(workdir: Path, model: object) -> None:
+    message = _error(_write(workdir / "c.json", {"FILE": RUN, "model": model}))
+    assert f"model must be a replay model's name, got {model!r}" in message
+
+
+def test_settings_out_of_range_name_key_file_and_range(workdir: Path) -> None:
+    from dsim.config import max_num_cpus
+
+    conf = {
+        "FILE": RUN,
+        "model": "pipeline",
+        "workers": 10**9,
+        "prefetch_factor": 10**12,
+        "num_cpus": 10**9,
+        "stall_floor_s": 1e300,
+        "stall_grow_min_s": 1e9,
+    }
+    path = _write(workdir / "c.json", conf)
+    message = _error(path)
+    assert message.startswith(f"invalid config {path}: 5 problems")
+    for part in (
+        "workers must be an integer from 0 to 256, got 1000000000",
+        "prefetch_factor must be an integer from 1 to 256, got 1000000000000",
+        f"num_cpus must be an integer from 1 to {max_num_cpus()}",
+        "stall_floor_s must be between 0 and 1 s, got 1e+300",
+        "stall_grow_min_s must be between 0 and 86400 s",
+    ):
+        assert part in message, part
+    edge = {"FILE": RUN, "model": "pipeline", "workers": 256, "prefetch_factor": 256}
+    edge |= {"num_cpus": max_num_cpus(), "stall_floor_s": 1, "stall_grow_min_s": 86400}
+    config = load_config(_write(workdir / "edge.json", edge))
+    assert (config.workers, config.prefetch_factor, config.stall_floor_s) == (256, 256, 1.0)
+
+
+def test_command_line_values_get_the_same_ranges(workdir: Path) -> None:
+    overrides = Overrides(
+        runs=(RUN,), model="pipeline", workers=257, prefetch_factor=0, num_cpus=10**9
+    )
+    message = _error(None, overrides)  # type: ignore[arg-type]
+    for part in (
+        "--workers must be an integer from 0 to 256, got 257",
+        "--prefetch-factor must be an integer from 1 to 256, got 0",
+        "--num-cpus must be an integer from 1 to",
+    ):
+        assert part in message, part
+
+
+@pytest.mark.parametrize("name", ["../" + RUN, ".", "/abs/path"])
+def test_run_names_in_a_config_follow_the_name_rule(workdir: Path, name: str) -> None:
+    message = _error(_write(workdir / "c.json", {"FILE": name}))
+    assert f"run {name!r} is not a valid run name" in message

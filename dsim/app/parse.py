@@ -12,8 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dsim.io.atomic import check_replaceable
+from dsim.io.names import check_run_name, run_path
 from dsim.model.consistency import consistency
-from dsim.model.runinfo import RunInfo
+from dsim.model.runinfo import RunInfo, check_run_directory
 from dsim.model.tables import write_run
 from dsim.sources import RunSource, detect_source, get_source
 
@@ -24,7 +26,10 @@ def discover_runs(
     """The input format (``auto`` detected) and the runs the paths hold (docs/SPEC.md §1.1)."""
     paths = [Path(p) for p in paths]
     fmt = detect_source(paths) if input_format == "auto" else input_format
-    return fmt, get_source(fmt).discover(paths, name=name)
+    runs = get_source(fmt).discover(paths, name=name)
+    for run in runs:  # a name becomes <out>/<name>/: one rule, before any work (§1.1)
+        check_run_name(run.name, origin=run.origin)
+    return fmt, runs
 
 
 def parse_and_write(
@@ -36,7 +41,12 @@ def parse_and_write(
     limits: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[Path, RunInfo]:
-    """Parse one run and write ``<out>/<run>/`` atomically; its directory and ``RunInfo``."""
+    """Parse one run and write ``<out>/<run>/`` atomically; its directory and ``RunInfo``.
+
+    An existing ``<out>/<run>/`` is replaced only if dsim wrote it (§2.3).
+    """
+    target = run_path(out, run.name)  # inside --out, not through a link
+    check_replaceable(target, check_run_directory)  # fail before parsing, not after
     kwargs: dict[str, Any] = dict(limits or {})
     if progress is not None:
         kwargs["progress"] = progress
@@ -44,5 +54,5 @@ def parse_and_write(
     tables = parsed.tables
     # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
     tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
-    directory = write_run(tables, Path(out) / run.name, parsed.rejects)
+    directory = write_run(tables, target, parsed.rejects)
     return directory, tables.info

@@ -33,6 +33,7 @@ from dsim.model.resultinfo import Selection
 from dsim.model.results import (
     SUMMARY_STEM,
     ResultInfo,
+    check_results_directory,
     find_result_runs,
     read_replay_key,
     replay_path,
@@ -347,6 +348,8 @@ def run_replays(
             plans.append(plan_run(name, run_dir, config, model, measured))
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
+        for plan in plans:  # inside --out, no link, no newer result.json downgraded (§7.4)
+            check_results_directory(config.out, plan.directory)
         for plan in plans:
             plan.todo = pending_policies(plan, config.out, force)
         outcome = _replay_and_summarize(config, plans, model, params, chunk_rows, progress)

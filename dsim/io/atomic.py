@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +82,50 @@ def write_json(obj: Any, target: str | Path) -> None:
     write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", target)
 
 
+#: Called with an existing target before ``atomic_dir`` replaces it; raises unless the
+#: directory is one the caller's command wrote (``OutputError``, ``UsageError``).
+CheckExisting = Callable[[Path], None]
+
+
+def check_replaceable(target: Path, check_existing: CheckExisting) -> None:
+    """Refuse to replace ``target`` unless it is absent, an empty directory, or the caller's.
+
+    A symbolic link or a file at ``target`` is never replaced (its target, or
+    the file, is the user's); an empty directory holds nothing to lose;
+    anything else must pass ``check_existing``.
+    """
+    if target.is_symlink():
+        raise OutputError(
+            f"{target} is a symbolic link, not a run directory dsim wrote; dsim does not "
+            "replace it: remove it or choose another --name or --out"
+        )
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise OutputError(
+            f"{target} exists and is not a directory; dsim does not replace it: "
+            "remove it or choose another --name or --out"
+        )
+    try:
+        empty = not any(os.scandir(target))
+    except OSError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    if not empty:
+        check_existing(target)
+
+
 @contextlib.contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
+def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator[Path]:
     """Build a whole directory in a temporary sibling and swap it into place.
 
     Readers see either the old directory or the new one, never a mix: the old
     one is moved aside, the new one renamed in, and only then the old removed.
+    An existing ``target`` is replaced only if ``check_replaceable`` allows
+    it, checked before the work starts (to fail fast) and again just before
+    the swap (someone may have put a directory there meanwhile).
     """
     target = Path(target)
+    check_replaceable(target, check_existing)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent))
@@ -98,6 +134,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
     try:
         yield tmp
+        check_replaceable(target, check_existing)
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")

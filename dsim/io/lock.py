@@ -9,13 +9,21 @@ rewritten. Locks are ``flock(2)`` locks: the kernel releases them when the
 holder exits, even under ``kill -9``, so there is nothing stale to remove.
 The exclusive holder writes its pid into the file so that waiters can say
 whom they wait for.
+
+The lock file is dsim's own: it is opened without following a symbolic link
+(``O_NOFOLLOW``), must be a regular file with one link, and is never
+truncated (the pid is written over a fixed-width field), so that a link or a
+hard link planted at ``<out>/.dsim.lock`` can neither be followed nor have
+its target emptied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -24,6 +32,53 @@ from dsim.errors import OutputError
 LOCK_FILE = ".dsim.lock"
 
 Notify = Callable[[str], None]
+
+
+#: The pid field: written over, never truncated, so a file's length never shrinks.
+_PID_WIDTH = 20
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class ForeignLockFile(OutputError):
+    """``<out>/.dsim.lock`` is a link or not a plain file: not dsim's, so not touched."""
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    """Open the lock file without following a link; refuse anything but a plain file.
+
+    ``O_NONBLOCK`` keeps a FIFO planted there from blocking the open; for
+    writing, a hard link (more than one name) is refused like a symbolic
+    one, since writing the pid would change another file.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ForeignLockFile(_foreign(path, "a symbolic link")) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ForeignLockFile(_foreign(path, "not a regular file"))
+        if flags & os.O_RDWR and st.st_nlink > 1:
+            raise ForeignLockFile(_foreign(path, "a hard link to another file"))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _foreign(path: Path, what: str) -> str:
+    return (
+        f"{path} is {what}, not dsim's lock file; dsim does not open it: "
+        "remove it or choose another --out"
+    )
+
+
+def _write_pid(fd: int, pid: int | None) -> None:
+    """The holder's pid (``None``: blank) over the fixed-width field at the start."""
+    text = "" if pid is None else str(pid)
+    os.pwrite(fd, f"{text:<{_PID_WIDTH}}\n".encode("ascii"), 0)
 
 
 def _holder(fd: int) -> int | None:
@@ -57,7 +112,9 @@ def exclusive(directory: str | Path, notify: Notify | None = None) -> Iterator[N
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    except ForeignLockFile:
+        raise
     except OSError as exc:
         raise OutputError(f"cannot write {directory}: {exc.strerror or exc}") from exc
     try:
@@ -68,13 +125,12 @@ def exclusive(directory: str | Path, notify: Notify | None = None) -> Iterator[N
 
         _acquire(fd, fcntl.LOCK_EX, notify, waiting)
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            _write_pid(fd, os.getpid())
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+                _write_pid(fd, None)
     finally:
         os.close(fd)  # releases the lock
 
@@ -84,7 +140,7 @@ def _open_for_sharing(directory: Path) -> int | None:
     path = directory / LOCK_FILE
     for flags in (os.O_RDONLY, os.O_RDWR | os.O_CREAT):
         try:
-            return os.open(path, flags, 0o666)
+            return _open_lock(path, flags)
         except FileNotFoundError:
             continue  # no lock file yet: create one if the directory is writable
         except OSError:

@@ -43,11 +43,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dsim.errors import InputError, UsageError
+from dsim.errors import InputError, OutputError, UsageError
 from dsim.io import parquetio
 from dsim.io.atomic import write_json, write_parquet
+from dsim.io.names import run_path
 from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
 from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
+from dsim.model.runinfo import refuse_newer, written_version
 from dsim.replay.policies import Policy, parse_policy_label, policy_label
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "ResultInfo",
     "ResultRun",
     "ResultsScan",
+    "check_results_directory",
     "find_result_runs",
     "read_replay_key",
     "replay_metadata",
@@ -239,6 +242,25 @@ def write_result_info(
     path = Path(out) / directory / RESULT_FILE
     write_json({"format_version": RESULTS_FORMAT_VERSION, "run": directory, **info}, path)
     return path
+
+
+def check_results_directory(out: str | Path, directory: str) -> Path:
+    """``<out>/<directory>``, checked before ``dsim run`` writes into it.
+
+    It must lie inside ``out`` and not be a link (``run_path``), and a
+    ``result.json`` there written by a newer dsim is never rewritten as this
+    dsim's older format (``OutputError``: upgrade dsim or choose another ``--out``).
+    """
+    target = run_path(out, directory)
+    if target.exists() and not target.is_dir():
+        raise OutputError(
+            f"{target} exists and is not a directory; dsim does not replace it: "
+            "remove it or choose another --out"
+        )
+    version = written_version(target / RESULT_FILE)
+    if version is not None:
+        refuse_newer(version, RESULTS_FORMAT_VERSION, target / RESULT_FILE)
+    return target
 
 
 def _replay_files(directory: Path) -> dict[Policy, Path]:

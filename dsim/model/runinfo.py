@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsim.errors import InputError
+from dsim.errors import InputError, OutputError
 from dsim.io.atomic import write_json
 
 FORMAT_VERSION = 1
 RUN_FILE = "run.json"
+#: Largest ``run.json``/``result.json`` read to tell whether a directory is dsim's.
+_MAX_DOCUMENT = 64 * 1024 * 1024
 
 # Known keys in the order ``dsim parse`` has always written them.
 _KEYS = (
@@ -67,6 +69,54 @@ def check_version(document: Any, expected: int, path: Path | None, what: str, re
         f"{expected}); {remedy}",
         path,
     )
+
+
+def written_version(path: Path) -> int | None:
+    """The ``format_version`` of the dsim JSON document at ``path``; ``None`` if it is not one.
+
+    ``None`` when the file is missing, unreadable, not JSON, not an object or
+    has no integer ``format_version``: then it is not a document dsim wrote.
+    """
+    try:
+        with path.open("rb") as handle:
+            text = handle.read(_MAX_DOCUMENT + 1)
+        if len(text) > _MAX_DOCUMENT:
+            return None
+        document = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    found = document.get("format_version")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def refuse_newer(version: int, expected: int, path: Path) -> None:
+    """Never rewrite a document of a newer format as this dsim's older one (``OutputError``)."""
+    if version > expected:
+        raise OutputError(
+            f"{path} was written by a newer dsim (format {version}; this dsim writes "
+            f"{expected}); upgrade dsim or choose another --out"
+        )
+
+
+def check_run_directory(directory: Path) -> None:
+    """Let ``dsim parse`` replace ``directory`` only if it is a run directory dsim wrote.
+
+    A run directory is marked by its ``run.json``: a JSON object with an
+    integer ``format_version`` (SPEC §2.3). Anything else is a user's
+    directory (``OutputError``); one of a newer format is refused too, so
+    that an older dsim never replaces what a newer one wrote.
+    """
+    path = directory / RUN_FILE
+    version = written_version(path)
+    if version is None:
+        raise OutputError(
+            f"{directory} exists and is not a run directory dsim wrote (no valid {RUN_FILE}); "
+            "dsim replaces only its own run directories: move it away or choose another "
+            "--name or --out"
+        )
+    refuse_newer(version, FORMAT_VERSION, path)
 
 
 def _int_map(value: Any) -> dict[str, int]:

@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 from dsim.errors import InputError
 from dsim.io import parquetio
 from dsim.io.atomic import atomic_dir
-from dsim.model.runinfo import FORMAT_VERSION, RunInfo
+from dsim.model.runinfo import FORMAT_VERSION, RunInfo, check_run_directory
 
 FETCH_FILE = "fetch.parquet"
 TRAIN_FILE = "train.parquet"
@@ -110,9 +110,11 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
 
     ``rejects`` (file, line, reason, text), when it has rows, goes to
     ``rejects.csv`` beside the tables so that users can read what was skipped.
+    An existing ``directory`` is replaced only if it is a run directory dsim
+    wrote (``check_run_directory``), never a user's.
     """
     directory = Path(directory)
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory, check_existing=check_run_directory) as tmp:
         for table, schema, name in (
             (run.fetch, FETCH_SCHEMA, FETCH_FILE),
             (run.train, TRAIN_SCHEMA, TRAIN_FILE),

@@ -16,6 +16,13 @@ import numpy as np
 DEFAULT_STALL_FLOOR_S = 0.000002
 #: A stall only grows when it was already longer than this (s).
 DEFAULT_STALL_GROW_MIN_S = 0.01
+#: Accepted ranges of the two thresholds (s): a floor is a rounding guard (microseconds), never
+#: a second; a stall longer than a day is no stall a log can hold (SPEC §1.3).
+STALL_FLOOR_RANGE_S = (0.0, 1.0)
+STALL_GROW_MIN_RANGE_S = (0.0, 86_400.0)
+#: Largest DataLoader worker count or prefetch factor a what-if may ask for (``dsim run``'s
+#: ``workers``/``prefetch_factor`` and ``dsim tune``'s grids): a sane bound, not PyTorch's.
+MAX_LOADER_SETTING = 256
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,15 @@ class RunSource:
 
     ``extras``: side files found with the run's logs that are not logs
     (GPU utilisation logs, SPEC §1.9); they never decide what a run is.
+    ``origin``: the file or directory the name was taken from (``None`` when
+    it was given, ``--name``), so that a name that cannot be a directory's
+    can be refused naming where it came from.
     """
 
     name: str
     files: tuple[Path, ...]
     extras: tuple[Path, ...] = ()
+    origin: Path | None = None
 
 
 @dataclass

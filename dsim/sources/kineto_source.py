@@ -53,11 +53,13 @@ class KinetoSource(Source):
                 files = tuple(find_traces(path))
                 if not files:
                     raise InputError("no profiler traces (*.pt.trace.json[.gz])", path)
-                runs.append(RunSource(path.resolve().name, files))
+                runs.append(RunSource(path.resolve().name, files, origin=path))
             else:
                 loose.append(path)
         if loose:  # trace files given one by one: the ranks of one run
-            runs.append(RunSource(loose[0].resolve().parent.name, tuple(loose)))
+            runs.append(
+                RunSource(loose[0].resolve().parent.name, tuple(loose), origin=loose[0].parent)
+            )
         if name is not None:
             if len(runs) != 1:
                 raise InputError(f"--name names one run, but the paths hold {len(runs)}")

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from dataclasses import dataclass
 
 from dsim.errors import UsageError
+from dsim.io.names import check_run_name
 
 US_PER_S = 1_000_000
 US_PER_DAY = 86_400 * US_PER_S
 UNIX_EPOCH = dt.datetime(1970, 1, 1)
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
 def to_us(moment: dt.datetime) -> int:
@@ -110,11 +108,8 @@ class SynthParams:
         slowest = self.fetch_mean_s * (1 + self.skew) * self.straggler_factor * 10
         if self.iterations * self.epochs * (slowest + self.compute_s + self.allreduce_s) > 3e10:
             raise UsageError("this run would last for centuries; lower the times or the size")
-        if self.name is not None and (_NAME.match(self.name) is None or len(self.name) > 200):
-            raise UsageError(
-                f"--name {self.name!r} is not a valid run name: use letters, digits and . _ + = - "
-                "(no path separators, not starting with '.')"
-            )
+        if self.name is not None:
+            check_run_name(self.name)  # the rule every command applies to run names
 
 
 def _option(field_name: str) -> str:

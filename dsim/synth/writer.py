@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dsim.errors import OutputError, UsageError
 from dsim.io.atomic import atomic_dir
+from dsim.io.names import run_path
 from dsim.synth.events import ordered_events, released_iterations
 from dsim.synth.lines import render_lines
 from dsim.synth.params import SynthParams
@@ -47,7 +48,7 @@ def check_output(params: SynthParams, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} exists and is not a directory")
-    target = out_dir / params.run_name
+    target = run_path(out_dir, params.run_name)  # inside --out, not through a link
     _check_target(target)
     return target
 
@@ -69,7 +70,7 @@ def synthesize(
     total = params.iterations * params.epochs
     done = 0
     try:
-        with atomic_dir(target) as tmp:
+        with atomic_dir(target, check_existing=_check_target) as tmp:
             names = (
                 [f"rank{r}.log" for r in range(params.gpus)] if params.per_rank else [SINGLE_FILE]
             )

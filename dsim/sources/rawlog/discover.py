@@ -158,11 +158,11 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
     runs: list[RunSource] = []
     for path in paths:
         if not _is_dir(path):  # a file, or a FIFO, /dev/null, a process substitution <(...)
-            runs.append(RunSource(_file_run_name(path), (path,)))
+            runs.append(RunSource(_file_run_name(path), (path,), origin=path))
             continue
         logs = _logs_in(path)
         if logs:
-            runs.append(RunSource(_directory_run_name(path), logs, _extras_in(path)))
+            runs.append(RunSource(_directory_run_name(path), logs, _extras_in(path), path))
             continue
         leaves = sorted({p.parent for p in path.rglob("*") if _is_log_name(p.name) and p.is_file()})
         if not leaves:
@@ -172,7 +172,7 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
                 path,
             )
         runs.extend(
-            RunSource(_directory_run_name(leaf), _logs_in(leaf), _extras_in(leaf))
+            RunSource(_directory_run_name(leaf), _logs_in(leaf), _extras_in(leaf), leaf)
             for leaf in leaves
         )
 
