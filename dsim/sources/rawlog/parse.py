@@ -9,7 +9,8 @@ what the ones before kept):
 3. clocks (``dsim.sources.rawlog.clock``): outliers rejected, steps reported;
 4. conflicting training records (one rank, epoch and iteration, different
    values): every copy rejected;
-5. stray ranks (a flipped rank digit): rejected;
+5. stray ranks (a flipped rank digit): rejected; ranks with fetches but no training
+   line (when the run has training lines): a warning naming them and their first line;
 6. the epoch of every fetch (``dsim.sources.rawlog.epochs``);
 7. conflicting fetch records (one rank, epoch and batch): every copy rejected.
 
@@ -36,6 +37,7 @@ from dsim.model.runname import parse_run_name
 from dsim.model.tables import CPU_COLUMNS, FETCH_SCHEMA, TRAIN_SCHEMA, RunTables, with_cpu
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
+from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
@@ -63,6 +65,8 @@ def _default_rank(files: tuple, path) -> int | None:
     """
     from_name = rank_from_file_name(path)
     if from_name is not None:
+        if not rank_ok(from_name):
+            raise InputError(f"rank {from_name} in the file name: {BAD_RANK}", path)
         return from_name
     return 0 if len({log_base(f) for f in files}) == 1 else None
 
@@ -186,6 +190,12 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
         warnings.append(_stray_warning(gpu, count, fetch, train, files))
         fetch = reject(fetch, fetch["gpu"] == gpu, STRAY_RANK)
         train = reject(train, train["gpu"] == gpu, STRAY_RANK)
+
+    # Fetches of a rank no training line names feed no iteration: said here, with where they
+    # are, and `dsim run` refuses the run naming the rank (§1.7). They are not rejected: that
+    # would turn the run into a smaller one without a word.
+    if len(train["gpu"]):
+        warnings += _untrained_ranks(fetch, _distinct(train["gpu"]), files)
 
     fetch["epoch"] = assign_fetch_epochs(
         fetch["gpu"], fetch["idx"], _unstepped(fetch, "end", steps),
@@ -377,6 +387,32 @@ def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[
         for i in range(len(files))
         if conflicting[i] > APPENDED_RUNS_SHARE * read[i]
     ]
+
+
+def _untrained_ranks(fetch, trained: np.ndarray, files) -> list[str]:
+    """A warning per rank that has fetch records but no training record, with its first line."""
+    out = []
+    for gpu in np.setdiff1d(_distinct(fetch["gpu"]), trained):
+        rows = np.flatnonzero(fetch["gpu"] == gpu)
+        first = rows[0]  # records are in file order
+        where = f"{files[int(fetch['file'][first])].name}:{int(fetch['line'][first])}"
+        out.append(
+            f"GPU {gpu} has {len(rows)} fetch record(s) but no training line "
+            f"(first: {where}); its iterations are incomplete "
+            f"and `dsim run` refuses the run (training ranks: {_ranges(trained)})"
+        )
+    return out
+
+
+def _ranges(values: np.ndarray) -> str:
+    """``0-3, 7``: sorted distinct integers as ranges, for messages."""
+    out: list[tuple[int, int]] = []
+    for v in (int(x) for x in values):
+        if out and out[-1][1] == v - 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
 def _stray_warning(gpu: int, count: int, fetch, train, files) -> str:
