@@ -268,6 +268,10 @@ def parse_run(
         for s in steps
     ]
     report["stray_ranks"] = [{"gpu": g, "records": c} for g, c in strays.items()]
+    sparse = sparse_worker_ids(fetch_table)
+    if sparse:
+        report["sparse_worker_ids"] = sparse
+        report.setdefault("warnings", []).append(_sparse_warning(sparse))
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
@@ -387,6 +391,36 @@ def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[
         for i in range(len(files))
         if conflicting[i] > APPENDED_RUNS_SHARE * read[i]
     ]
+
+
+def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
+    """Ranks whose worker ids are not 0..k-1, as ``{gpu, workers, ids}`` (the first 10 ids).
+
+    PyTorch numbers a loader's workers 0..num_workers-1; other ids come from a custom
+    logger or lost lines. The pipeline model counts the distinct ids, never the highest
+    id + 1 (SPEC §4.2), and parse says so here.
+    """
+    if fetch.num_rows == 0:
+        return []
+    gpu, worker = fetch["gpu"].to_numpy(), fetch["worker"].to_numpy()
+    pairs = np.unique(np.stack([gpu.astype(np.int64), worker.astype(np.int64)]), axis=1)
+    out = []
+    for g in np.unique(pairs[0]):
+        ids = pairs[1][pairs[0] == g]
+        if ids[-1] != len(ids) - 1:
+            out.append({"gpu": int(g), "workers": len(ids), "ids": [int(i) for i in ids[:10]]})
+    return out
+
+
+def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
+    first = sparse[0]
+    ids = ", ".join(map(str, first["ids"])) + (", ..." if first["workers"] > 10 else "")
+    more = f" (and {len(sparse) - 1} more rank(s))" if len(sparse) > 1 else ""
+    return (
+        f"worker ids of GPU {first['gpu']} are not 0..{first['workers'] - 1} but {ids}{more}; "
+        f"the pipeline model counts {first['workers']} workers there, not the highest id + 1 "
+        "(run.json report.sparse_worker_ids)"
+    )
 
 
 def _untrained_ranks(fetch, trained: np.ndarray, files) -> list[str]:
