@@ -80,7 +80,7 @@ def consistency(train: pa.Table) -> dict[str, Any] | None:
     return timeline_consistency(*arrays)
 
 
-def _end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
+def end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
     """Iteration ends as [iterations every rank trained, ranks] (seconds on one axis)."""
     n_ranks = int(rank.max()) + 1
     keys, inverse = np.unique(np.stack([epoch, iteration]), axis=1, return_inverse=True)
@@ -124,7 +124,7 @@ def clock_offsets(train: pa.Table) -> dict[str, Any] | None:
     ranks, *arrays = _train_arrays(train)
     if ranks.size < 2:
         return None
-    end = _end_grid(*arrays)
+    end = end_grid(*arrays)
     if len(end) < MIN_ITERATIONS:
         return None
     offsets, spread = rank_offsets(end)

@@ -5,13 +5,15 @@ applies the rules that need the whole run, in this order (each one sees only
 what the ones before kept):
 
 1. the rank of per-rank files without ``GPU:`` fields;
-2. exact repeats of a record (a line written twice): later copies rejected;
+2. exact repeats of a record (a line written twice): later copies rejected; then a
+   rank logging many of its iterations again refuses the run (two jobs, SPEC §1.6.1);
 3. clocks (``dsim.sources.rawlog.clock``): outliers rejected, steps reported;
 4. conflicting training records (one rank, epoch and iteration, different
    values): every copy rejected;
 5. stray ranks (a flipped rank digit): rejected; ranks with fetches but no training
    line (when the run has training lines): a warning naming them and their first line;
-6. the epoch of every fetch (``dsim.sources.rawlog.epochs``);
+6. ranks training at disjoint times refuse the run unless constant clock offsets explain
+   it (SPEC §1.6.1); the epoch of every fetch (``dsim.sources.rawlog.epochs``);
 7. conflicting fetch records (one rank, epoch and batch): every copy rejected.
 
 Clocks come before conflicts so that a line whose epoch or iteration number
@@ -32,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import CPU_COLUMNS, FETCH_SCHEMA, TRAIN_SCHEMA, RunTables, with_cpu
@@ -53,6 +56,8 @@ STRAY_RANK = "stray GPU rank"
 
 STRAY_RANK_SHARE = 0.01  # a rank with at most this share of the median rank's records is a stray
 APPENDED_RUNS_SHARE = 0.10  # conflicts above this share of a file's training lines: two runs?
+DISJOINT_GAP_NS = 1_000_000_000  # ranks' timelines this far apart cannot be one job's
+APPENDED_RUNS_MIN = 3  # ... and at least this many of a rank's iterations twice: two jobs
 
 _FETCH_VALUES = ["gpu", "worker", "idx", "end", "fetch_s"]
 _TRAIN_VALUES = ["gpu", "epoch", "iteration", "start", "iteration_s", "stall_s", "throughput"]
@@ -166,6 +171,10 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
     train = reject(train, checks.duplicates(train, _TRAIN_VALUES), DUPLICATE_TRAIN)
     fetch = reject(fetch, checks.duplicates(fetch, _FETCH_VALUES), DUPLICATE_FETCH)
 
+    # One rank logging many of its iterations twice is two jobs (or one started again) in one
+    # run, before the clock rule takes the second copies for outliers (SPEC §1.6.1).
+    _refuse_repeated_sessions(train, files)
+
     # A worker writes its lines in time order; a rank's iterations start one after the other.
     steps = []
     bad, fetch_steps = checks.fetch_clock(fetch)
@@ -202,6 +211,7 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
         train["gpu"], train["epoch"], train["iteration"], train["total"],
         _unstepped(train, "start", steps), fetch_tol=tolerance(fetch.pop("end_digits")),
     )  # fmt: skip
+    _refuse_disjoint_ranks(train, files)
     keys = [fetch["epoch"], fetch["idx"], fetch["gpu"]]
     sort = lexsort_order(keys)
     bad = _repeats_in_order(sort, keys)
@@ -377,6 +387,103 @@ def _one_per_clock_event(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             merged.append(dict(step))
     return sorted(merged, key=lambda s: (s["file_index"], s["line"]))
+
+
+def _refuse_repeated_sessions(train, files) -> None:
+    """Refuse a run whose ranks log more than ``APPENDED_RUNS_SHARE`` of their iterations
+    (and at least ``APPENDED_RUNS_MIN``) twice.
+
+    Exact repeats are gone by now, so a (rank, epoch, iteration) met twice has other
+    values: a few are corrupt lines (the conflict rule rejects them), many are a second
+    job, or the same one started again, writing the same ranks into this run's files.
+    """
+    bad = checks.conflicts(train, ["gpu", "epoch", "iteration"])
+    if not bad.any():
+        return
+    gpu, epoch, iteration = train["gpu"], train["epoch"], train["iteration"]
+    key = (epoch.astype(np.int64) << 32) | iteration.astype(np.int64)
+    offenders = []
+    for g in np.unique(gpu[bad]):
+        mine = gpu == g
+        repeated = np.unique(key[mine & bad])
+        many = len(repeated) > APPENDED_RUNS_SHARE * len(np.unique(key[mine]))
+        if many and len(repeated) >= APPENDED_RUNS_MIN:
+            offenders.append((int(g), len(repeated), len(np.unique(key[mine]))))
+    if not offenders:
+        return
+    g, repeated, total = offenders[0]
+    rows = np.flatnonzero((gpu == g) & bad)
+    rows = rows[np.lexsort((train["line"][rows], train["file"][rows], key[rows]))]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = key[rows][1:] != key[rows][:-1]  # the first copy of each key in file order
+    others = f"; GPUs {_ranges(np.array([o[0] for o in offenders[1:]]))} likewise" * (
+        len(offenders) > 1
+    )
+    raise InputError(
+        f"GPU {g} logs {repeated} of its {total} iterations more than once (first copies at "
+        f"{_where(train, rows[first], files)}, later ones at {_where(train, rows[~first], files)}"
+        f"{others}): two jobs, or one started again, in one run; give each job its own log "
+        "file or directory (the instrumentation appends: use a fresh log directory per run)",
+        files[0] if len(files) == 1 else files[0].parent,
+    )
+
+
+def _refuse_disjoint_ranks(train, files) -> None:
+    """Refuse ranks whose training lines fall in disjoint spans of time, unless clocks explain it.
+
+    Ranks of one DDP job train at the same time. Two groups of ranks whose timelines
+    are more than ``DISJOINT_GAP_NS`` apart, with at least ``MIN_ITERATIONS``
+    iterations every rank trained, are two jobs logged into one run -- or one job
+    whose ranks' clocks are off, which the iteration ends tell apart: shifted by a
+    constant, they still end together (``dsim.model.consistency.rank_offsets``;
+    corrected after parsing).
+    """
+    gpu = train["gpu"]
+    ranks = _distinct(gpu)
+    if len(ranks) < 2:
+        return
+    index = np.searchsorted(ranks, gpu)
+    start = train["start"]
+    first = np.full(len(ranks), np.iinfo(np.int64).max)
+    last = np.full(len(ranks), np.iinfo(np.int64).min)
+    np.minimum.at(first, index, start)
+    np.maximum.at(last, index, start)
+    order = np.argsort(first, kind="stable")
+    groups, reach = [[order[0]]], last[order[0]]
+    for r in order[1:]:
+        if first[r] > reach + DISJOINT_GAP_NS:
+            groups.append([])
+        groups[-1].append(r)
+        reach = max(reach, last[r])
+    if len(groups) == 1:
+        return
+    seconds = (start - start.min()) / 1e9
+    end = end_grid(
+        train["epoch"], train["iteration"], index, seconds, train["stall_s"], train["iteration_s"]
+    )
+    if len(end) < MIN_ITERATIONS:
+        return  # too little in common to tell; `dsim run` finds no complete iteration anyway
+    if (rank_offsets(end)[1] <= CLOCK_OFFSET_MAX_S).all():
+        return  # one job whose clocks differ by constants: corrected after parsing
+    shown = []
+    for group in groups[:3]:
+        rows = np.flatnonzero(np.isin(index, group))
+        shown.append(f"GPUs {_ranges(ranks[np.sort(group)])} ({_where(train, rows, files)})")
+    raise InputError(
+        f"{' and '.join(shown)} log their iterations at disjoint times, and their iterations "
+        "do not end together as one job's all-reduce ends them (nor apart by a constant clock "
+        "offset): two jobs in one run; give each job its own log file or directory",
+        files[0] if len(files) == 1 else files[0].parent,
+    )
+
+
+def _where(columns, rows: np.ndarray, files) -> str:
+    """``output.log:3-598`` (or several files' ranges) for the rows named, in file order."""
+    parts = []
+    for f in np.unique(columns["file"][rows]):
+        lines = columns["line"][rows][columns["file"][rows] == f]
+        parts.append(f"{files[int(f)].name}:{int(lines.min())}-{int(lines.max())}")
+    return ", ".join(parts)
 
 
 def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[str]:
