@@ -267,3 +267,23 @@ def test_each_kind_of_edit_on_a_bigger_log(tmp_path, edit):
     for seed in range(3):
         mutant = mutate(run, random.Random(seed), 8, kinds=(edit,))
         check(original, mutant, tmp_path / f"m{seed}")
+
+
+def test_batches_prefetched_before_a_resumed_epoch_go_to_that_epoch(tmp_path):
+    """Epochs 0, then 2 (resumed from a checkpoint): epoch 2's first batches, fetched before its
+    first training line, used to land in epoch 1, which this run never trained (#20)."""
+    lines = []
+    for epoch, t0 in ((0, 10), (2, 30)):
+        for i in range(3):
+            for g in (0, 1):
+                # batch i ends before iteration i starts, batch 0 and 1 before iteration 0
+                lines.append(
+                    fetch_line(f"{t0 + max(i - 1, 0) * 2 + 0.2 * i:05.2f}", g, i, "0.5", i)
+                )
+                lines.append(train_line(f"{t0 + i * 2 + 0.5:05.2f}", g, epoch, i))
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    fetch = parsed.tables.fetch.to_pandas()
+    assert sorted(set(fetch["epoch"])) == [0, 2]
+    assert parsed.tables.info.epochs_present == (0, 2)
+    assert parsed.report["incomplete_iterations"]["count"] == 0
+    assert parsed.report["skipped"] == {}
