@@ -40,6 +40,6 @@ def test_a_second_set_of_ranks_at_other_times_is_refused(tmp_path):
 
 def test_ranks_apart_by_a_constant_clock_offset_are_one_job(tmp_path):
     lines = _job(range(0, 4), 100.0)
-    behind = [line for line in _job(range(4, 8), 100.0 - 3600.0)]  # same job, clock an hour off
+    behind = _job(range(4, 8), 100.0 - 3600.0)  # the same job, its clock an hour off
     parsed = parse_run(run_of(tmp_path, {"output.log": lines, "node1.log": behind}))
     assert parsed.tables.info.gpu_count == 8  # corrected later (dsim.app.parse.with_clocks_set)
