@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loglines import fetch_line, run_of, train_line
 
+from dsim.errors import InputError
 from dsim.sources.rawlog.epochs import TOL_NS, assign_fetch_epochs, tolerance
 from dsim.sources.rawlog.parse import (
     CONFLICT_FETCH,
@@ -120,19 +121,37 @@ def test_repeated_and_conflicting_records(tmp_path):
     assert "two runs" not in " ".join(parsed.report.get("warnings", []))
 
 
-def test_two_runs_appended_to_one_log_are_named(tmp_path):
+def test_two_runs_appended_to_one_log_are_refused_naming_the_lines(tmp_path):
+    """Two jobs of the same ranks in one file used to parse, their overlap rejected (#20)."""
     first = _synth(tmp_path, gpus=2, seed=1, name="a")
     second = _synth(tmp_path, gpus=2, seed=2, name="b")
     both = tmp_path / "both"
     both.mkdir()
-    log = (first / "output.log").read_bytes() + (second / "output.log").read_bytes()
-    (both / "output.log").write_bytes(log)
-    parsed, _ = parse_dir(both)
-    [warning] = [w for w in parsed.report["warnings"] if "two runs" in w]
-    conflicting = parsed.report["skipped"][CONFLICT_TRAIN]
-    assert conflicting > 32  # more than 10% of the file's 320 training lines
-    assert warning.startswith(f"{conflicting} of 320 training records of output.log conflict")
-    assert "use a fresh log directory per run" in warning
+    one = (first / "output.log").read_bytes()
+    (both / "output.log").write_bytes(one + (second / "output.log").read_bytes())
+    split = one.count(b"\n")
+    with pytest.raises(InputError) as err:
+        parse_dir(both)
+    message = str(err.value)
+    assert message.startswith(
+        f"{both}/output.log: GPU 0 logs 80 of its 80 iterations more than once"
+    )
+    assert "(first copies at output.log:" in message
+    assert f"later ones at output.log:{split + 1}" not in message  # the first line is a fetch
+    later = int(message.split("later ones at output.log:")[1].split("-")[0])
+    assert split < later < split + 20
+    assert "GPUs 1 likewise): two jobs, or one started again, in one run" in message
+
+
+def test_a_few_conflicting_lines_are_no_second_job(tmp_path):
+    lines = []
+    for i in range(20):
+        for g in (0, 1):
+            lines.append(fetch_line(f"{10 + i:02d}.5", g, 0, "0.25", i))
+            lines.append(train_line(f"{10 + i:02d}.75", g, 0, i, n=20))
+    lines.insert(9, train_line("11.75", 0, 0, 1, n=20, time="0.8"))  # 1 of 20 keys twice
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    assert parsed.report["skipped"] == {CONFLICT_TRAIN: 2}
 
 
 # -- the rule itself, on arrays -----------------------------------------------------------------
@@ -248,3 +267,23 @@ def test_each_kind_of_edit_on_a_bigger_log(tmp_path, edit):
     for seed in range(3):
         mutant = mutate(run, random.Random(seed), 8, kinds=(edit,))
         check(original, mutant, tmp_path / f"m{seed}")
+
+
+def test_batches_prefetched_before_a_resumed_epoch_go_to_that_epoch(tmp_path):
+    """Epochs 0, then 2 (resumed from a checkpoint): epoch 2's first batches, fetched before its
+    first training line, used to land in epoch 1, which this run never trained (#20)."""
+    lines = []
+    for epoch, t0 in ((0, 10), (2, 30)):
+        for i in range(3):
+            for g in (0, 1):
+                # batch i ends before iteration i starts, batch 0 and 1 before iteration 0
+                lines.append(
+                    fetch_line(f"{t0 + max(i - 1, 0) * 2 + 0.2 * i:05.2f}", g, i, "0.5", i)
+                )
+                lines.append(train_line(f"{t0 + i * 2 + 0.5:05.2f}", g, epoch, i))
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    fetch = parsed.tables.fetch.to_pandas()
+    assert sorted(set(fetch["epoch"])) == [0, 2]
+    assert parsed.tables.info.epochs_present == (0, 2)
+    assert parsed.report["incomplete_iterations"]["count"] == 0
+    assert parsed.report["skipped"] == {}

@@ -208,7 +208,11 @@ def _size(path: Path) -> int:
 
 
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
+    from dsim.app.parse import clock_offset_lines
+
     info, rep = result["info"], result["info"].report
+    for line in clock_offset_lines(result["name"], rep.get("clock_offsets")):
+        typer.echo(f"warning: {line}", err=True)  # even with --quiet: the times were changed
     if info.inconsistent:  # on stderr even with --quiet: the run's replays are suspect
         typer.echo(inconsistency_warning(result["name"], info.inconsistent), err=True)
     if quiet:

@@ -35,6 +35,10 @@ END_SPREAD_MAX_S = 0.050
 #: inconsistent: single late prints and clock hiccups happen in real logs (the shipped profiler
 #: sample has one iteration of 40 whose ends differ by 0.19 s).
 SHARE_MAX = 0.05
+#: A rank whose iteration ends lie further than this from the other ranks' (median over
+#: iterations) runs on a clock that is off; within it, and with a deviation within it too,
+#: the offset is constant and is corrected (docs/SPEC.md §1.7.1).
+CLOCK_OFFSET_MAX_S = END_SPREAD_MAX_S
 #: Fewer complete iterations than this say nothing either way.
 MIN_ITERATIONS = 3
 
@@ -52,24 +56,94 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     return {"median": _s(np.median(values)), "p95": _s(np.percentile(values, 95))}
 
 
-def consistency(train: pa.Table) -> dict[str, Any] | None:
-    """The figures above for one run's train table; ``None`` with fewer than 2 ranks or
-    fewer than ``MIN_ITERATIONS`` iterations every rank trained."""
-    if train.num_rows == 0:
-        return None
+def _train_arrays(train: pa.Table):
+    """(ranks, epoch, iteration, rank index, arrival s, stall s, time s) of a train table."""
     gpu = train.column("gpu").to_numpy()
     ranks = np.unique(gpu)
-    if ranks.size < 2:
-        return None
     epoch = train.column("epoch").to_numpy().astype(np.int64)
     iteration = train.column("iteration").to_numpy().astype(np.int64)
     start_ns = train.column("start").cast(pa.int64()).to_numpy()
     arrival = (start_ns - start_ns.min()) / 1e9
     stall = train.column("stall_s").to_numpy()
     time_s = train.column("iteration_s").to_numpy()
-    return timeline_consistency(
-        epoch, iteration, np.searchsorted(ranks, gpu), arrival, stall, time_s
-    )
+    return ranks, epoch, iteration, np.searchsorted(ranks, gpu), arrival, stall, time_s
+
+
+def consistency(train: pa.Table) -> dict[str, Any] | None:
+    """The figures above for one run's train table; ``None`` with fewer than 2 ranks or
+    fewer than ``MIN_ITERATIONS`` iterations every rank trained."""
+    if train.num_rows == 0:
+        return None
+    ranks, *arrays = _train_arrays(train)
+    if ranks.size < 2:
+        return None
+    return timeline_consistency(*arrays)
+
+
+def end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
+    """Iteration ends as [iterations every rank trained, ranks] (seconds on one axis)."""
+    n_ranks = int(rank.max()) + 1
+    keys, inverse = np.unique(np.stack([epoch, iteration]), axis=1, return_inverse=True)
+    grid = np.full((keys.shape[1], n_ranks), np.nan)
+    grid[inverse.ravel(), rank] = arrival - stall + time_s
+    return grid[~np.isnan(grid).any(axis=1)]
+
+
+def rank_offsets(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's clock offset and how constant it is, from iteration ends [iterations, ranks].
+
+    The all-reduce ends one iteration on every rank together, so a rank's end
+    minus the others' is its clock's offset plus a few ms. Offsets are taken
+    against the largest group of ranks whose clocks agree within
+    ``CLOCK_OFFSET_MAX_S`` (the first such group in rank order on a tie: with two
+    ranks, rank 0 is the reference): one rank an hour behind moves itself, not the
+    rest. Returns (offset s, spread s) per rank: the median over iterations of its
+    end − the reference ends, and the p95 of the deviation around that median.
+    """
+    against_first = np.median(end - end[:, :1], axis=0)
+    agree = np.abs(against_first[:, None] - against_first[None, :]) <= CLOCK_OFFSET_MAX_S
+    members = agree[int(np.argmax(agree.sum(axis=1)))]
+    offsets = against_first - np.median(against_first[members])
+    aligned = end - offsets
+    reference = np.median(aligned[:, members], axis=1, keepdims=True)
+    spread = np.percentile(np.abs(aligned - reference), 95, axis=0)
+    return offsets, spread
+
+
+def clock_offsets(train: pa.Table) -> dict[str, Any] | None:
+    """Ranks whose clocks are off the others' by more than ``CLOCK_OFFSET_MAX_S``.
+
+    ``None`` when there is nothing to say (one rank, fewer than ``MIN_ITERATIONS``
+    iterations every rank trained, or every clock within the tolerance); else
+    ``{"tolerance_s", "iterations", "ranks": [{"gpu", "offset_s", "spread_s",
+    "corrected"}]}``: a rank's offset is *constant* (and may be corrected by
+    shifting its times by −offset) when its spread is within the tolerance too.
+    """
+    if train.num_rows == 0:
+        return None
+    ranks, *arrays = _train_arrays(train)
+    if ranks.size < 2:
+        return None
+    end = end_grid(*arrays)
+    if len(end) < MIN_ITERATIONS:
+        return None
+    offsets, spread = rank_offsets(end)
+    off = np.flatnonzero(np.abs(offsets) > CLOCK_OFFSET_MAX_S)
+    if not off.size:
+        return None
+    return {
+        "tolerance_s": CLOCK_OFFSET_MAX_S,
+        "iterations": len(end),
+        "ranks": [
+            {
+                "gpu": int(ranks[r]),
+                "offset_s": _s(offsets[r]),
+                "spread_s": _s(spread[r]),
+                "corrected": bool(spread[r] <= CLOCK_OFFSET_MAX_S),
+            }
+            for r in off
+        ],
+    }
 
 
 def timeline_consistency(

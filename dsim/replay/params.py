@@ -77,9 +77,14 @@ class LoaderSettings:
         """What the fetch lines imply: as many workers as worker ids, PyTorch's prefetch default.
 
         A loader without workers (``num_workers=0``) logs worker id 0, like one
-        worker: the two cannot be told apart from fetch lines alone.
+        worker: the two cannot be told apart from fetch lines alone. Workers are
+        the distinct ids a rank logged (the most over ranks), not the highest id
+        + 1: sparse ids (0, 5, 9) are three workers, not ten (SPEC §4.2).
         """
-        workers = int(worker.max()) + 1 if worker.size else 1
+        if not worker.size:
+            return cls(1, TORCH_DEFAULT_PREFETCH, "implied")
+        columns = worker.reshape(len(worker), -1).T  # [N, G] -> one row per rank
+        workers = max(len(np.unique(ids)) for ids in columns)
         return cls(workers, TORCH_DEFAULT_PREFETCH, "implied")
 
     def document(self) -> dict[str, object]:

@@ -41,6 +41,7 @@ import pyarrow as pa
 from dsim.errors import InputError
 from dsim.io import compression
 from dsim.model.tables import TRAIN_SCHEMA
+from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import rank_from_file_name
 
 STEP_PREFIX = "ProfilerStep#"
@@ -185,11 +186,18 @@ def _events(path: Path) -> Iterator[Any]:
 
 def _rank(path: Path, header: dict[str, Any]) -> tuple[int, str, int | None]:
     info = header.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int) and info["rank"] >= 0:
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        # checked here, before the train table's int32 column (10**12 wrapped to -727379968),
+        # and never replaced by the file name's rank: a corrupt rank is not some other rank
+        if not rank_ok(rank):
+            raise InputError(f"distributedInfo.rank {rank}: {BAD_RANK}", path)
         world = info.get("world_size")
-        return info["rank"], "distributedInfo", world if isinstance(world, int) else None
+        return rank, "distributedInfo", world if isinstance(world, int) else None
     from_name = rank_from_file_name(Path(path.name.split(".")[0]))
     if from_name is not None:
+        if not rank_ok(from_name):
+            raise InputError(f"rank {from_name} in the file name: {BAD_RANK}", path)
         return from_name, "file name", None
     raise InputError(
         "no rank: the trace has no distributedInfo.rank and the file name no rank<N> "

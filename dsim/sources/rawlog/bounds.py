@@ -14,7 +14,10 @@ Bounds (documented in the README and the parse notes):
   at most ``max_duration`` seconds (default one day, ``--max-duration``);
 - ``Data`` (the stall) is at most ``Time`` (the iteration it is part of) plus
   ``STALL_SLACK_S``, which absorbs the rounding of the printed values;
-- ``Throughput``, when present, is finite and >= 0.
+- ``Throughput``, when present, is finite and >= 0;
+- a rank (``GPU: g``, a profiler trace's ``distributedInfo.rank``) is an integer
+  0 <= g < ``RANK_LIMIT``: a negative or absurdly large one is a corrupt line,
+  never re-attributed to another rank.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ import numpy as np
 
 MAX_DURATION_S = 86_400.0  # one day: no fetch or iteration of a real run lasts longer
 STALL_SLACK_S = 1e-3  # printed Time and Data are rounded separately
+#: Ranks are below 2**20 (1,048,576): far above any DDP job, and every rank fits int32.
+RANK_LIMIT = 1 << 20
+BAD_RANK = f"GPU rank out of range (not 0 to {RANK_LIMIT - 1:,})"
+
+
+def rank_ok(rank: int) -> bool:
+    """Whether one rank (a Python int of any size) lies in ``0 <= rank < RANK_LIMIT``."""
+    return 0 <= rank < RANK_LIMIT
 
 
 def over_max(what: str, max_duration: float) -> str:

@@ -7,8 +7,9 @@ the fetch is in epoch e when j < i (and i < N), and in epoch e + 1 when
 j >= i (the rank had already passed iteration i in epoch e, so this batch is
 for the next epoch: loaders that prefetch across an epoch boundary) or when
 i >= N (epoch e has no batch i; N is the size most training lines of epoch e
-declare, so that one corrupt ``[j/N]`` changes nothing). A fetch that ended before the rank's first
-training line takes that line's epoch.
+declare, so that one corrupt ``[j/N]`` changes nothing). "Epoch e + 1" is the next
+epoch the run trained (a resumed job skips epochs). A fetch that ended before the
+rank's first training line takes that line's epoch.
 
 Why by time: a training line of iteration i starts after its batch's fetch
 ended, so the line before E is an earlier iteration of the same epoch or a
@@ -180,11 +181,12 @@ def _by_time(
     g_lo = min(int(train_gpu.min()), int(fetch_gpu.min()))
     g_span = max(int(train_gpu.max()), int(fetch_gpu.max())) - g_lo + 1
     train = (train_gpu, train_epoch, train_iteration, train_total)
+    present = np.unique(train_epoch)  # the epochs the run trained, ascending
     if g_span * span < _FITS:
         sort, sorted_key = _sorted_lines(_packed(train_gpu, train_start, g_lo, lo, span), train)
         want = _packed(fetch_gpu, fetch_end, g_lo, lo, span)
         want -= fetch_tol
-        return _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out)
+        return _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out, present)
     found = np.zeros(len(fetch_gpu), dtype=bool)
     for gpu in np.unique(train_gpu):  # a rank at a time: its times alone fit int64
         t = np.flatnonzero(train_gpu == gpu)
@@ -195,7 +197,7 @@ def _by_time(
         sort, sorted_key = _sorted_lines(train_start[t], mine)
         sub = np.zeros(len(f), dtype=out.dtype)
         want = fetch_end[f] - (fetch_tol[f] if np.ndim(fetch_tol) else fetch_tol)
-        found[f] = _match(sorted_key, sort, want, mine, fetch_gpu[f], fetch_idx[f], sub)
+        found[f] = _match(sorted_key, sort, want, mine, fetch_gpu[f], fetch_idx[f], sub, present)
         out[f] = sub
     return found
 
@@ -226,7 +228,25 @@ def _sorted_lines(key: np.ndarray, train) -> tuple[np.ndarray, np.ndarray]:
     return sort, sorted_key
 
 
-def _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out: np.ndarray) -> np.ndarray:
+def _skip_absent_epochs(out: np.ndarray, later: np.ndarray, present: np.ndarray) -> None:
+    """Fetches of "the next epoch" go to the next epoch the run trained, not e + 1 blindly.
+
+    A job resumed from a checkpoint logs epochs 0-1, then 3-4: the batches its
+    loader prefetched before epoch 3's first training line follow epoch 1's last
+    line, and belong to epoch 3; epoch 2 does not exist in this run. After the
+    run's last trained epoch, e + 1 stays (batches of an epoch the log ends before).
+    """
+    rows = np.flatnonzero(later)
+    if len(rows) == 0 or len(present) == 0:
+        return
+    nxt = np.searchsorted(present, out[rows] - 1, side="right")  # first epoch above e
+    inside = nxt < len(present)
+    out[rows[inside]] = present[nxt[inside]]
+
+
+def _match(
+    sorted_key, sort, want, train, fetch_gpu, fetch_idx, out: np.ndarray, present: np.ndarray
+) -> np.ndarray:
     """The rule for fetches at ``want`` against the sorted training lines (rank and time)."""
     train_gpu, train_epoch, train_iteration, train_total = train
     last = np.searchsorted(sorted_key, want, side="left")  # lines strictly before E - TOL
@@ -242,6 +262,7 @@ def _match(sorted_key, sort, want, train, fetch_gpu, fetch_idx, out: np.ndarray)
         size = _epoch_sizes(train_epoch, train_total)
         later[beyond] = fetch_idx[beyond] >= [size[e] for e in train_epoch[last[beyond]].tolist()]
     np.add(train_epoch[last], later, out=out, casting="unsafe")
+    _skip_absent_epochs(out, later, present)
     del later
     rest = np.flatnonzero(~has_last)
     if len(rest):

@@ -35,15 +35,23 @@ from dsim.sources.rawlog.wallclock import civil_seconds, civil_seconds_arrow
 
 _TS = r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(?P<frac>\d{1,9})"
 _NUM = r"[^\s()]+"  # captured loosely, validated by NUMBER below for a precise reason
+# A rank is captured as any word, then checked (``_ranks``): a ``GPU: -1`` or a 7-digit
+# rank must be rejected, not skipped over as prefix text (which gave the line the file's
+# default rank, GPU 0).
+_RANK = r"\S+"
 
 FETCH_PATTERN = (
-    r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
+    r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>" + _RANK + r")\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
     r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})"
     # dsim >= 0.x appends the batch's CPU seconds and run-queue wait (SPEC §1.1)
     r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?\s*$"
 )
 TRAIN_PATTERN = (
-    r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?Epoch:\s*\[\s*(?P<epoch>\d{1,6})\s*\]"
+    r"^.*?"
+    + _TS
+    + r"\s+(?:GPU:\s*(?P<gpu>"
+    + _RANK
+    + r")\s+)?Epoch:\s*\[\s*(?P<epoch>\d{1,6})\s*\]"
     r"\[\s*(?P<iteration>\d{1,9})\s*/\s*(?P<total>\d{1,9})\s*\]"
     r"\s+Time\s+(?P<time>" + _NUM + r")\s+\([^)]*\)"
     r"\s+Data\s+(?P<data>" + _NUM + r")\s+\([^)]*\)"
@@ -59,7 +67,7 @@ NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
 # The loader's settings, once per rank and epoch (dsim.instrument.lines.loader_line).
 LOADER_FIELDS = ("num_workers", "prefetch_factor", "batch_size", "persistent_workers", "pin_memory")
 LOADER_PATTERN = (
-    r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>\d{1,6})\s+)?LOADER"
+    r"^.*?" + _TS + r"\s+(?:GPU:\s*(?P<gpu>" + _RANK + r")\s+)?LOADER"
     r"\s+num_workers\s+(?P<num_workers>\d{1,6})\s+prefetch_factor\s+(?P<prefetch_factor>\d{1,6}|none)"
     r"\s+batch_size\s+(?P<batch_size>\d{1,9}|none)\s+persistent_workers\s+(?P<persistent_workers>[01])"
     r"\s+pin_memory\s+(?P<pin_memory>[01])"
@@ -92,6 +100,7 @@ BAD_CPU = "invalid CPU time (not a finite number >= 0)"
 NEGATIVE_TRAIN = "negative training value"
 STALL_OVER_TIME = "training stall longer than the iteration time"
 ITERATION_RANGE = "iteration index not below iterations per epoch"
+BAD_RANK = bounds.BAD_RANK
 MAX_DURATION_S = bounds.MAX_DURATION_S
 
 
@@ -172,6 +181,23 @@ def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         okn = ok.to_numpy(zero_copy_only=False)
         out[okn] = pc.cast(values.filter(ok), pa.float64()).to_numpy(zero_copy_only=False)
     return out, ok.to_numpy(zero_copy_only=False)
+
+
+def _ranks(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``GPU:`` fields to ranks (-1 where absent) and where present but out of range.
+
+    Checked as text first, so that a 30-digit rank is rejected instead of overflowing the cast.
+    """
+    text = pc.fill_null(values, "")
+    present = _np(pc.greater(pc.utf8_length(text), 0))
+    plain = _np(pc.match_substring_regex(text, r"^\+?\d{1,7}$"))
+    out = np.full(len(text), -1, dtype=np.int64)
+    if plain.any():
+        digits = pc.utf8_ltrim(text.filter(pa.array(plain)), characters="+")
+        out[plain] = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+    bad = present & ~(plain & (out >= 0) & (out < bounds.RANK_LIMIT))
+    out[bad] = -1
+    return out, bad
 
 
 def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
@@ -309,10 +335,14 @@ def _loader_records(
     """Loader-settings lines as dicts (they are few: one per rank and epoch)."""
     ok = _np(pc.match_substring_regex(lines, LOADER_PATTERN))
     rejects.add(numbers[~ok], MALFORMED_LOADER, lines.filter(pa.array(~ok)))
-    parts = pc.extract_regex(lines.filter(pa.array(ok)), LOADER_PATTERN)
-    gpu = _ints(parts.field("gpu"))
+    lines, numbers = lines.filter(pa.array(ok)), numbers[ok]
+    parts = pc.extract_regex(lines, LOADER_PATTERN)
+    gpu, gpu_bad = _ranks(parts.field("gpu"))
+    rejects.add(numbers[gpu_bad], BAD_RANK, lines.filter(pa.array(gpu_bad)))
     out: list[dict[str, int | None]] = []
-    for row, line in enumerate(numbers[ok]):
+    for row, line in enumerate(numbers):
+        if gpu_bad[row]:
+            continue
         record: dict[str, int | None] = {"line": int(line), "gpu": int(gpu[row])}
         for name in LOADER_FIELDS:
             text = parts.field(name)[row].as_py()
@@ -342,8 +372,10 @@ def _fetch_records(
     huge = finite & (fetch_s > max_duration)
     cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
     runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
+    gpu, gpu_bad = _ranks(parts.field("gpu"))
     bad, reason = _reasons(
-        [(~ts_ok, BAD_TIMESTAMP), (~num_ok, NON_NUMERIC_FETCH), (num_ok & ~finite, NON_FINITE),
+        [(~ts_ok, BAD_TIMESTAMP), (gpu_bad, BAD_RANK), (~num_ok, NON_NUMERIC_FETCH),
+         (num_ok & ~finite, NON_FINITE),
          (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
          (cpu_bad | runq_bad, BAD_CPU)]
     )  # fmt: skip
@@ -351,7 +383,7 @@ def _fetch_records(
     keep = ~bad
     return {
         "line": numbers[keep],
-        "gpu": _ints(parts.field("gpu"))[keep],
+        "gpu": gpu[keep],
         "worker": _ints(parts.field("worker"))[keep],
         "idx": _ints(parts.field("idx"))[keep],
         "end": end_ns[keep],
@@ -377,6 +409,7 @@ def _train_records(
     numeric = time_ok & data_ok & (tp_ok | ~tp_present)
     cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
     runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
+    gpu, gpu_bad = _ranks(parts.field("gpu"))
     with np.errstate(invalid="ignore"):
         finite = numeric & np.isfinite(iteration_s) & np.isfinite(stall_s)
         finite &= ~tp_present | np.isfinite(throughput)
@@ -385,7 +418,8 @@ def _train_records(
         long_stall = finite & (stall_s > max_duration)
         stall_over = finite & bounds.stall_too_long(iteration_s, stall_s)
     bad, reason = _reasons(
-        [(~ts_ok, BAD_TIMESTAMP), (~numeric, NON_NUMERIC_TRAIN), (numeric & ~finite, NON_FINITE),
+        [(~ts_ok, BAD_TIMESTAMP), (gpu_bad, BAD_RANK), (~numeric, NON_NUMERIC_TRAIN),
+         (numeric & ~finite, NON_FINITE),
          (negative, NEGATIVE_TRAIN),
          (long_time, bounds.over_max("iteration time", max_duration)),
          (long_stall, bounds.over_max("training stall", max_duration)),
@@ -396,7 +430,7 @@ def _train_records(
     keep = ~bad
     return {
         "line": numbers[keep],
-        "gpu": _ints(parts.field("gpu"))[keep],
+        "gpu": gpu[keep],
         "epoch": _ints(parts.field("epoch"))[keep],
         "iteration": iteration[keep],
         "total": total[keep],

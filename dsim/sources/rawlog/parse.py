@@ -5,12 +5,15 @@ applies the rules that need the whole run, in this order (each one sees only
 what the ones before kept):
 
 1. the rank of per-rank files without ``GPU:`` fields;
-2. exact repeats of a record (a line written twice): later copies rejected;
+2. exact repeats of a record (a line written twice): later copies rejected; then a
+   rank logging many of its iterations again refuses the run (two jobs, SPEC §1.6.1);
 3. clocks (``dsim.sources.rawlog.clock``): outliers rejected, steps reported;
 4. conflicting training records (one rank, epoch and iteration, different
    values): every copy rejected;
-5. stray ranks (a flipped rank digit): rejected;
-6. the epoch of every fetch (``dsim.sources.rawlog.epochs``);
+5. stray ranks (a flipped rank digit): rejected; ranks with fetches but no training
+   line (when the run has training lines): a warning naming them and their first line;
+6. ranks training at disjoint times refuse the run unless constant clock offsets explain
+   it (SPEC §1.6.1); the epoch of every fetch (``dsim.sources.rawlog.epochs``);
 7. conflicting fetch records (one rank, epoch and batch): every copy rejected.
 
 Clocks come before conflicts so that a line whose epoch or iteration number
@@ -31,11 +34,13 @@ import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import CPU_COLUMNS, FETCH_SCHEMA, TRAIN_SCHEMA, RunTables, with_cpu
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
+from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
@@ -51,6 +56,8 @@ STRAY_RANK = "stray GPU rank"
 
 STRAY_RANK_SHARE = 0.01  # a rank with at most this share of the median rank's records is a stray
 APPENDED_RUNS_SHARE = 0.10  # conflicts above this share of a file's training lines: two runs?
+DISJOINT_GAP_NS = 1_000_000_000  # ranks' timelines this far apart cannot be one job's
+APPENDED_RUNS_MIN = 3  # ... and at least this many of a rank's iterations twice: two jobs
 
 _FETCH_VALUES = ["gpu", "worker", "idx", "end", "fetch_s"]
 _TRAIN_VALUES = ["gpu", "epoch", "iteration", "start", "iteration_s", "stall_s", "throughput"]
@@ -63,6 +70,8 @@ def _default_rank(files: tuple, path) -> int | None:
     """
     from_name = rank_from_file_name(path)
     if from_name is not None:
+        if not rank_ok(from_name):
+            raise InputError(f"rank {from_name} in the file name: {BAD_RANK}", path)
         return from_name
     return 0 if len({log_base(f) for f in files}) == 1 else None
 
@@ -162,6 +171,10 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
     train = reject(train, checks.duplicates(train, _TRAIN_VALUES), DUPLICATE_TRAIN)
     fetch = reject(fetch, checks.duplicates(fetch, _FETCH_VALUES), DUPLICATE_FETCH)
 
+    # One rank logging many of its iterations twice is two jobs (or one started again) in one
+    # run, before the clock rule takes the second copies for outliers (SPEC §1.6.1).
+    _refuse_repeated_sessions(train, files)
+
     # A worker writes its lines in time order; a rank's iterations start one after the other.
     steps = []
     bad, fetch_steps = checks.fetch_clock(fetch)
@@ -187,11 +200,18 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
         fetch = reject(fetch, fetch["gpu"] == gpu, STRAY_RANK)
         train = reject(train, train["gpu"] == gpu, STRAY_RANK)
 
+    # Fetches of a rank no training line names feed no iteration: said here, with where they
+    # are, and `dsim run` refuses the run naming the rank (§1.7). They are not rejected: that
+    # would turn the run into a smaller one without a word.
+    if len(train["gpu"]):
+        warnings += _untrained_ranks(fetch, _distinct(train["gpu"]), files)
+
     fetch["epoch"] = assign_fetch_epochs(
         fetch["gpu"], fetch["idx"], _unstepped(fetch, "end", steps),
         train["gpu"], train["epoch"], train["iteration"], train["total"],
         _unstepped(train, "start", steps), fetch_tol=tolerance(fetch.pop("end_digits")),
     )  # fmt: skip
+    _refuse_disjoint_ranks(train, files)
     keys = [fetch["epoch"], fetch["idx"], fetch["gpu"]]
     sort = lexsort_order(keys)
     bad = _repeats_in_order(sort, keys)
@@ -258,6 +278,10 @@ def parse_run(
         for s in steps
     ]
     report["stray_ranks"] = [{"gpu": g, "records": c} for g, c in strays.items()]
+    sparse = sparse_worker_ids(fetch_table)
+    if sparse:
+        report["sparse_worker_ids"] = sparse
+        report.setdefault("warnings", []).append(_sparse_warning(sparse))
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
@@ -369,6 +393,103 @@ def _one_per_clock_event(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(merged, key=lambda s: (s["file_index"], s["line"]))
 
 
+def _refuse_repeated_sessions(train, files) -> None:
+    """Refuse a run whose ranks log more than ``APPENDED_RUNS_SHARE`` of their iterations
+    (and at least ``APPENDED_RUNS_MIN``) twice.
+
+    Exact repeats are gone by now, so a (rank, epoch, iteration) met twice has other
+    values: a few are corrupt lines (the conflict rule rejects them), many are a second
+    job, or the same one started again, writing the same ranks into this run's files.
+    """
+    bad = checks.conflicts(train, ["gpu", "epoch", "iteration"])
+    if not bad.any():
+        return
+    gpu, epoch, iteration = train["gpu"], train["epoch"], train["iteration"]
+    key = (epoch.astype(np.int64) << 32) | iteration.astype(np.int64)
+    offenders = []
+    for g in np.unique(gpu[bad]):
+        mine = gpu == g
+        repeated = np.unique(key[mine & bad])
+        many = len(repeated) > APPENDED_RUNS_SHARE * len(np.unique(key[mine]))
+        if many and len(repeated) >= APPENDED_RUNS_MIN:
+            offenders.append((int(g), len(repeated), len(np.unique(key[mine]))))
+    if not offenders:
+        return
+    g, repeated, total = offenders[0]
+    rows = np.flatnonzero((gpu == g) & bad)
+    rows = rows[np.lexsort((train["line"][rows], train["file"][rows], key[rows]))]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = key[rows][1:] != key[rows][:-1]  # the first copy of each key in file order
+    others = f"; GPUs {_ranges(np.array([o[0] for o in offenders[1:]]))} likewise" * (
+        len(offenders) > 1
+    )
+    raise InputError(
+        f"GPU {g} logs {repeated} of its {total} iterations more than once (first copies at "
+        f"{_where(train, rows[first], files)}, later ones at {_where(train, rows[~first], files)}"
+        f"{others}): two jobs, or one started again, in one run; give each job its own log "
+        "file or directory (the instrumentation appends: use a fresh log directory per run)",
+        files[0] if len(files) == 1 else files[0].parent,
+    )
+
+
+def _refuse_disjoint_ranks(train, files) -> None:
+    """Refuse ranks whose training lines fall in disjoint spans of time, unless clocks explain it.
+
+    Ranks of one DDP job train at the same time. Two groups of ranks whose timelines
+    are more than ``DISJOINT_GAP_NS`` apart, with at least ``MIN_ITERATIONS``
+    iterations every rank trained, are two jobs logged into one run -- or one job
+    whose ranks' clocks are off, which the iteration ends tell apart: shifted by a
+    constant, they still end together (``dsim.model.consistency.rank_offsets``;
+    corrected after parsing).
+    """
+    gpu = train["gpu"]
+    ranks = _distinct(gpu)
+    if len(ranks) < 2:
+        return
+    index = np.searchsorted(ranks, gpu)
+    start = train["start"]
+    first = np.full(len(ranks), np.iinfo(np.int64).max)
+    last = np.full(len(ranks), np.iinfo(np.int64).min)
+    np.minimum.at(first, index, start)
+    np.maximum.at(last, index, start)
+    order = np.argsort(first, kind="stable")
+    groups, reach = [[order[0]]], last[order[0]]
+    for r in order[1:]:
+        if first[r] > reach + DISJOINT_GAP_NS:
+            groups.append([])
+        groups[-1].append(r)
+        reach = max(reach, last[r])
+    if len(groups) == 1:
+        return
+    seconds = (start - start.min()) / 1e9
+    end = end_grid(
+        train["epoch"], train["iteration"], index, seconds, train["stall_s"], train["iteration_s"]
+    )
+    if len(end) < MIN_ITERATIONS:
+        return  # too little in common to tell; `dsim run` finds no complete iteration anyway
+    if (rank_offsets(end)[1] <= CLOCK_OFFSET_MAX_S).all():
+        return  # one job whose clocks differ by constants: corrected after parsing
+    shown = []
+    for group in groups[:3]:
+        rows = np.flatnonzero(np.isin(index, group))
+        shown.append(f"GPUs {_ranges(ranks[np.sort(group)])} ({_where(train, rows, files)})")
+    raise InputError(
+        f"{' and '.join(shown)} log their iterations at disjoint times, and their iterations "
+        "do not end together as one job's all-reduce ends them (nor apart by a constant clock "
+        "offset): two jobs in one run; give each job its own log file or directory",
+        files[0] if len(files) == 1 else files[0].parent,
+    )
+
+
+def _where(columns, rows: np.ndarray, files) -> str:
+    """``output.log:3-598`` (or several files' ranges) for the rows named, in file order."""
+    parts = []
+    for f in np.unique(columns["file"][rows]):
+        lines = columns["line"][rows][columns["file"][rows] == f]
+        parts.append(f"{files[int(f)].name}:{int(lines.min())}-{int(lines.max())}")
+    return ", ".join(parts)
+
+
 def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[str]:
     """A warning per file where conflicts are many: a second run appended to the same log."""
     if len(conflict_files) == 0:
@@ -381,6 +502,62 @@ def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[
         for i in range(len(files))
         if conflicting[i] > APPENDED_RUNS_SHARE * read[i]
     ]
+
+
+def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
+    """Ranks whose worker ids are not 0..k-1, as ``{gpu, workers, ids}`` (the first 10 ids).
+
+    PyTorch numbers a loader's workers 0..num_workers-1; other ids come from a custom
+    logger or lost lines. The pipeline model counts the distinct ids, never the highest
+    id + 1 (SPEC §4.2), and parse says so here.
+    """
+    if fetch.num_rows == 0:
+        return []
+    gpu, worker = fetch["gpu"].to_numpy(), fetch["worker"].to_numpy()
+    pairs = np.unique(np.stack([gpu.astype(np.int64), worker.astype(np.int64)]), axis=1)
+    out = []
+    for g in np.unique(pairs[0]):
+        ids = pairs[1][pairs[0] == g]
+        if ids[-1] != len(ids) - 1:
+            out.append({"gpu": int(g), "workers": len(ids), "ids": [int(i) for i in ids[:10]]})
+    return out
+
+
+def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
+    first = sparse[0]
+    ids = ", ".join(map(str, first["ids"])) + (", ..." if first["workers"] > 10 else "")
+    more = f" (and {len(sparse) - 1} more rank(s))" if len(sparse) > 1 else ""
+    return (
+        f"worker ids of GPU {first['gpu']} are not 0..{first['workers'] - 1} but {ids}{more}; "
+        f"the pipeline model counts {first['workers']} workers there, not the highest id + 1 "
+        "(run.json report.sparse_worker_ids)"
+    )
+
+
+def _untrained_ranks(fetch, trained: np.ndarray, files) -> list[str]:
+    """A warning per rank that has fetch records but no training record, with its first line."""
+    out = []
+    for gpu in np.setdiff1d(_distinct(fetch["gpu"]), trained):
+        rows = np.flatnonzero(fetch["gpu"] == gpu)
+        first = rows[0]  # records are in file order
+        where = f"{files[int(fetch['file'][first])].name}:{int(fetch['line'][first])}"
+        out.append(
+            f"GPU {gpu} has {len(rows)} fetch record(s) but no training line "
+            f"(first: {where}); its iterations are incomplete "
+            f"and `dsim run` refuses the run (training ranks: {_ranges(trained)})"
+        )
+    return out
+
+
+def _ranges(values: np.ndarray) -> str:
+    """``0-3, 7``: sorted distinct integers as ranges, for messages."""
+    out: list[tuple[int, int]] = []
+    for v in (int(x) for x in values):
+        if out and out[-1][1] == v - 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
 def _stray_warning(gpu: int, count: int, fetch, train, files) -> str:
