@@ -261,3 +261,13 @@ def test_a_rewritten_run_is_never_missing_on_linux(tmp_path: Path, monkeypatch) 
     assert (
         RunInfo.load(run_dir).version == RunInfo.load(write_run(_small(1), tmp_path / "x")).version
     )
+
+
+def test_a_loaded_trace_never_pairs_its_info_with_another_version(tmp_path: Path) -> None:
+    run_dir = write_run(_small(seed=0), tmp_path / RUN)
+    trace = dsim.load_trace(run_dir)
+    assert len(trace.train) == 2 * 40 and len(trace.fetch) > 0
+    write_run(_small(seed=1), run_dir)
+    with pytest.raises(InputError, match=r"trace changed since dsim\.load_trace read it"):
+        trace.fetch  # noqa: B018
+    assert len(dsim.load_trace(run_dir).fetch) == read_run(run_dir).fetch.num_rows
