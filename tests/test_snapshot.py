@@ -119,6 +119,9 @@ def test_a_run_mid_swap_is_read_once_the_swap_is_over(tmp_path, monkeypatch) -> 
     monkeypatch.setattr(tables_module.time, "sleep", finish_swap)
     assert read_run(run_dir).info.version == RunInfo.load(run_dir).version
     shutil.rmtree(run_dir)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".{RUN}.old-{dead.pid}").mkdir()  # what a killed parse left: no swap
     with pytest.raises(InputError, match="no parsed run here"):
         read_run(run_dir)
 

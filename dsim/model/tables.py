@@ -30,7 +30,7 @@ import pyarrow.csv as pacsv
 
 from dsim.errors import InputError
 from dsim.io import parquetio
-from dsim.io.atomic import atomic_dir
+from dsim.io.atomic import atomic_dir, leftover_of_dead_writer
 from dsim.model.runinfo import FORMAT_VERSION, RUN_FILE, RunInfo, digest_document, file_digest
 
 FETCH_FILE = "fetch.parquet"
@@ -191,12 +191,13 @@ def _read_bytes(path: Path) -> bytes | None:
 
 
 def _being_swapped(directory: Path) -> bool:
-    """Whether ``atomic_dir`` is between its two renames: the old run moved aside
-    (``.<name>.old-<pid>``), the new one not yet in place."""
+    """Whether a live ``atomic_dir`` is between its two renames: the old run moved aside
+    (``.<name>.old-<pid>``, ``pid`` running), the new one not yet in place. One a killed
+    writer left is no swap under way (the next write puts it back)."""
     pattern = os.path.join(
         glob.escape(str(directory.parent)), f".{glob.escape(directory.name)}.old-*"
     )
-    return bool(glob.glob(pattern))
+    return any(leftover_of_dead_writer(Path(p).name) is None for p in glob.glob(pattern))
 
 
 def _read_pass(directory: Path) -> _Snapshot | None:
