@@ -14,7 +14,7 @@ from typing import Any
 
 from dsim.model.consistency import consistency
 from dsim.model.runinfo import RunInfo
-from dsim.model.tables import write_run
+from dsim.model.tables import write_run_info
 from dsim.sources import RunSource, detect_source, get_source
 
 
@@ -44,5 +44,6 @@ def parse_and_write(
     tables = parsed.tables
     # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
     tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
-    directory = write_run(tables, Path(out) / run.name, parsed.rejects)
-    return directory, tables.info
+    directory = Path(out) / run.name
+    info = write_run_info(tables, directory, parsed.rejects)  # with the version written
+    return directory, info

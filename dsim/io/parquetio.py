@@ -47,7 +47,9 @@ def read_bytes(data: bytes, path: str | Path, *, remedy: str) -> pa.Table:
     try:
         return pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise unreadable(exc, path, remedy) from exc
+        # pyarrow names the source '<Buffer>'; the message names ``path`` already
+        text = str(exc).replace(" '<Buffer>'", "")
+        raise unreadable(ValueError(text), path, remedy) from exc
 
 
 def unreadable(exc: BaseException, path: str | Path, remedy: str) -> InputError:

@@ -137,6 +137,13 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     ``rejects.csv`` beside the tables so that users can read what was skipped.
     """
     directory = Path(directory)
+    write_run_info(run, directory, rejects)
+    return directory
+
+
+def write_run_info(run: RunTables, directory: Path, rejects: pa.Table | None = None) -> RunInfo:
+    """``write_run``, returning the ``run.json`` written: ``run.info`` with the digest of
+    the tables written (SPEC §2.3), the version this write made."""
     with atomic_dir(directory) as tmp:
         for table, schema, name in (
             (run.fetch, FETCH_SCHEMA, FETCH_FILE),
@@ -154,8 +161,9 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
             for name in _TABLE_FILES
             if (tmp / name).exists()
         }
-        replace(run.info, digest=digest_document(files)).save(tmp)
-    return directory
+        info = replace(run.info, digest=digest_document(files))
+        info.save(tmp)
+    return info
 
 
 def read_info(directory: str | Path) -> RunInfo:
