@@ -188,18 +188,26 @@ def _replayed(out: Path) -> tuple[dict, np.ndarray]:
     return document, numbers
 
 
+_BOTH = (FETCH_FILE, TRAIN_FILE)
+
+
+def _fingerprint(run_dir: Path) -> str:
+    """The tables of one version, as result.json's ``input`` records them (canonical JSON)."""
+    files = {n: {"size": (run_dir / n).stat().st_size, "sha256": _sha(run_dir / n)} for n in _BOTH}
+    return json.dumps(files, sort_keys=True)
+
+
 def test_parse_and_run_racing_never_mix_two_versions(tmp_path: Path) -> None:
     """A writer process re-writes the run, alternating two versions, while this process
     replays it again and again: every replay is one version's, and its result.json names
-    that version (the fingerprint of the very tables replayed)."""
-    versions = {}
+    that version (the fingerprint of the very tables replayed, and their digest)."""
+    versions = {}  # the fingerprint of a version's tables -> (its digest, its replay)
     for seed in (0, 1):
         source = write_run(_small(seed), tmp_path / f"v{seed}" / RUN)
         dsim.run(source, policies=[POLICY], out=tmp_path / f"alone{seed}")
-        document, numbers = _replayed(tmp_path / f"alone{seed}")
-        info = RunInfo.load(source)
-        versions[info.version] = (info.files, numbers)
-    assert len(versions) == 2
+        digest = (json.loads((source / "run.json").read_text()).get("digest") or {}).get("sha256")
+        versions[_fingerprint(source)] = (digest, _replayed(tmp_path / f"alone{seed}")[1])
+    assert len(versions) == 2 and all(digest for digest, _ in versions.values())
     traces, out, stop = tmp_path / "traces", tmp_path / "results", tmp_path / "stop"
     shutil.copytree(tmp_path / "v0" / RUN, traces / RUN)
     sources = [str(tmp_path / f"v{s}" / RUN) for s in (0, 1)]
@@ -209,7 +217,6 @@ def test_parse_and_run_racing_never_mix_two_versions(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    seen: dict[str, int] = {}
     refused = 0
     try:
         deadline = time.monotonic() + 120
@@ -225,12 +232,12 @@ def test_parse_and_run_racing_never_mix_two_versions(tmp_path: Path) -> None:
                 refused += 1
                 continue
             document, numbers = _replayed(out)
-            version = document["trace"]["digest"]["sha256"]
-            assert version in versions, "result.json names no version the writer wrote"
-            files, expected = versions[version]
-            assert document["input"] == {n: files[n] for n in (FETCH_FILE, TRAIN_FILE)}
+            replayed = json.dumps(document["input"], sort_keys=True)
+            assert replayed in versions, "result.json's input is no version the writer wrote"
+            digest, expected = versions[replayed]
             assert np.array_equal(numbers, expected, equal_nan=True), "a replay mixes versions"
-            seen[version] = seen.get(version, 0) + 1
+            named = (document["trace"].get("digest") or {}).get("sha256")
+            assert named == digest, "result.json names another version than it replayed"
     finally:
         stop.touch()
         written, err = writer.communicate(timeout=120)
