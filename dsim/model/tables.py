@@ -270,7 +270,8 @@ def read_run(directory: str | Path) -> RunTables:
                     _decode(directory, snapshot, info)  # a corrupted page says so first
                 raise problem
             last = snapshot
-        time.sleep(SNAPSHOT_PAUSE_S * 2**attempt)
+        if attempt + 1 < SNAPSHOT_ATTEMPTS:
+            time.sleep(SNAPSHOT_PAUSE_S * 2**attempt)
     raise InputError(
         "trace changed while it was read; run again when `dsim parse` has finished", directory
     )
