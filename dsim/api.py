@@ -52,16 +52,26 @@ class Trace:
     @property
     def fetch(self) -> pd.DataFrame:
         """``fetch.parquet`` (docs/SPEC.md §2.1), read and checked."""
-        from dsim.model.tables import read_run
-
-        return read_run(self.directory).fetch.to_pandas()
+        return self._tables().fetch.to_pandas()
 
     @property
     def train(self) -> pd.DataFrame:
         """``train.parquet`` (docs/SPEC.md §2.2), read and checked."""
+        return self._tables().train.to_pandas()
+
+    def _tables(self) -> Any:
+        """One snapshot of the run (§2.3), refused when it is no longer the version ``info``
+        describes: a ``dsim parse`` since would pair this ``info`` with other tables."""
+        from dsim.errors import InputError
         from dsim.model.tables import read_run
 
-        return read_run(self.directory).train.to_pandas()
+        tables = read_run(self.directory)
+        if tables.info.version != self.info.version:
+            raise InputError(
+                "trace changed since dsim.load_trace read it (re-parsed?); load it again",
+                self.directory,
+            )
+        return tables
 
 
 @dataclass

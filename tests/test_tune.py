@@ -149,12 +149,17 @@ def test_bootstrap_is_paired_and_deterministic():
 
 def test_run_without_fetch_records_is_refused(traces, tmp_path):
     import shutil
+    from dataclasses import replace
 
     import pyarrow as pa
 
+    from dsim.model.tables import read_run, write_run
+
     run = shutil.copytree(traces["compute"], tmp_path / "nofetch")
-    fetch = pq.read_table(run / "fetch.parquet")
-    pq.write_table(pa.Table.from_batches([], schema=fetch.schema), run / "fetch.parquet")
+    tables = read_run(run)
+    # rewritten as `dsim parse` writes a run (tables edited by hand are refused, SPEC §2.3)
+    empty = pa.Table.from_batches([], schema=tables.fetch.schema)
+    write_run(replace(tables, fetch=empty), run)
     with pytest.raises(InputError, match="no fetch records"):
         dsim.tune(run, out=None)
 

@@ -28,7 +28,7 @@ from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
-from dsim.model.runinfo import RUN_FILE
+from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
@@ -43,13 +43,13 @@ NO_FETCH_RECORDS = (
 )
 
 
-def run_attribution(run: str, run_dir: Path, epochs: list[int], warmup: int) -> Attribution:
-    """Attribution of one parsed run over the summary's selection (what ``dsim run`` writes).
+def run_attribution(run: str, tables: RunTables, epochs: list[int], warmup: int) -> Attribution:
+    """Attribution of one parsed run over the summary's selection (what ``dsim run`` writes),
+    from the snapshot of the trace the replays were computed from.
 
     A run without fetch records (a profiled run) is attributed by its stalls
     alone (docs/SPEC.md §5.2): the rank with the largest data wait.
     """
-    tables = read_run(run_dir)
     if tables.fetch.num_rows == 0:
         arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
         mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
@@ -58,13 +58,14 @@ def run_attribution(run: str, run_dir: Path, epochs: list[int], warmup: int) -> 
 
 
 def trace_attribution(
-    run: str, run_dir: Path, epochs: list[int], warmup: int
+    run: str, run_dir: Path, epochs: list[int], warmup: int, info: ResultInfo
 ) -> tuple[Attribution, LastOverTime]:
-    """Attribution of one parsed run over a selection, and who was last over time.
+    """Attribution of one parsed run (the trace ``info`` replayed) over a selection, and
+    who was last over time.
 
     Raises ``InputError`` (``NO_FETCH_RECORDS``) for a trace without fetch records.
     """
-    tables = read_run(run_dir)
+    tables = read_replayed(run_dir, info)
     if tables.fetch.num_rows == 0:
         raise InputError(NO_FETCH_RECORDS, run_dir)
     return _attribution(run, tables, epochs, warmup)
@@ -82,7 +83,9 @@ def _attribution(
 def find_trace(run: str, info: ResultInfo, traces: Path) -> tuple[Path | None, str]:
     """The parsed trace ``traces/<run>`` that a run's replays were computed from, or None
     and why not: absent, or its tables differ from those ``result.json`` records
-    (``input``), so that a report never attributes another trace than the one replayed."""
+    (``input``), so that a report never attributes another trace than the one replayed.
+    The tables' digests come from the trace's ``run.json`` (hashed only for runs parsed
+    before dsim recorded them); ``read_replayed`` checks the bytes it then reads."""
     run_dir = traces / run
     if not (run_dir / RUN_FILE).is_file():
         return None, f"its trace is not in {traces} (give its directory with --traces)"
@@ -92,13 +95,23 @@ def find_trace(run: str, info: ResultInfo, traces: Path) -> tuple[Path | None, s
     ):
         return None, "its result.json does not record which trace was replayed"
     try:
-        current = trace_fingerprint(run_dir)
+        current = RunInfo.load(run_dir).files or trace_fingerprint(run_dir)
     except InputError as exc:
         return None, str(exc)
     for name in (FETCH_FILE, TRAIN_FILE):
-        if current[name].get("sha256") != recorded[name].get("sha256"):
+        if (current.get(name) or {}).get("sha256") != recorded[name].get("sha256"):
             return None, f"{run_dir / name} changed since `dsim run` replayed it"
     return run_dir, ""
+
+
+def read_replayed(run_dir: Path, info: ResultInfo) -> RunTables:
+    """One snapshot of the trace ``find_trace`` found, refused (``InputError``) when a
+    ``dsim parse`` replaced it since: its tables are then not the ones replayed."""
+    tables = read_run(run_dir)
+    for name in (FETCH_FILE, TRAIN_FILE):
+        if (tables.files or {}).get(name, {}).get("sha256") != info.input[name].get("sha256"):
+            raise InputError("changed since `dsim run` replayed it", run_dir / name)
+    return tables
 
 
 def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
@@ -109,16 +122,16 @@ def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
 
 
 def write_run_attributions(
-    summary: pd.DataFrame, runs: Iterable[tuple[str, Path]], out: Path
+    summary: pd.DataFrame, runs: Iterable[tuple[str, RunTables]], out: Path
 ) -> list[Path]:
-    """Attribute every run of the summary and write the table next to it."""
+    """Attribute every run of the summary (its tables as replayed) and write the table."""
     attributions, selections = [], []
-    for run, run_dir in runs:
+    for run, tables in runs:
         selection = _selection(summary, run)
         if selection is None:
             continue
         epochs = [int(e) for e in selection[0].split(",") if e.strip()]
-        attributions.append(run_attribution(run, Path(run_dir), epochs, selection[1]))
+        attributions.append(run_attribution(run, tables, epochs, selection[1]))
         selections.append(selection)
     table = attribution_table(attributions, selections)
     return write_summary_files(table, out, ["parquet", "csv"], ATTRIBUTION_STEM)

@@ -17,7 +17,7 @@ from dsim.io.names import check_run_name, run_path
 from dsim.model.consistency import clock_offsets, consistency
 from dsim.model.rankclocks import shift_ranks
 from dsim.model.runinfo import RunInfo, check_run_directory
-from dsim.model.tables import RunTables, write_run
+from dsim.model.tables import RunTables, write_run_info
 from dsim.sources import RunSource, detect_source, get_source
 
 
@@ -55,8 +55,8 @@ def parse_and_write(
     tables = with_clocks_set(parsed.tables)
     # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
     tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
-    directory = write_run(tables, target, parsed.rejects)
-    return directory, tables.info
+    info = write_run_info(tables, target, parsed.rejects)  # with the version written
+    return target, info
 
 
 def with_clocks_set(tables: RunTables) -> RunTables:

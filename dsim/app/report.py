@@ -25,13 +25,23 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsim.app.attribution import find_trace, read_attributions, trace_attribution
+from dsim.app.attribution import (
+    find_trace,
+    read_attributions,
+    read_replayed,
+    trace_attribution,
+)
 from dsim.attribution import attribution_table, describe
 from dsim.config import DEFAULT_TRACES
 from dsim.errors import DsimError, InputError, OutputError, UsageError
 from dsim.io import lock
 from dsim.io.atomic import atomic_path, remove_leftovers, write_text
-from dsim.model.results import ResultRun, results_directories, scan_results
+from dsim.model.results import (
+    ResultRun,
+    check_trace_versions,
+    results_directories,
+    scan_results,
+)
 from dsim.model.selection import selection_mask
 from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
@@ -186,6 +196,7 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
 
     scan = scan_results(list(request.results))
     runs = select_runs(scan.runs, request.runs)
+    check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
     for r in runs:
         if not r.replays:
             raise InputError(
@@ -287,13 +298,15 @@ def run_utilisation(run: ResultRun, traces: Path, frame: pd.DataFrame) -> pd.Dat
     replayed trace's ``gpu_util.parquet``; None without one (or with another trace)."""
     import pandas as pd
 
-    from dsim.model.tables import read_run
     from dsim.sources.gpuutil import iteration_means
 
     trace_dir, _ = find_trace(run.name, run.info, traces)
     if trace_dir is None:
         return None
-    tables = read_run(trace_dir)
+    try:
+        tables = read_replayed(trace_dir, run.info)
+    except InputError:  # re-parsed meanwhile: not the trace replayed
+        return None
     if tables.gpu_util is None or tables.gpu_util.num_rows == 0:
         return None
     train = tables.train
@@ -340,7 +353,7 @@ def run_attributions(
             key = (str(trace_dir), tuple(epochs), warmup)
             if key not in computed:
                 try:
-                    computed[key] = trace_attribution(run.name, trace_dir, epochs, warmup)
+                    computed[key] = trace_attribution(run.name, trace_dir, epochs, warmup, run.info)
                 except DsimError as exc:
                     computed[key] = str(exc)
             result = computed[key]

@@ -13,6 +13,7 @@ holds the output directory's exclusive lock (``dsim.io.lock``), so that two
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from dsim.app.attribution import write_run_attributions
 from dsim.config import SimConfig
 from dsim.errors import InputError, UsageError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
-from dsim.execute.cache import params_document, replay_key, trace_fingerprint
+from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.dataset import write_run_dataset
@@ -42,7 +43,7 @@ from dsim.model.results import (
     write_result_info,
 )
 from dsim.model.runinfo import RunInfo
-from dsim.model.tables import read_run
+from dsim.model.tables import RunTables, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import (
     MISSING_BOTH,
@@ -83,6 +84,7 @@ class RunPlan:
     loader: dict[str, Any] | None = None  # measured and assumed loader settings (result.json)
     model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
     batch: dict[str, Any] | None = None  # per-rank batch size and its source (result.json)
+    run_dir: Path | None = None  # the trace replayed (result.json's ``trace_path``)
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -211,10 +213,16 @@ def run_model_and_policies(
 
 
 def plan_run(
-    name: str, run_dir: Path, config: SimConfig, model: ReplayModel, params: ReplayParams
+    name: str,
+    run_dir: Path,
+    config: SimConfig,
+    model: ReplayModel,
+    params: ReplayParams,
+    tables: RunTables | None = None,
 ) -> RunPlan:
-    """Load and check one run and compute its cache keys; reads the trace, writes nothing."""
-    tables = read_run(run_dir)
+    """Load and check one run and compute its cache keys; reads the trace (unless given
+    ``tables``, one snapshot of it from ``read_run``), writes nothing."""
+    tables = read_run(run_dir) if tables is None else tables
     has_fetch = tables.fetch.num_rows > 0
     if tables.train.num_rows == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
@@ -225,7 +233,7 @@ def plan_run(
     arrays = replace(arrays, loader=logged_loader(tables.info))
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
-    fingerprint = trace_fingerprint(run_dir)
+    fingerprint = snapshot_fingerprint(tables, run_dir)  # of the very bytes replayed
     run_params, loader = _loader_plan(model, arrays, params)
     if loader is not None:  # the measured settings shape the replay: they enter the key
         fingerprint = {**fingerprint, "loader": loader["measured"]}
@@ -244,6 +252,7 @@ def plan_run(
         loader,
         model,
         _batch(tables),
+        run_dir,
     )
 
 
@@ -315,7 +324,15 @@ def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> Result
         iterations=plan.arrays.n_iterations,
         ranks=tuple(int(g) for g in plan.arrays.gpus),
         policies={f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
+        trace_path=None if plan.run_dir is None else trace_path(plan.run_dir, config.out, plan),
     )
+
+
+def trace_path(run_dir: Path, out: Path, plan: RunPlan) -> str:
+    """Where ``result.json`` finds the trace it was computed from: relative to its own
+    directory (results and traces moved together keep it), POSIX separators."""
+    start = os.path.abspath(out / plan.directory)
+    return Path(os.path.relpath(os.path.abspath(run_dir), start)).as_posix()
 
 
 def _cuts(model: ReplayModel, arrays: IterationArrays) -> tuple[int, ...] | None:
@@ -340,19 +357,24 @@ def run_replays(
     params = replay_params(config)
     model = get_model(config.model)
     plans = []
+    snapshots: list[tuple[str, RunTables]] = []  # one version of each trace, read once
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        plans.append(plan_run(name, run_dir, config, model, params))
+        tables = read_run(run_dir)
+        snapshots.append((name, tables))
+        plans.append(plan_run(name, run_dir, config, model, params, tables))
         if plans[-1].loader is not None and plans[-1].loader["changed"]:
             # A loader what-if is compared with the same model under the measured settings.
             measured = replace(params, workers=None, prefetch_factor=None)
-            plans.append(plan_run(name, run_dir, config, model, measured))
+            plans.append(plan_run(name, run_dir, config, model, measured, tables))
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in plans:  # inside --out, no link, no newer result.json downgraded (§7.4)
             check_results_directory(config.out, plan.directory)
         for plan in plans:
             plan.todo = pending_policies(plan, config.out, force)
-        outcome = _replay_and_summarize(config, plans, model, params, chunk_rows, progress)
+        outcome = _replay_and_summarize(
+            config, plans, model, params, chunk_rows, progress, snapshots
+        )
     outcome.seconds = time.perf_counter() - began
     return outcome
 
@@ -364,8 +386,10 @@ def _replay_and_summarize(
     params: ReplayParams,
     chunk_rows: int,
     progress: ProgressFactory | None,
+    snapshots: list[tuple[str, RunTables]],
 ) -> RunOutcome:
-    """Compute what is pending, write replays, ``result.json`` files and the summary."""
+    """Compute what is pending, write replays, ``result.json`` files and the summary;
+    the attribution comes from the same ``snapshots`` of the traces as the replays."""
     by_name = {plan.directory: plan for plan in plans}  # a job's name is its directory
     written: list[Path] = []
 
@@ -429,9 +453,7 @@ def _replay_and_summarize(
         policies=list(dict.fromkeys(p for plan in plans for p in plan.keys)),
     )
     written.extend(write_summary_files(summary, config.out, ["parquet", "csv"], SUMMARY_STEM))
-    written.extend(
-        write_run_attributions(summary, zip(config.runs, config.run_dirs, strict=True), config.out)
-    )
+    written.extend(write_run_attributions(summary, snapshots, config.out))
     computed = sum(len(job.policies) for job in jobs)
     cached = sum(len(plan.keys) for plan in plans) - computed
     return RunOutcome(

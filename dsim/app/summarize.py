@@ -16,7 +16,12 @@ import pandas as pd
 
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
-from dsim.model.results import ResultRun, results_directories, scan_results
+from dsim.model.results import (
+    ResultRun,
+    check_trace_versions,
+    results_directories,
+    scan_results,
+)
 from dsim.model.selection import Epochs
 from dsim.options import select_runs
 from dsim.render.files import write_summary_files
@@ -52,6 +57,7 @@ def summarize_directories(
     with lock.shared(results_directories(list(paths)), on_wait):
         scan = scan_results(list(paths))
         runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
+        check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
         summary = summarize_results(
             runs,
             epochs=epochs,

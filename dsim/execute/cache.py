@@ -17,7 +17,7 @@ from typing import Any
 
 from dsim.errors import InputError
 from dsim.model.results import RESULTS_FORMAT_VERSION
-from dsim.model.tables import FETCH_FILE, TRAIN_FILE
+from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables
 from dsim.replay.models import ReplayModel
 from dsim.replay.params import ReplayParams
 from dsim.replay.params import params_document as _params_document
@@ -39,6 +39,16 @@ def _file_digest(path: Path) -> dict[str, Any]:
 def trace_fingerprint(run_dir: Path) -> dict[str, Any]:
     """Size and sha256 of the run's two tables: changes whenever the trace does."""
     return {name: _file_digest(run_dir / name) for name in (FETCH_FILE, TRAIN_FILE)}
+
+
+def snapshot_fingerprint(tables: RunTables, run_dir: Path) -> dict[str, Any]:
+    """``trace_fingerprint`` of the bytes ``read_run`` decoded ``tables`` from (no second
+    read, which a concurrent ``dsim parse`` could have changed); hashed from disk only for
+    tables built in memory."""
+    files = tables.files or {}
+    if all(name in files for name in (FETCH_FILE, TRAIN_FILE)):
+        return {name: dict(files[name]) for name in (FETCH_FILE, TRAIN_FILE)}
+    return trace_fingerprint(run_dir)
 
 
 def params_document(model: ReplayModel, params: ReplayParams) -> dict[str, float]:

@@ -15,6 +15,9 @@ that directory.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import json
 import os
 import re
@@ -118,8 +121,11 @@ def check_replaceable(target: Path, check_existing: CheckExisting) -> None:
 def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator[Path]:
     """Build a whole directory in a temporary sibling and swap it into place.
 
-    Readers see either the old directory or the new one, never a mix: the old
-    one is moved aside, the new one renamed in, and only then the old removed.
+    Readers see either the old directory or the new one, never a mix: on Linux
+    the two are exchanged in one step (``renameat2``), so the target is never
+    missing; elsewhere the old one is moved aside, the new one renamed in, and
+    only then the old removed (readers that find the target missing while
+    ``.<name>.old-<pid>`` exists know a swap is under way).
     An existing ``target`` is replaced only if ``check_replaceable`` allows
     it, checked before the work starts (to fail fast) and again just before
     the swap (someone may have put a directory there meanwhile).
@@ -135,6 +141,8 @@ def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator
     try:
         yield tmp
         check_replaceable(target, check_existing)
+        if target.exists() and _exchange(tmp, target):
+            return  # ``tmp`` now holds the old directory: ``finally`` removes it
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -147,6 +155,32 @@ def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries atomically (Linux ``renameat2(RENAME_EXCHANGE)``);
+    ``False`` where the system or file system cannot, so the caller renames twice."""
+    rename = getattr(_libc(), "renameat2", None)
+    if rename is None:
+        return False
+    if rename(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def pid_alive(pid: int) -> bool:

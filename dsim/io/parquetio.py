@@ -41,6 +41,17 @@ def read_table(path: str | Path, *, remedy: str) -> pa.Table:
         raise unreadable(exc, path, remedy) from exc
 
 
+def read_bytes(data: bytes, path: str | Path, *, remedy: str) -> pa.Table:
+    """Read a dsim Parquet file from its bytes, verifying page checksums; ``path`` names it
+    in errors. Readers that check a file's digest parse exactly the bytes they hashed."""
+    try:
+        return pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as exc:
+        # pyarrow names the source '<Buffer>'; the message names ``path`` already
+        text = str(exc).replace(" '<Buffer>'", "")
+        raise unreadable(ValueError(text), path, remedy) from exc
+
+
 def unreadable(exc: BaseException, path: str | Path, remedy: str) -> InputError:
     """The user-facing error for a Parquet file pyarrow could not read."""
     if _CRC_MISMATCH in str(exc):

@@ -44,6 +44,7 @@ _KEYS = (
     "iterations",
     "gpus",
     "policies",
+    "trace_path",
 )
 
 
@@ -100,6 +101,9 @@ class ResultInfo:
     policies: Mapping[str, str]
     loader: Mapping[str, Any] | None = None
     batch: Mapping[str, Any] | None = None  # per-rank batch size and its source (throughput)
+    # the trace replayed, relative to this file's directory: readers check that it is still
+    # the version ``trace`` records (``trace.version``), SPEC §7.3
+    trace_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = RESULTS_FORMAT_VERSION
 
@@ -124,8 +128,9 @@ class ResultInfo:
             "iterations": self.iterations,
             "gpus": list(self.ranks),
             "policies": dict(self.policies),
+            "trace_path": self.trace_path,
         }
-        optional = {"trace", "summary", "loader", "batch"}
+        optional = {"trace", "summary", "loader", "batch", "trace_path"}
         doc = {k: values[k] for k in _KEYS if not (k in optional and values[k] is None)}
         doc.update({k: v for k, v in self.extra.items() if k not in doc})
         return doc
@@ -171,6 +176,9 @@ class ResultInfo:
                 policies=dict(policies),
                 loader=dict(loader) if isinstance(loader, Mapping) else None,
                 batch=dict(batch) if isinstance(batch, Mapping) else None,
+                trace_path=(
+                    document["trace_path"] if isinstance(document.get("trace_path"), str) else None
+                ),
                 extra={k: v for k, v in document.items() if k not in _KEYS},
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:

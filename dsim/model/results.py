@@ -49,7 +49,7 @@ from dsim.io.atomic import write_json, write_parquet
 from dsim.io.names import run_path
 from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
 from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
-from dsim.model.runinfo import refuse_newer, written_version
+from dsim.model.runinfo import RunInfo, refuse_newer, written_version
 from dsim.replay.policies import Policy, parse_policy_label, policy_label
 
 __all__ = [
@@ -229,6 +229,41 @@ class ResultRun:
             ) from None
         self._check(replay_metadata(table, path), policy, path)
         return table
+
+
+def stale_trace(run: ResultRun) -> InputError | None:
+    """Why ``run``'s replays no longer describe the trace they name (``None`` when they do).
+
+    ``result.json`` records where its trace is (``trace_path``) and which version of it
+    was replayed (``trace.digest``); a ``dsim parse`` since has written another version
+    there. Only ``run.json`` is read, so checking costs no table read. A trace that is no
+    longer there (moved, deleted), or results written before dsim recorded both, cannot be
+    checked and pass.
+    """
+    info = run.info
+    replayed = info.trace.version if info.trace is not None else None
+    if info.trace_path is None or replayed is None:
+        return None
+    trace_dir = Path(os.path.normpath(run.directory / info.trace_path))
+    try:
+        current = RunInfo.load(trace_dir)
+    except InputError:
+        return None
+    if current.version == replayed:
+        return None
+    return InputError(
+        f"results of {run.name} were computed from an older parse of its trace "
+        f"{trace_dir}; run `dsim run` again",
+        run.directory / RESULT_FILE,
+    )
+
+
+def check_trace_versions(runs: list[ResultRun]) -> None:
+    """Refuse (``InputError``, exit 3) the first run whose trace was re-parsed since."""
+    for run in runs:
+        problem = stale_trace(run)
+        if problem is not None:
+            raise problem
 
 
 def write_result_info(

@@ -18,6 +18,7 @@ the known ones, so a document survives a load/save round trip.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ _KEYS = (
     "loader",
     "gpu_util",
     "consistency",
+    "digest",
 )
 
 
@@ -119,6 +121,29 @@ def check_run_directory(directory: Path) -> None:
     refuse_newer(version, FORMAT_VERSION, path)
 
 
+def file_digest(data: bytes) -> dict[str, Any]:
+    """Size and sha256 of one file's bytes: how ``run.json`` and cache keys name a table."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def version_digest(files: Mapping[str, Mapping[str, Any]]) -> str:
+    """The digest of one version of a parsed run: sha256 of the canonical JSON of its
+    tables' ``file_digest``s (by file name), so two parses that wrote the same tables
+    have the same version and any other table bytes give another (SPEC §2.3)."""
+    text = json.dumps(
+        {str(k): dict(v) for k, v in files.items()}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def digest_document(files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``run.json``'s ``digest``: the version and the files it covers."""
+    return {
+        "sha256": version_digest(files),
+        "files": {k: dict(v) for k, v in sorted(files.items())},
+    }
+
+
 def _int_map(value: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
@@ -146,6 +171,8 @@ class RunInfo:
     # how consistent the ranks' timelines are with synchronous DDP (dsim.model.consistency)
     consistency: Mapping[str, Any] | None = None
     input_format: str | None = None
+    # the tables' version (``digest_document``): what readers check the bytes they read against
+    digest: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
@@ -166,6 +193,21 @@ class RunInfo:
         from dataclasses import replace
 
         return replace(self, consistency=figures)
+
+    @property
+    def version(self) -> str | None:
+        """The digest of the tables ``dsim parse`` wrote with this ``run.json`` (``None``
+        for a run parsed before dsim recorded it)."""
+        value = (self.digest or {}).get("sha256")
+        return value if isinstance(value, str) else None
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]] | None:
+        """Size and sha256 per table file as ``dsim parse`` wrote them, if recorded."""
+        files = (self.digest or {}).get("files")
+        if not isinstance(files, Mapping):
+            return None
+        return {str(k): dict(v) for k, v in files.items() if isinstance(v, Mapping)}
 
     @property
     def inconsistent(self) -> list[str]:
@@ -194,8 +236,16 @@ class RunInfo:
             "loader": None if self.loader is None else dict(self.loader),
             "gpu_util": None if self.gpu_util is None else dict(self.gpu_util),
             "consistency": None if self.consistency is None else dict(self.consistency),
+            "digest": None if self.digest is None else dict(self.digest),
         }
-        optional = {"format", "declared_iterations_per_epoch", "loader", "gpu_util", "consistency"}
+        optional = {
+            "format",
+            "declared_iterations_per_epoch",
+            "loader",
+            "gpu_util",
+            "consistency",
+            "digest",
+        }
         doc = {k: values[k] for k in _KEYS if not (k in optional and values[k] is None)}
         doc.update({k: v for k, v in self.extra.items() if k not in doc})
         return doc
@@ -209,6 +259,7 @@ class RunInfo:
             loader = document.get("loader")
             util = document.get("gpu_util")
             figures = document.get("consistency")
+            digest = document.get("digest")
             return cls(
                 name=str(document.get("name", path.parent.name if path else "")),
                 gpu_count=int(document.get("gpus") or 0),
@@ -223,6 +274,7 @@ class RunInfo:
                 gpu_util=dict(util) if isinstance(util, Mapping) else None,
                 consistency=dict(figures) if isinstance(figures, Mapping) else None,
                 input_format=document.get("format"),
+                digest=dict(digest) if isinstance(digest, Mapping) else None,
                 extra={k: v for k, v in document.items() if k not in _KEYS},
             )
         except (TypeError, ValueError, AttributeError) as exc:
@@ -233,13 +285,22 @@ class RunInfo:
         """``<directory>/run.json``; ``InputError`` if missing, unreadable or of another format."""
         path = Path(directory) / RUN_FILE
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            data = path.read_bytes()
         except FileNotFoundError:
             raise InputError(
                 f"no parsed run here (missing {RUN_FILE}; run `dsim parse` first)",
                 Path(directory),
             ) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except OSError as exc:
+            raise InputError(f"unreadable run description: {exc}", path) from exc
+        return cls.from_bytes(data, path)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: Path | None = None) -> RunInfo:
+        """A ``run.json`` from its bytes (a snapshot reader has them already)."""
+        try:
+            document = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"unreadable run description: {exc}", path) from exc
         return cls.from_document(document, path)
 

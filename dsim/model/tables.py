@@ -5,21 +5,40 @@ A parsed run is a directory holding ``fetch.parquet``, ``train.parquet`` and
 reads or writes them, so a change of format happens here and nowhere else.
 Timestamps are wall-clock times without a time zone (the logs carry none),
 at nanosecond resolution.
+
+``dsim parse`` may rewrite a run while another command reads it. Writers
+swap whole directories (``atomic_dir``) and record in ``run.json`` the
+digest of the tables they wrote; ``read_run`` reads ``run.json``, the
+tables' bytes and ``run.json`` again, and accepts them only when the bytes
+match that digest and ``run.json`` did not change meanwhile, else it reads
+again (docs/SPEC.md §2.3, "Snapshots"). No lock: a reader never waits for or
+blocks a writer, and read-only trace directories read the same way.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from dsim.errors import InputError
 from dsim.io import parquetio
-from dsim.io.atomic import atomic_dir
-from dsim.model.runinfo import FORMAT_VERSION, RunInfo, check_run_directory
+from dsim.io.atomic import atomic_dir, leftover_of_dead_writer
+from dsim.model.runinfo import (
+    FORMAT_VERSION,
+    RUN_FILE,
+    RunInfo,
+    check_run_directory,
+    digest_document,
+    file_digest,
+)
 
 FETCH_FILE = "fetch.parquet"
 TRAIN_FILE = "train.parquet"
@@ -27,6 +46,16 @@ REJECTS_FILE = "rejects.csv"
 GPU_UTIL_FILE = "gpu_util.parquet"
 
 TIMESTAMP = pa.timestamp("ns")
+
+# The files a run's digest covers (gpu_util only when the run has one), in reading order.
+_TABLE_FILES = (FETCH_FILE, TRAIN_FILE, GPU_UTIL_FILE)
+_REQUIRED = (FETCH_FILE, TRAIN_FILE)
+_REMEDY = "re-run `dsim parse` for this run"
+
+# How often ``read_run`` reads a run that changes under it before giving up, and the first
+# pause between reads (doubled each time: 0.62 s in all), long enough for a swap to end.
+SNAPSHOT_ATTEMPTS = 6
+SNAPSHOT_PAUSE_S = 0.02
 
 FETCH_SCHEMA = pa.schema(
     [
@@ -81,6 +110,9 @@ class RunTables:
     train: pa.Table
     info: RunInfo = field(default_factory=lambda: RunInfo("", 0, (), (), {}))
     gpu_util: pa.Table | None = None
+    # size and sha256 of the table files as read (``read_run``), by file name: exactly the
+    # bytes these tables were decoded from, for cache keys and ``result.json``
+    files: Mapping[str, Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.info, Mapping):
@@ -114,6 +146,13 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
     wrote (``check_run_directory``), never a user's.
     """
     directory = Path(directory)
+    write_run_info(run, directory, rejects)
+    return directory
+
+
+def write_run_info(run: RunTables, directory: Path, rejects: pa.Table | None = None) -> RunInfo:
+    """``write_run``, returning the ``run.json`` written: ``run.info`` with the digest of
+    the tables written (SPEC §2.3), the version this write made."""
     with atomic_dir(directory, check_existing=check_run_directory) as tmp:
         for table, schema, name in (
             (run.fetch, FETCH_SCHEMA, FETCH_FILE),
@@ -126,8 +165,14 @@ def write_run(run: RunTables, directory: str | Path, rejects: pa.Table | None = 
         if rejects is not None and rejects.num_rows:
             # one chunk: pyarrow 17 writes the header again after an empty first chunk
             pacsv.write_csv(rejects.combine_chunks(), tmp / REJECTS_FILE)
-        run.info.save(tmp)
-    return directory
+        files = {
+            name: file_digest((tmp / name).read_bytes())
+            for name in _TABLE_FILES
+            if (tmp / name).exists()
+        }
+        info = replace(run.info, digest=digest_document(files))
+        info.save(tmp)
+    return info
 
 
 def read_info(directory: str | Path) -> RunInfo:
@@ -135,22 +180,122 @@ def read_info(directory: str | Path) -> RunInfo:
     return RunInfo.load(directory)
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """One pass over a run directory: ``run.json`` before and after, and the tables' bytes."""
+
+    before: bytes
+    after: bytes | None
+    blobs: Mapping[str, bytes]  # the table files found
+    files: Mapping[str, Mapping[str, Any]]  # their ``file_digest``s, hashed once
+
+    def same_as(self, other: _Snapshot | None) -> bool:
+        """Whether two passes saw the same bytes (the run is not changing)."""
+        return (
+            other is not None
+            and (self.before, self.after) == (other.before, other.after)
+            and self.files == other.files
+        )
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+
+
+def _being_swapped(directory: Path) -> bool:
+    """Whether a live ``atomic_dir`` is between its two renames: the old run moved aside
+    (``.<name>.old-<pid>``, ``pid`` running), the new one not yet in place. One a killed
+    writer left is no swap under way (the next write puts it back)."""
+    pattern = os.path.join(
+        glob.escape(str(directory.parent)), f".{glob.escape(directory.name)}.old-*"
+    )
+    return any(leftover_of_dead_writer(Path(p).name) is None for p in glob.glob(pattern))
+
+
+def _read_pass(directory: Path) -> _Snapshot | None:
+    """``run.json``, every table file, ``run.json`` again; ``None`` while a swap is under way."""
+    before = _read_bytes(directory / RUN_FILE)
+    if before is None:
+        if _being_swapped(directory):
+            return None
+        raise InputError(
+            f"no parsed run here (missing {RUN_FILE}; run `dsim parse` first)", directory
+        )
+    blobs = {}
+    for name in _TABLE_FILES:
+        data = _read_bytes(directory / name)
+        if data is not None:
+            blobs[name] = data
+    files = {name: file_digest(data) for name, data in blobs.items()}
+    return _Snapshot(before, _read_bytes(directory / RUN_FILE), blobs, files)
+
+
+def _mismatch(directory: Path, snapshot: _Snapshot, info: RunInfo) -> InputError | None:
+    """Why a pass is not one version of the run (``None`` when it is)."""
+    if snapshot.after != snapshot.before:
+        return InputError(f"{RUN_FILE} changed while the tables were read", directory)
+    missing = [name for name in _REQUIRED if name not in snapshot.blobs]
+    if missing:
+        return InputError(f"missing {missing[0]} (re-run `dsim parse`)", directory)
+    recorded = info.files
+    if recorded is None:  # parsed before dsim recorded digests: nothing to check against
+        return None
+    found = snapshot.files
+    for name in sorted(set(recorded) | set(found)):
+        if recorded.get(name) != found.get(name):
+            if name not in found:
+                what = f"missing, though the digest in {RUN_FILE} lists it"
+            else:
+                what = f"does not match the digest in {RUN_FILE} (changed since `dsim parse`?)"
+            return InputError(f"{what}; {_REMEDY}", directory / name)
+    return None
+
+
 def read_run(directory: str | Path) -> RunTables:
-    """Read and validate one run directory written by ``write_run``."""
+    """Read and validate one run directory written by ``write_run``: one version of it.
+
+    The bytes read are checked against the digest ``run.json`` records (see the
+    module docstring); a run that changes under the reader is read again, up to
+    ``SNAPSHOT_ATTEMPTS`` times, and then refused: ``dsim parse`` is rewriting it.
+    Tables that differ from that digest the same way on two reads were changed by
+    hand and are refused at once. The tables are decoded from the very bytes checked.
+    """
     directory = Path(directory)
-    info = read_info(directory)
+    last: _Snapshot | None = None
+    for attempt in range(SNAPSHOT_ATTEMPTS):
+        snapshot = _read_pass(directory)
+        if snapshot is not None:
+            info = RunInfo.from_bytes(snapshot.before, directory / RUN_FILE)
+            problem = _mismatch(directory, snapshot, info)
+            if problem is None:
+                return _decode(directory, snapshot, info)
+            if snapshot.same_as(last):  # the same on two reads: not a parse under way
+                if all(name in snapshot.blobs for name in _REQUIRED):
+                    _decode(directory, snapshot, info)  # a corrupted page says so first
+                raise problem
+            last = snapshot
+        if attempt + 1 < SNAPSHOT_ATTEMPTS:
+            time.sleep(SNAPSHOT_PAUSE_S * 2**attempt)
+    raise InputError(
+        "trace changed while it was read; run again when `dsim parse` has finished", directory
+    )
+
+
+def _decode(directory: Path, snapshot: _Snapshot, info: RunInfo) -> RunTables:
     tables = []
     for name, schema in ((FETCH_FILE, FETCH_SCHEMA), (TRAIN_FILE, TRAIN_SCHEMA)):
         path = directory / name
-        try:
-            table = parquetio.read_table(path, remedy="re-run `dsim parse` for this run")
-        except FileNotFoundError:
-            raise InputError(f"missing {name} (re-run `dsim parse`)", directory) from None
+        table = parquetio.read_bytes(snapshot.blobs[name], path, remedy=_REMEDY)
         tables.append(_check_schema(table, schema, path))
     util = None
-    if (directory / GPU_UTIL_FILE).exists():
-        util = parquetio.read_table(
-            directory / GPU_UTIL_FILE, remedy="re-run `dsim parse` for this run"
+    if GPU_UTIL_FILE in snapshot.blobs:
+        util = parquetio.read_bytes(
+            snapshot.blobs[GPU_UTIL_FILE], directory / GPU_UTIL_FILE, remedy=_REMEDY
         )
     return RunTables(
         name=info.name or directory.name,
@@ -158,4 +303,5 @@ def read_run(directory: str | Path) -> RunTables:
         train=tables[1],
         info=info,
         gpu_util=util,
+        files=dict(snapshot.files),
     )
