@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dsim.errors import InputError
 from dsim.model.consistency import consistency
 from dsim.model.runinfo import RunInfo
 from dsim.model.tables import write_run
@@ -40,9 +41,27 @@ def parse_and_write(
     kwargs: dict[str, Any] = dict(limits or {})
     if progress is not None:
         kwargs["progress"] = progress
-    parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
-    tables = parsed.tables
-    # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
-    tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
-    directory = write_run(tables, Path(out) / run.name, parsed.rejects)
+    try:
+        parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
+        tables = parsed.tables
+        # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
+        tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
+        directory = write_run(tables, Path(out) / run.name, parsed.rejects)
+    except MemoryError:
+        # A run too large for this machine is a fact about the input, not a bug: one line
+        # naming it (exit 3), like every other input dsim cannot take.
+        raise InputError(
+            "out of memory parsing this run (its tables do not fit in memory; "
+            "parse it alone with --jobs 1 or on a machine with more memory)",
+            _where(run),
+        ) from None
     return directory, tables.info
+
+
+def _where(run: RunSource) -> Path | None:
+    """The path that names a run in a message: its one file, or the folder of its files."""
+    files = [Path(f) for f in run.files]
+    if len(files) == 1:
+        return files[0]
+    parents = {f.parent for f in files}
+    return parents.pop() if len(parents) == 1 else None
