@@ -47,6 +47,7 @@ import pyarrow as pa
 from dsim.errors import InputError
 from dsim.io import compression
 from dsim.model.tables import TRAIN_SCHEMA
+from dsim.sources import jsonbounds
 from dsim.sources.jsonbounds import BoundedReader, JsonBoundError
 from dsim.sources.rawlog.discover import rank_from_file_name
 
@@ -140,6 +141,14 @@ def _json_error(exc: Exception, path: Path) -> InputError:
     return InputError(f"truncated or invalid JSON ({text})", path)
 
 
+def _bounded(path: Path) -> BoundedReader:
+    """The text of a trace, checked against the bounds as ijson reads it (the bounds are
+    read at each call, so tests may lower them)."""
+    return BoundedReader(
+        compression.open_text(path), jsonbounds.MAX_DEPTH, jsonbounds.MAX_STRING_BYTES
+    )
+
+
 def _header(path: Path) -> dict[str, Any]:
     """Top-level keys before ``traceEvents`` (and whether it was found): a few KB, not the events.
 
@@ -149,7 +158,7 @@ def _header(path: Path) -> dict[str, Any]:
     ijson = _ijson()
     out: dict[str, Any] = {}
     try:
-        with BoundedReader(compression.open_text(path)) as handle:
+        with _bounded(path) as handle:
             events = ijson.parse(handle, use_float=True, buf_size=_READ_BYTES)
             builder = None
             key = None
@@ -191,7 +200,7 @@ def _header(path: Path) -> dict[str, Any]:
 def _events(path: Path) -> Iterator[Any]:
     """The objects of ``traceEvents``, one at a time."""
     ijson = _ijson()
-    with BoundedReader(compression.open_text(path)) as handle:
+    with _bounded(path) as handle:
         yield from ijson.items(handle, "traceEvents.item", use_float=True, buf_size=_READ_BYTES)
 
 
