@@ -316,3 +316,18 @@ def test_the_line_check_costs_one_pass_over_the_newlines():
     block = b"".join(GOOD) + b"\r\n\n" + b"".join(GOOD)
     newlines = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
     assert grammar.lines_of(block, newlines).equals(grammar.lines_of(block))
+
+
+def test_gpu_utilisation_logs_have_the_same_line_bound(tmp_path):
+    """nvidia-smi CSVs beside a run were read whole; now a line at a time, bounded alike."""
+    from dsim.sources.gpuutil import read_util_log
+
+    path = tmp_path / "gpu_util.csv"
+    header = b"timestamp, index, utilization.gpu [%], memory.used [MiB]\n"
+    row = b"2026/11/21 16:12:00.000, 0, 40 %, 1000 MiB\n"
+    path.write_bytes(header + row + b"9" * 5000 + b"\n" + row)
+    with pytest.raises(InputError) as caught:
+        read_util_log(path, max_line=4096)
+    assert str(caught.value) == f"{path}:3: line longer than 4096 bytes"
+    log = read_util_log(path)  # within the default bound: a malformed row like any other
+    assert log.samples.num_rows == 2 and log.rejects.num_rows == 1
