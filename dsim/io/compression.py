@@ -59,7 +59,7 @@ _OTHER_BINARY = (
 )
 
 INPUT_BYTES = 32 << 10  # compressed bytes read at once
-STEP_BYTES = 1 << 20  # text one decompression step may give: bounds memory whatever the ratio
+STEP_BYTES = 1 << 20  # text one bzip2 or xz step may give: bounds memory whatever the ratio
 ZSTD_SLICE = 1 << 10  # zstd input fed at once (its decoder has no output bound): <= 32 MiB out
 MAX_RATIO = 1000  # text per stored byte beyond which a file is taken for a decompression bomb
 RATIO_FLOOR = 16 << 20  # ... once this much text came out (small files may expand more)
@@ -133,9 +133,10 @@ class _Streams(io.RawIOBase):
     """Complete streams (gzip members, bzip2/xz streams, zstd frames), one after another.
 
     Each stream gets a fresh decompression object, fed ``INPUT_BYTES`` of the
-    stored file at a time and asked for at most ``STEP_BYTES`` of text per
-    step (zstd's decoder takes no such bound: it is fed ``ZSTD_SLICE`` bytes
-    at a time); a file whose text outgrows ``MAX_RATIO`` times its stored
+    stored file at a time; bzip2 and xz decoders are asked for at most
+    ``STEP_BYTES`` of text per step, zstd's (which take no such bound) are
+    fed ``ZSTD_SLICE`` bytes at a time, and deflate cannot give more than
+    1032 bytes a byte (33 MiB a step); a file whose text outgrows ``MAX_RATIO`` times its stored
     bytes read so far (past ``RATIO_FLOOR``) is refused as a decompression
     bomb: memory stays bounded whatever the ratio, and time stops growing
     with the text long before 10 GB of NULs or newlines are read. What
@@ -157,7 +158,6 @@ class _Streams(io.RawIOBase):
         self.data = b""  # stored bytes read and not yet given to a decoder
         self.pending = b""
         self.done = False
-        self.full = False  # the gzip decoder's last output filled STEP_BYTES
         self.fed = 0  # stored bytes given to decoders
         self.out = 0  # text bytes they gave
 
@@ -174,7 +174,7 @@ class _Streams(io.RawIOBase):
         return n
 
     def _step(self) -> None:
-        """At most ``STEP_BYTES`` of text (zstd: one slice's, <= 32 MiB) into ``pending``.
+        """The text of the next step into ``pending``: <= ``STEP_BYTES`` (gzip, zstd: 33 MiB).
 
         Bounded output per step: one step of a decompression bomb cannot exhaust memory.
         """
@@ -195,7 +195,6 @@ class _Streams(io.RawIOBase):
                 if not self.data:
                     return
             self.decoder = self.new()
-            self.full = False
         try:
             self.pending = self._decompress()
         except self.errors as exc:
@@ -211,30 +210,21 @@ class _Streams(io.RawIOBase):
         d = self.decoder
         if d is None or not self.in_stream:
             return False
-        if self.fmt.name == "gzip":
-            return bool(d.unconsumed_tail) or self.full
         if self.fmt.name in ("bzip2", "xz"):
             return not d.needs_input
         return False
 
     def _decompress(self) -> bytes:
-        """Feed the decoder; what it gives, at most ``STEP_BYTES`` (zstd: one slice's worth)."""
+        """Feed the decoder; what it gives (bounded as ``_step`` says)."""
         d, name = self.decoder, self.fmt.name
-        if name == "gzip":
-            if d.unconsumed_tail or self.full:  # input it could not decode for lack of room
-                data = d.unconsumed_tail
-            else:
-                data, self.data = self.data, b""
-            self.fed += len(data)
-            out = d.decompress(data, STEP_BYTES)
-            self.fed -= len(d.unconsumed_tail)
-            self.full = len(out) == STEP_BYTES  # more may come from input already consumed
-            return out
         if name in ("bzip2", "xz"):
             data, self.data = (b"", self.data) if not d.needs_input else (self.data, b"")
             self.fed += len(data)
             return d.decompress(data, max_length=STEP_BYTES)
-        data, self.data = self.data[:ZSTD_SLICE], self.data[ZSTD_SLICE:]
+        # gzip: deflate gives at most 1032 bytes a byte, 33 MiB for INPUT_BYTES; its
+        # max_length would halve the speed of ordinary files (measured), so it is not asked.
+        size = ZSTD_SLICE if name == "zstd" else INPUT_BYTES
+        data, self.data = self.data[:size], self.data[size:]
         self.fed += len(data)
         return d.decompress(data)
 

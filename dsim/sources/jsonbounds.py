@@ -27,8 +27,19 @@ MAX_DEPTH = 64  # Kineto traces nest 4-6 levels (document, traceEvents, event, a
 MAX_STRING_BYTES = 1 << 20  # the longest JSON string (as stored, escapes included)
 
 _QUOTE, _BACKSLASH = 34, 92
-_CASE = 0xDF  # clearing bit 5 maps { to [ and } to ] (and nothing else to either)
-_OPEN, _CLOSE = 0x5B, 0x5D  # [ and ]
+# One ``bytes.translate`` pass classes every byte; only the few that matter are looked at after.
+_IS_QUOTE, _IS_OPEN, _IS_CLOSE, _IS_BACKSLASH = 1, 2, 3, 4
+_CLASSES = bytes(
+    {
+        34: _IS_QUOTE,
+        91: _IS_OPEN,
+        123: _IS_OPEN,
+        93: _IS_CLOSE,
+        125: _IS_CLOSE,
+        92: _IS_BACKSLASH,
+    }.get(i, 0)
+    for i in range(256)
+)
 
 
 class JsonBoundError(ValueError):
@@ -72,10 +83,15 @@ class BoundedReader:
     def scan(self, data: bytes) -> None:
         """Check one chunk and carry the state past it; ``JsonBoundError`` names the byte."""
         b = np.frombuffer(data, dtype=np.uint8)
-        quotes = self._real_quotes(b)
+        classes = np.frombuffer(data.translate(_CLASSES), dtype=np.uint8)
+        marked = np.flatnonzero(classes != 0)  # quotes, brackets, backslashes (as bool: 4x faster)
+        kinds = classes[marked]
+        quotes = self._real_quotes(b, marked[kinds == _IS_QUOTE], (kinds == _IS_BACKSLASH).any())
         starts_inside = int(self.in_string)
         too_long = self._strings(quotes, len(b))
-        too_deep = self._depth(b, quotes, starts_inside)
+        brackets = kinds != _IS_QUOTE
+        brackets &= kinds != _IS_BACKSLASH
+        too_deep = self._depth(marked[brackets], kinds[brackets] == _IS_OPEN, quotes, starts_inside)
         if too_long is not None and (too_deep is None or too_long < too_deep):
             raise JsonBoundError(
                 f"JSON string longer than {self.max_string} bytes "
@@ -88,12 +104,11 @@ class BoundedReader:
             )
         self.offset += len(b)
 
-    def _real_quotes(self, b: np.ndarray) -> np.ndarray:
-        """Positions of the ``"`` not escaped (an even run of backslashes before them)."""
-        quotes = np.flatnonzero(b == _QUOTE)
+    def _real_quotes(self, b: np.ndarray, quotes: np.ndarray, backslash: bool) -> np.ndarray:
+        """Of the ``quotes``, those not escaped (an even run of backslashes before them)."""
         carried, self.backslashes = self.backslashes, _trailing_backslashes(b, self.backslashes)
-        if not carried and b.tobytes().find(b"\\") < 0:
-            return quotes  # no backslash: every quote is real (the common case, one memchr)
+        if not carried and not backslash:
+            return quotes  # no backslash: every quote is real (the common case)
         after = np.zeros(len(quotes), dtype=bool)  # quotes right after a backslash
         inner = quotes > 0
         after[inner] = b[quotes[inner] - 1] == _BACKSLASH
@@ -136,17 +151,17 @@ class BoundedReader:
         gaps = int(np.diff(quotes).max()) - 1 if len(quotes) > 1 else 0
         return max(head, gaps, size - int(quotes[-1]) - 1) <= self.max_string
 
-    def _depth(self, b: np.ndarray, quotes: np.ndarray, starts_inside: int) -> int | None:
+    def _depth(
+        self, brackets: np.ndarray, opens: np.ndarray, quotes: np.ndarray, starts_inside: int
+    ) -> int | None:
         """Carry the depth past the chunk; the byte of the first bracket too deep, or ``None``."""
-        folded = b & _CASE
-        brackets = np.flatnonzero((folded == _OPEN) | (folded == _CLOSE))
         if not len(brackets):
             return None
-        before = np.searchsorted(quotes, brackets)  # real quotes before each bracket
-        brackets = brackets[(before + starts_inside) % 2 == 0]  # outside strings
+        outside = (np.searchsorted(quotes, brackets) + starts_inside) % 2 == 0
+        brackets, opens = brackets[outside], opens[outside]
         if not len(brackets):
             return None
-        depths = self.depth + np.cumsum(np.where(folded[brackets] == _OPEN, 1, -1))
+        depths = self.depth + np.cumsum(np.where(opens, 1, -1))
         self.depth = int(depths[-1])
         over = np.flatnonzero(depths > self.max_depth)
         return int(brackets[over[0]]) if len(over) else None
