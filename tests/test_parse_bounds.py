@@ -331,3 +331,29 @@ def test_gpu_utilisation_logs_have_the_same_line_bound(tmp_path):
     assert str(caught.value) == f"{path}:3: line longer than 4096 bytes"
     log = read_util_log(path)  # within the default bound: a malformed row like any other
     assert log.samples.num_rows == 2 and log.rejects.num_rows == 1
+
+
+def test_blocks_of_many_tiny_lines_parse_in_pieces_to_the_same_records(tmp_path, monkeypatch):
+    """A block of millions of short lines is parsed a few hundred thousand lines at a time
+    (bounded per-line arrays); pieces of any size give the same records, counts, rejects
+    and line numbers, and the first line too long is still found."""
+    rng = np.random.default_rng(0)
+    lines = [*GOOD, b"\n", b"\r\n", b"junk\n", b"2021-09-01 GPU: 0 END FETCH broken\n"]
+    text = b"".join(lines[i] for i in rng.integers(0, len(lines), 600)) + b"tail"
+    path = tmp_path / "rank0.log"
+    path.write_bytes(text)
+    whole = read_log(path)
+    for piece, block in ((7, 1 << 20), (100, 4096)):
+        monkeypatch.setattr(logfile, "_PIECE_LINES", piece)
+        got = read_log(path, block_bytes=block)
+        for part in ("fetch", "train"):
+            for key, want in getattr(whole, part).items():
+                np.testing.assert_array_equal(getattr(got, part)[key], want, err_msg=key)
+        assert got.counts == whole.counts
+        assert got.rejects.table().equals(whole.rejects.table())
+    assert whole.rejects.table().num_rows > 0 and whole.counts["blank_lines"] > 0
+    path.write_bytes(b"\n" * 5000 + b"y" * 3000 + b"\n" + b"\n" * 10)
+    for piece in (1000, 7):
+        monkeypatch.setattr(logfile, "_PIECE_LINES", piece)
+        with pytest.raises(InputError, match=rf"{path.name}:5001: line longer than 2999"):
+            read_log(path, max_line=2999)

@@ -95,6 +95,7 @@ class _Columns:
         return {k: v[: self.rows] for k, v in self.columns.items()}
 
 
+_PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
 _HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
 
@@ -151,12 +152,35 @@ def read_log(
         return InputError(reason, path, line)
 
     def consume(block: bytes | memoryview) -> None:
-        nonlocal next_line, consumed
-        newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+        ends = np.frombuffer(block, dtype=np.uint8) == 10
+        count = int(np.count_nonzero(ends))
+        if count <= _PIECE_LINES:
+            consume_piece(block, np.flatnonzero(ends))
+            return
+        # Millions of tiny lines in one block (a text of newlines): the per-line arrays
+        # would take ~100 bytes a line, 400 MB a block; pieces of about _PIECE_LINES lines,
+        # cut after a line end, keep them small.
+        step = max(len(block) * _PIECE_LINES // count, 1)
+        start = 0
+        while start < len(block):
+            stop = min(start + step, len(block))
+            if stop < len(block) and not ends[stop - 1]:
+                after = ends[stop:]
+                stop = stop + int(np.argmax(after)) + 1 if after.any() else len(block)
+            consume_piece(block[start:stop], np.flatnonzero(ends[start:stop]))
+            start = stop
+
+    def consume_piece(block: bytes | memoryview, newlines: np.ndarray) -> None:
+        """Lines that start at the start of ``block``; ``newlines``: where their ``\\n`` are."""
         if len(newlines):
-            lengths = np.diff(newlines, prepend=-1) - 1  # bytes of each line before its \n
-            if lengths.max() > max_line:
-                raise too_long(next_line + int(np.argmax(lengths > max_line)))
+            spans = np.diff(newlines, prepend=-1)  # bytes of each line with its \n
+            if spans.max() > max_line + 1:
+                raise too_long(next_line + int(np.argmax(spans > max_line + 1)))
+            del spans
+        consume_lines(block, newlines)
+
+    def consume_lines(block: bytes | memoryview, newlines: np.ndarray) -> None:
+        nonlocal next_line, consumed
         lines = grammar.lines_of(block, newlines)
         records = grammar.parse_lines(lines, next_line, rejects, max_duration=max_duration)
         consumed += len(block)
