@@ -2,12 +2,14 @@
 
 A mutant is a copy of a log (a run directory of ``*.log`` files) with a few
 edits: lines dropped, duplicated or inserted, bytes flipped, digits changed,
-fields swapped, lines cut short. Every line of the mutant remembers the
+fields swapped, lines cut short, lines stretched about the line limit
+(``LONG_EDITS``). Every line of the mutant remembers the
 original line it came from (``origin``) and whether its text was changed, so
 that each record the parser keeps can be traced back to a line of the
 original log -- line numbers shift with every insertion and drop.
 
-The oracle (``check``) states what "a defect stays local" means:
+The oracle (``check``) states what "a defect stays local" means (a run with a
+line over ``LINE_LIMIT`` must instead fail naming the first such line):
 
 (b) every record kept from an *unchanged* line is that line's record in the
     parse of the original log (same GPU, iteration and values; same epoch
@@ -193,6 +195,16 @@ class Mutant:
             junk = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
             self._change(name, k, text[:i] + junk + text[i:], "splice")
 
+    def long(self, rng: random.Random) -> None:
+        """Stretch a line to about ``LINE_LIMIT`` bytes (either side of it, or far past it)."""
+        if (pick := self._pick(rng)) is not None:
+            name, k = pick
+            text = self.pieces[name][k].text
+            size = rng.choice([LINE_LIMIT - 1, LINE_LIMIT, LINE_LIMIT + 1, 3 * LINE_LIMIT])
+            size = max(size + rng.randint(-3, 3) * (size > LINE_LIMIT + 1), len(text))
+            tail = bytes(rng.choice(b"x (0.5)\t") for _ in range(size - len(text)))
+            self._change(name, k, text + tail, "long")
+
     def truncate(self, rng: random.Random) -> None:
         """Cut the file inside its last line: no line end, as after a crash."""
         name = rng.choice(list(self.pieces))
@@ -205,6 +217,8 @@ class Mutant:
 
 PROPERTY_EDITS = ("drop", "duplicate", "corrupt", "digit")
 FUZZ_EDITS = (*PROPERTY_EDITS, "flip", "swap", "cut", "insert", "splice", "truncate")
+LONG_EDITS = (*FUZZ_EDITS, "long")  # lines about the line limit: some runs then fail whole
+LINE_LIMIT = 4096  # the fuzzer's --max-line-bytes: small, so that long lines cost little
 
 
 def mutate(directory: Path, rng: random.Random, count: int, kinds=FUZZ_EDITS) -> Mutant:
@@ -255,7 +269,17 @@ def records_by_line(parsed: ParsedRun, files: tuple[Path, ...]) -> dict[tuple[st
 
 def parse_dir(directory: Path) -> tuple[ParsedRun, tuple[Path, ...]]:
     files = tuple(sorted(directory.glob("*.log")))
-    return parse_run(RunSource("run", files), keep_lines=True), files
+    return parse_run(RunSource("run", files), keep_lines=True, max_line=LINE_LIMIT), files
+
+
+def first_long_line(directory: Path, physical: dict[str, list[Piece]]) -> str | None:
+    """Where the parse must stop: ``FILE:LINE: line longer than N bytes`` of the first line
+    over ``LINE_LIMIT`` in read order (files sorted, as ``parse_dir`` reads them), or None."""
+    for name in sorted(physical):
+        for number, piece in enumerate(physical[name], 1):
+            if len(piece.text) > LINE_LIMIT:
+                return f"{directory / name}:{number}: line longer than {LINE_LIMIT} bytes"
+    return None
 
 
 def _alone(text: bytes, name: str, single_file: bool):
@@ -352,11 +376,16 @@ def check(original: Original, mutant: Mutant, directory: Path) -> dict:
     """Parse the mutant written to ``directory`` and assert (b) and (c); returns counts."""
     physical = mutant.write(directory)
     why = "; ".join(mutant.edits)
+    too_long = first_long_line(directory, physical)
     try:
         parsed, files = parse_dir(directory)
-    except InputError as exc:  # only when nothing usable is left
+    except InputError as exc:  # only when nothing usable is left, or a line is too long
+        if too_long is not None:  # (a binary file's description may follow)
+            assert str(exc).startswith(too_long), (str(exc), too_long, why)
+            return {"error": 1, "too long": 1}
         assert "no fetch or training records" in str(exc) or "compressed" in str(exc), (exc, why)
         return {"error": 1}
+    assert too_long is None, (f"parsed despite {too_long}", why)
     got = records_by_line(parsed, files)
     touched = original.touched(mutant, physical)
 
@@ -391,3 +420,39 @@ def check(original: Original, mutant: Mutant, directory: Path) -> dict:
                 why,
             )
     return {"touched": len(touched), "iterations": len(before), "rejected": parsed.rejects.num_rows}
+
+
+# -- profiler traces: nesting and string sizes about the bounds ----------------------------
+
+
+def nested_trace(rng: random.Random, max_depth: int, max_string: int) -> tuple[bytes, str | None]:
+    """A one-rank profiler trace whose events carry ``args`` nested about ``max_depth`` deep
+    and names about ``max_string`` bytes long (escapes, quotes and brackets inside), and the
+    error it must give: ``"nested deeper"`` or ``"string longer"``, whichever comes first in
+    the text, or None (it parses, with ``steps`` profiler steps)."""
+    events: list[tuple[bytes, str | None]] = []
+    for step in range(rng.randint(1, 4)):
+        ts = 1000 * step
+        events.append(
+            (b'{"ph": "X", "name": "ProfilerStep#%d", "ts": %d, "dur": 900}' % (step, ts), None)
+        )
+        loader = b'{"ph": "X", "name": "enumerate(DataLoader)#_x.__next__", "ts": %d, "dur": 5}'
+        events.append((loader % ts, None))
+    for _ in range(rng.randint(0, 4)):
+        depth = rng.choice([max_depth - 4, max_depth - 3, max_depth - 2, 10 * max_depth, 2])
+        size = rng.choice([max_string, max_string + 1, max_string - 1, 5, 3 * max_string])
+        raw = bytes(rng.choice(b'ab\\"{[') for _ in range(size))
+        name = _escaped(raw)[:size].rstrip(b"\\")  # whole escapes only: still valid JSON
+        nest, close = rng.choice([(b"[", b"]"), (b'{"k": ', b"}")])
+        body = b'{"ph": "i", "name": "%s", "args": %s0%s}' % (name, nest * depth, close * depth)
+        # the document, traceEvents and the event are 3 levels; the name comes before args
+        error = "string longer" if len(name) > max_string else None
+        error = error or ("nested deeper" if depth + 3 > max_depth else None)
+        events.insert(rng.randint(0, len(events)), (body, error))
+    text = b'{"distributedInfo": {"rank": 0}, "traceEvents": ['
+    text += b", ".join(e for e, _ in events) + b"]}"
+    return text, next((error for _, error in events if error), None)
+
+
+def _escaped(raw: bytes) -> bytes:
+    return raw.replace(b"\\", b"\\\\").replace(b'"', b'\\"')

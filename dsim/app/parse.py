@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dsim.errors import InputError
 from dsim.io.atomic import check_replaceable
 from dsim.io.names import check_run_name, run_path
 from dsim.model.consistency import clock_offsets, consistency
@@ -51,11 +52,20 @@ def parse_and_write(
     kwargs: dict[str, Any] = dict(limits or {})
     if progress is not None:
         kwargs["progress"] = progress
-    parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
-    tables = with_clocks_set(parsed.tables)
-    # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
-    tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
-    info = write_run_info(tables, target, parsed.rejects)  # with the version written
+    try:
+        parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
+        tables = with_clocks_set(parsed.tables)
+        # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
+        tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
+        info = write_run_info(tables, target, parsed.rejects)  # with the version written
+    except MemoryError:
+        # A run too large for this machine is a fact about the input, not a bug: one line
+        # naming it (exit 3), like every other input dsim cannot take.
+        raise InputError(
+            "out of memory parsing this run (its tables do not fit in memory; "
+            "parse it alone with --jobs 1 or on a machine with more memory)",
+            _where(run),
+        ) from None
     return target, info
 
 
@@ -93,3 +103,12 @@ def clock_offset_lines(name: str, found: dict[str, Any] | None) -> list[str]:
                 "not corrected"
             )
     return out
+
+
+def _where(run: RunSource) -> Path | None:
+    """The path that names a run in a message: its one file, or the folder of its files."""
+    files = [Path(f) for f in run.files]
+    if len(files) == 1:
+        return files[0]
+    parents = {f.parent for f in files}
+    return parents.pop() if len(parents) == 1 else None

@@ -17,6 +17,7 @@ from dsim.errors import DsimError, InputError, UsageError
 # The library's defaults (dsim.sources.rawlog.bounds, .parse), not imported: `--help` stays fast.
 MAX_DURATION_S = 86_400.0
 STRAY_RANK_SHARE = 0.01
+MAX_LINE_BYTES = 1 << 20
 
 HELP = """Parse raw PyTorch DDP logs into per-run Parquet tables (fetch.parquet,
 train.parquet, run.json) under --out.
@@ -67,6 +68,13 @@ def command(
         metavar="F",
         help="Leave out GPU ranks with at most F times the median rank's records (0: keep all).",
     ),
+    max_line: int = typer.Option(
+        MAX_LINE_BYTES,
+        "--max-line-bytes",
+        metavar="BYTES",
+        help="Longest log line; a longer one stops the parse with an error naming its line "
+        "(bounds memory and time whatever the input).",
+    ),
 ) -> None:
     from dsim.app.parse import discover_runs
     from dsim.io.atomic import remove_leftovers
@@ -75,7 +83,13 @@ def command(
         raise UsageError(f"--max-duration must be a number of seconds > 0, got {max_duration}")
     if not 0 <= stray_rank_share <= 1:
         raise UsageError(f"--stray-rank-share must be between 0 and 1, got {stray_rank_share}")
-    limits = {"max_duration": max_duration, "stray_rank_share": stray_rank_share}
+    if max_line < 1:
+        raise UsageError(f"--max-line-bytes must be at least 1, got {max_line}")
+    limits = {
+        "max_duration": max_duration,
+        "stray_rank_share": stray_rank_share,
+        "max_line": max_line,
+    }
     fmt, runs = discover_runs(paths, name=name, input_format=input_format)
     remove_leftovers(out)  # what a killed parse left behind
     show_progress = not quiet and sys.stderr.isatty()

@@ -58,7 +58,12 @@ _OTHER_BINARY = (
     (b"PAR1", "a Parquet file, not a raw log (dsim run reads parsed runs)"),
 )
 
-INPUT_BYTES = 32 << 10  # compressed bytes fed at once: bounds one step's output
+INPUT_BYTES = 32 << 10  # compressed bytes read at once
+STEP_BYTES = 1 << 20  # text one bzip2 or xz step may give: bounds memory whatever the ratio
+ZSTD_SLICE = 1 << 10  # zstd input fed at once (its decoder has no output bound): <= 32 MiB out
+GZIP_SLICE = 8 << 10  # gzip input fed at once: deflate gives <= 1032 bytes a byte, 8 MiB
+MAX_RATIO = 1000  # text per stored byte beyond which a file is taken for a decompression bomb
+RATIO_FLOOR = 16 << 20  # ... once this much text came out (small files may expand more)
 
 
 class StreamError(Exception):
@@ -129,13 +134,21 @@ class _Streams(io.RawIOBase):
     """Complete streams (gzip members, bzip2/xz streams, zstd frames), one after another.
 
     Each stream gets a fresh decompression object, fed ``INPUT_BYTES`` of the
-    stored file at a time; what follows a finished stream (``unused_data``)
-    must be the next stream. The standard library's file readers (``BZ2File``,
-    ``LZMAFile``) stop silently at data after a good stream that does not
-    decode -- a damaged second stream would lose its records without a word
-    -- and ``zstandard``'s stream reader takes a file cut short for a complete
-    one; here both are errors. NUL bytes between and after gzip members and xz
-    streams are padding, as ``gzip -d`` and ``xz -d`` read them.
+    stored file at a time. One step's text is bounded whatever the ratio:
+    bzip2 and xz decoders are asked for at most ``STEP_BYTES``; zstd's take
+    no such bound and are fed ``ZSTD_SLICE`` bytes at a time (<= 32 MiB);
+    gzip's are fed ``GZIP_SLICE`` (deflate gives at most 1032 bytes a byte:
+    <= 8 MiB). A file whose text outgrows ``MAX_RATIO`` times its stored
+    bytes read so far (past ``RATIO_FLOOR``) is refused as a decompression
+    bomb, so time stops growing with the text long before 10 GB of NULs or
+    newlines are read. What follows a finished stream (``unused_data``)
+    must be the next stream. The standard library's file readers
+    (``BZ2File``, ``LZMAFile``) stop silently at data after a good stream
+    that does not decode -- a damaged second stream would lose its records
+    without a word -- and ``zstandard``'s stream reader takes a file cut
+    short for a complete one; here both are errors. NUL bytes between and
+    after gzip members and xz streams are padding, as ``gzip -d`` and ``xz
+    -d`` read them.
     """
 
     def __init__(self, stored: io.RawIOBase, fmt: Format):
@@ -144,47 +157,89 @@ class _Streams(io.RawIOBase):
         self.new, self.errors = _decoder(fmt)
         self.decoder: Any = None
         self.in_stream = False  # bytes of an unfinished stream were fed
+        self.data = b""  # stored bytes read and not yet given to a decoder
         self.pending = b""
+        self.given = 0  # bytes of ``pending`` already handed out
         self.done = False
+        self.fed = 0  # stored bytes given to decoders
+        self.out = 0  # text bytes they gave
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        while not self.pending and not self.done:
+        while self.given == len(self.pending) and not self.done:
+            self.pending, self.given = b"", 0  # a step may give nothing (padding, the end)
             self._step()
-        n = min(len(self.pending), len(view))
-        view[:n] = self.pending[:n]
-        self.pending = self.pending[n:]
+        n = min(len(self.pending) - self.given, len(view))
+        view[:n] = memoryview(self.pending)[self.given : self.given + n]  # no copy of the rest
+        self.given += n
         return n
 
     def _step(self) -> None:
-        data = self.stored.read(INPUT_BYTES)
-        if not data:
-            if self.in_stream:
-                if self.fmt.name == "zstd":
-                    raise StreamError("zstd data ends in the middle of a frame (file cut short?)")
-                raise StreamError(f"{self.fmt.name} data ends early (file cut short?)")
-            self.done = True
-            return
-        out = []
-        while data:
-            if not self.in_stream:
-                if self.fmt.name in _PADDED:
-                    data = data.lstrip(b"\x00")
-                    if not data:
-                        break
-                self.decoder = self.new()
-            try:
-                out.append(self.decoder.decompress(data))
-            except self.errors as exc:
-                raise StreamError(f"corrupt {self.fmt.name} data ({exc})") from None
-            self.in_stream = not self.decoder.eof
-            if self.in_stream:
-                break
-            data = self.decoder.unused_data  # the next stream starts here
-        self.pending = b"".join(out)
+        """The text of the next step into ``pending``: <= ``STEP_BYTES`` (gzip 8, zstd 32 MiB).
+
+        Bounded output per step: one step of a decompression bomb cannot exhaust memory.
+        """
+        if not self.data and not self._buffered():
+            self.data = self.stored.read(INPUT_BYTES)
+            if not self.data:
+                if self.in_stream:
+                    if self.fmt.name == "zstd":
+                        raise StreamError(
+                            "zstd data ends in the middle of a frame (file cut short?)"
+                        )
+                    raise StreamError(f"{self.fmt.name} data ends early (file cut short?)")
+                self.done = True
+                return
+        if not self.in_stream:
+            if self.fmt.name in _PADDED:
+                self.data = self.data.lstrip(b"\x00")
+                if not self.data:
+                    return
+            self.decoder = self.new()
+        try:
+            self.pending = self._decompress()
+        except self.errors as exc:
+            raise StreamError(f"corrupt {self.fmt.name} data ({exc})") from None
+        self.in_stream = not self.decoder.eof
+        if not self.in_stream:
+            self.fed -= len(self.decoder.unused_data)  # fed again to the next stream's decoder
+            self.data = self.decoder.unused_data + self.data  # the next stream starts here
+        self._check_ratio()
+
+    def _buffered(self) -> bool:
+        """Whether the decoder holds input it has not turned into text yet (output was bounded)."""
+        d = self.decoder
+        if d is None or not self.in_stream:
+            return False
+        if self.fmt.name in ("bzip2", "xz"):
+            return not d.needs_input
+        return False
+
+    def _decompress(self) -> bytes:
+        """Feed the decoder; what it gives (bounded as ``_step`` says)."""
+        d, name = self.decoder, self.fmt.name
+        if name in ("bzip2", "xz"):
+            data, self.data = (b"", self.data) if not d.needs_input else (self.data, b"")
+            self.fed += len(data)
+            return d.decompress(data, max_length=STEP_BYTES)
+        # gzip: deflate gives at most 1032 bytes a byte, so GZIP_SLICE bounds its step;
+        # max_length would halve the speed of ordinary files (measured), so it is not asked.
+        size = ZSTD_SLICE if name == "zstd" else GZIP_SLICE
+        data, self.data = self.data[:size], self.data[size:]
+        self.fed += len(data)
+        return d.decompress(data)
+
+    def _check_ratio(self) -> None:
+        self.out += len(self.pending)
+        if self.out > RATIO_FLOOR and self.out > MAX_RATIO * max(self.fed, 1):
+            raise StreamError(
+                f"{self.fmt.name} data expands over {MAX_RATIO} times "
+                f"({self.fed} bytes to over {self.out}): a decompression bomb? "
+                "(if it is a real log, decompress it first)"
+            )
 
 
 _PADDED = ("gzip", "xz")

@@ -12,7 +12,6 @@ like a bad log line (docs/SPEC.md §1.9).
 from __future__ import annotations
 
 import csv
-import io
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from dsim.errors import InputError
 from dsim.io import compression
 from dsim.model.tables import RunTables
 from dsim.sources.base import ParsedRun
+from dsim.sources.rawlog.logfile import MAX_LINE_BYTES
 from dsim.sources.rawlog.rejects import SCHEMA as REJECT_SCHEMA
 from dsim.sources.rawlog.rejects import TEXT_CHARS
 
@@ -108,15 +108,32 @@ def _value(text: str, name: str, low: float, high: float | None) -> tuple[float 
     return value, None
 
 
-def read_util_log(path: Path) -> UtilLog:
-    """Samples and rejected rows of one nvidia-smi CSV file (header required)."""
+def _text_lines(path: Path, max_line: int) -> list[str]:
+    """The lines of a file (``str.splitlines`` of its text), read a line at a time, so that
+    a line longer than ``max_line`` bytes is an error naming it before it is held whole."""
+    lines: list[str] = []
+    number = 0
+    with compression.open_text(path) as handle:
+        while raw := handle.readline(max_line + 1):
+            number += 1
+            if len(raw) > max_line and not raw.endswith(b"\n"):
+                raise InputError(f"line longer than {max_line} bytes", path, number)
+            lines += raw.decode("utf-8", errors="replace").splitlines()
+    return lines
+
+
+def read_util_log(path: Path, max_line: int = MAX_LINE_BYTES) -> UtilLog:
+    """Samples and rejected rows of one nvidia-smi CSV file (header required).
+
+    Memory follows the rows; a line longer than ``max_line`` bytes is an ``InputError``.
+    """
     try:
         identity = compression.identify(path)
-        with compression.open_text(path) as handle:
-            text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
-            lines = text.read().splitlines()
+        lines = _text_lines(path, max_line)
     except compression.StreamError as exc:
         raise InputError(f"cannot read: {exc}", path) from None
+    except MemoryError:
+        raise InputError("out of memory reading this file", path) from None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
     header = _header(lines[0].lstrip("\ufeff")) if lines else None
@@ -299,7 +316,12 @@ def summarise(logs: list[UtilLog], train: pa.Table, gpu_ids: list[int]) -> tuple
     return samples, info
 
 
-def attach(parsed: ParsedRun, paths: tuple[Path, ...], strict: bool = False) -> ParsedRun:
+def attach(
+    parsed: ParsedRun,
+    paths: tuple[Path, ...],
+    strict: bool = False,
+    max_line: int = MAX_LINE_BYTES,
+) -> ParsedRun:
     """A parsed run with the utilisation logs found beside its logs added.
 
     Their samples become the run's ``gpu_util`` table, their bad rows join
@@ -308,7 +330,7 @@ def attach(parsed: ParsedRun, paths: tuple[Path, ...], strict: bool = False) -> 
     """
     if not paths:
         return parsed
-    logs = [read_util_log(path) for path in paths]
+    logs = [read_util_log(path, max_line) for path in paths]
     if strict:
         for log in logs:
             if log.rejects.num_rows:

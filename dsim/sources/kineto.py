@@ -22,6 +22,12 @@ with ``json`` or ``orjson`` and holding one event instead of all of them
 keys dsim needs (``distributedInfo``, ``baseTimeNanoseconds``) are read from
 the start of the document, before ``traceEvents``, where Kineto writes them.
 
+Bounds: the bytes go through ``dsim.sources.jsonbounds.BoundedReader`` on their
+way to ijson, so a document nested deeper than ``MAX_DEPTH`` levels or holding
+a string longer than ``MAX_STRING_BYTES`` is refused (an ``InputError``
+naming the file and the byte) before ijson holds it: ijson's memory grows
+with the square of the depth and with the longest string.
+
 Bad events are rejected like bad log lines: each with its file, its index
 in ``traceEvents`` and a reason; whole-file problems (truncated JSON, no
 ``traceEvents``, no rank) are one ``InputError`` naming the file.
@@ -41,6 +47,8 @@ import pyarrow as pa
 from dsim.errors import InputError
 from dsim.io import compression
 from dsim.model.tables import TRAIN_SCHEMA
+from dsim.sources import jsonbounds
+from dsim.sources.jsonbounds import BoundedReader, JsonBoundError
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import rank_from_file_name
 
@@ -66,6 +74,7 @@ REJECT_SCHEMA = pa.schema(
 )
 _STEP_NUMBER = re.compile(r"ProfilerStep#(\d+)")
 _HEADER_KEYS = ("distributedInfo", "baseTimeNanoseconds")
+_READ_BYTES = 64 << 10  # ijson's reads (its default size; larger ones read small traces slower)
 
 
 @dataclass
@@ -133,6 +142,14 @@ def _json_error(exc: Exception, path: Path) -> InputError:
     return InputError(f"truncated or invalid JSON ({text})", path)
 
 
+def _bounded(path: Path) -> BoundedReader:
+    """The text of a trace, checked against the bounds as ijson reads it (the bounds are
+    read at each call, so tests may lower them)."""
+    return BoundedReader(
+        compression.open_text(path), jsonbounds.MAX_DEPTH, jsonbounds.MAX_STRING_BYTES
+    )
+
+
 def _header(path: Path) -> dict[str, Any]:
     """Top-level keys before ``traceEvents`` (and whether it was found): a few KB, not the events.
 
@@ -142,8 +159,8 @@ def _header(path: Path) -> dict[str, Any]:
     ijson = _ijson()
     out: dict[str, Any] = {}
     try:
-        with compression.open_text(path) as handle:
-            events = ijson.parse(handle, use_float=True)
+        with _bounded(path) as handle:
+            events = ijson.parse(handle, use_float=True, buf_size=_READ_BYTES)
             builder = None
             key = None
             for prefix, event, value in events:
@@ -168,6 +185,10 @@ def _header(path: Path) -> dict[str, Any]:
                     raise InputError("not a profiler trace (a JSON object expected)", path)
     except InputError:
         raise
+    except JsonBoundError as exc:
+        raise InputError(str(exc), path) from None
+    except MemoryError:
+        raise InputError("out of memory reading this trace", path) from None
     except (compression.StreamError, OSError) as exc:
         raise InputError(f"cannot read: {exc}", path) from None
     except Exception as exc:  # ijson's errors: JSONError, IncompleteJSONError, ...
@@ -180,8 +201,8 @@ def _header(path: Path) -> dict[str, Any]:
 def _events(path: Path) -> Iterator[Any]:
     """The objects of ``traceEvents``, one at a time."""
     ijson = _ijson()
-    with compression.open_text(path) as handle:
-        yield from ijson.items(handle, "traceEvents.item", use_float=True)
+    with _bounded(path) as handle:
+        yield from ijson.items(handle, "traceEvents.item", use_float=True, buf_size=_READ_BYTES)
 
 
 def _rank(path: Path, header: dict[str, Any]) -> tuple[int, str, int | None]:
@@ -258,6 +279,10 @@ def read_trace(path: Path) -> RankTrace:
                 loader.append((index, ts, dur))
     except InputError:
         raise
+    except JsonBoundError as exc:
+        raise InputError(str(exc), path) from None
+    except MemoryError:
+        raise InputError("out of memory reading this trace", path) from None
     except (compression.StreamError, OSError) as exc:
         raise InputError(f"cannot read: {exc}", path) from None
     except Exception as exc:

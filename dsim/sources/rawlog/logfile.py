@@ -3,6 +3,14 @@
 Memory follows the records, not the text: the file is read in blocks of a
 few megabytes, each block is dissected by ``dsim.sources.rawlog.grammar`` and only the
 typed columns of its records are kept.
+
+A line longer than ``max_line`` bytes ends the read with an error naming its
+file and line (docs/SPEC.md §1.2): without that bound the unfinished line
+carried from block to block is copied whole into every next block, so one
+line of N bytes costs N²/block bytes of copying and N of memory (a 512 MB
+line took 107 s and 2.7 GB; a gzip of NULs, 10 GB of one "line", ran out of
+memory). With it, the carried text never exceeds ``max_line`` and the read
+stays linear in time and bounded in memory whatever the file holds.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from dsim.io import compression
 from dsim.sources.rawlog import grammar
 
 BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
+OUT_OF_MEMORY = "out of memory reading this file (its records do not fit in memory)"
+MAX_LINE_BYTES = 1 << 20  # the longest line read (bytes before its \n); real lines are < 1 KB
 
 # Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
 # them keeps the records of a long run close to the size of its tables.
@@ -85,6 +95,7 @@ class _Columns:
         return {k: v[: self.rows] for k, v in self.columns.items()}
 
 
+_PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
 _HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
 
@@ -114,10 +125,13 @@ def read_log(
     block_bytes: int = BLOCK_BYTES,
     *,
     max_duration: float = grammar.MAX_DURATION_S,
+    max_line: int = MAX_LINE_BYTES,
 ) -> FileRecords:
     """Parse one file; ``progress`` is called with the number of bytes consumed per block.
 
     Durations above ``max_duration`` seconds are rejected (``dsim.sources.rawlog.bounds``).
+    A line longer than ``max_line`` bytes (its ``\n`` not counted) is an ``InputError``
+    naming the file and the line, raised as soon as the line is seen to be too long.
     """
     digest = hashlib.sha256()
     rejects = grammar.Rejects()
@@ -131,9 +145,43 @@ def read_log(
     carry = b""
     last_byte = b"\n"
 
+    def too_long(line: int) -> InputError:
+        reason = f"line longer than {max_line} bytes"
+        if not (fetch.rows or train.rows) and compression.looks_binary(text_head):
+            reason += f" ({compression.describe_binary(text_head, fmt)})"
+        return InputError(reason, path, line)
+
     def consume(block: bytes | memoryview) -> None:
+        ends = np.frombuffer(block, dtype=np.uint8) == 10
+        count = int(np.count_nonzero(ends))
+        if count <= _PIECE_LINES:
+            consume_piece(block, np.flatnonzero(ends))
+            return
+        # Millions of tiny lines in one block (a text of newlines): the per-line arrays
+        # would take ~100 bytes a line, 400 MB a block; pieces of about _PIECE_LINES lines,
+        # cut after a line end, keep them small.
+        step = max(len(block) * _PIECE_LINES // count, 1)
+        start = 0
+        while start < len(block):
+            stop = min(start + step, len(block))
+            if stop < len(block) and not ends[stop - 1]:
+                after = ends[stop:]
+                stop = stop + int(np.argmax(after)) + 1 if after.any() else len(block)
+            consume_piece(block[start:stop], np.flatnonzero(ends[start:stop]))
+            start = stop
+
+    def consume_piece(block: bytes | memoryview, newlines: np.ndarray) -> None:
+        """Lines that start at the start of ``block``; ``newlines``: where their ``\\n`` are."""
+        if len(newlines):
+            spans = np.diff(newlines, prepend=-1)  # bytes of each line with its \n
+            if spans.max() > max_line + 1:
+                raise too_long(next_line + int(np.argmax(spans > max_line + 1)))
+            del spans
+        consume_lines(block, newlines)
+
+    def consume_lines(block: bytes | memoryview, newlines: np.ndarray) -> None:
         nonlocal next_line, consumed
-        lines = grammar.lines_of(block)
+        lines = grammar.lines_of(block, newlines)
         records = grammar.parse_lines(lines, next_line, rejects, max_duration=max_duration)
         consumed += len(block)
         at = size if fmt is not None else consumed  # how far into the file as stored
@@ -194,14 +242,20 @@ def read_log(
                 last_byte = bytes(view[filled - 1 : filled])
                 cut = buf.rfind(b"\n", len(carry), filled)
                 if cut < 0:
+                    if filled > max_line:  # before copying it: the carry stays <= max_line
+                        raise too_long(next_line)
                     carry = bytes(view[:filled])
                     continue
                 carry = bytes(view[cut + 1 : filled])
                 consume(view[: cut + 1])
+                if len(carry) > max_line:
+                    raise too_long(next_line)
                 if progress is not None and fmt is None:
                     progress(got)
     except compression.StreamError as exc:
         raise InputError(str(exc), path) from None
+    except MemoryError:  # the records of this file do not fit: say which file, not a traceback
+        raise InputError(OUT_OF_MEMORY, path) from None
     except IsADirectoryError:
         raise InputError("is a directory, expected a log file", path) from None
     except OSError as exc:

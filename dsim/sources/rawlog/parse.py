@@ -44,7 +44,7 @@ from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
-from dsim.sources.rawlog.logfile import FileRecords, read_log
+from dsim.sources.rawlog.logfile import MAX_LINE_BYTES, FileRecords, read_log
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
 DUPLICATE_FETCH = "duplicate fetch record"
@@ -76,7 +76,12 @@ def _default_rank(files: tuple, path) -> int | None:
     return 0 if len({log_base(f) for f in files}) == 1 else None
 
 
-def _collect(source: RunSource, progress: Callable[[int], None] | None, max_duration: float):
+def _collect(
+    source: RunSource,
+    progress: Callable[[int], None] | None,
+    max_duration: float,
+    max_line: int = MAX_LINE_BYTES,
+):
     """Read every file; fill in missing ranks; stack the records of all files.
 
     Rows stay in file order (files in ``source.files`` order, lines ascending):
@@ -89,7 +94,9 @@ def _collect(source: RunSource, progress: Callable[[int], None] | None, max_dura
     sources = []
     loader: list[dict[str, Any]] = []
     for index, path in enumerate(source.files):
-        records: FileRecords = read_log(path, progress, max_duration=max_duration)
+        records: FileRecords = read_log(
+            path, progress, max_duration=max_duration, max_line=max_line
+        )
         sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
         if records.compression is not None:
             sources[-1]["compression"] = records.compression
@@ -229,14 +236,19 @@ def parse_run(
     max_duration: float = MAX_DURATION_S,
     stray_rank_share: float = STRAY_RANK_SHARE,
     keep_lines: bool = False,
+    max_line: int = MAX_LINE_BYTES,
 ) -> ParsedRun:
     """Parse one run. With ``strict``, the first rejected line or clock step raises ``InputError``.
 
     ``max_duration``: the longest plausible fetch, iteration or stall, in
     seconds. ``stray_rank_share``: see ``dsim.sources.rawlog.checks.stray_ranks`` (0 keeps
     every rank). ``keep_lines``: also return where each table row came from.
+    ``max_line``: the longest line in bytes; a longer one is an ``InputError`` (its file
+    and line), which keeps the read linear in time and bounded in memory.
     """
-    fetch, train, reject_parts, counts, sources, loader = _collect(source, progress, max_duration)
+    fetch, train, reject_parts, counts, sources, loader = _collect(
+        source, progress, max_duration, max_line
+    )
     files = source.files
     fetch, train, checked = _apply_rules(
         fetch, train, _Rejecter(files, reject_parts), files, stray_rank_share

@@ -31,4 +31,6 @@ class RawLogSource(Source):
         from dsim.sources.rawlog.parse import parse_run
 
         parsed = parse_run(run, strict=strict, progress=progress, **limits)
+        if "max_line" in limits:  # nvidia-smi logs beside the run: the same line bound
+            return attach(parsed, run.extras, strict=strict, max_line=limits["max_line"])
         return attach(parsed, run.extras, strict=strict)
