@@ -237,6 +237,7 @@ def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> 
         OLD_TRAIN.replace("[  0/", "[  2/") + "\tCPU 0.25 (0.2)\tLoss 6.9 (6.9)",
         OLD_FETCH.replace("idx0", "idx3 cpu -1"),  # a bad CPU time rejects the record
         OLD_TRAIN.replace("[  0/", "[  3/") + "\tCPU x (0.2)",
+        OLD_FETCH.replace("idx0", "idx4 cpu 90000"),  # over the one-day bound on durations
     ]
     records = _assert_same(_block(lines, "\n"))
     fetch, train = records.fetch, records.train
@@ -245,7 +246,8 @@ def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> 
     assert np.array_equal(train["cpu_s"], [np.nan, 0.0041, 0.25], equal_nan=True)
     assert np.array_equal(train["runq_s"], [np.nan, 0.0002, np.nan], equal_nan=True)
     _, rejects = _parse(_block(lines, "\n"), fast=True)
-    assert rejects.column("reason").to_pylist() == [grammar.BAD_CPU] * 2
+    assert rejects.column("reason").to_pylist() == [grammar.BAD_CPU] * 3
+    assert "--max-duration" in grammar.BAD_CPU
     # dsim.instrument's own spelling is canonical: the fast path takes it whole.
     canonical = _block([lines[1], lines[2], lines[4]], "\n")
     _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(3), grammar.MAX_DURATION_S)
