@@ -134,13 +134,13 @@ def test_timeline_at_many_ranks_draws_bands_and_named_ranks_not_every_gpu() -> N
         counts.add(len(fig.data))
         named = [t for t in fig.data if t.name.startswith("GPU ")]
         assert len(named) == 3 * TOP_RANKS  # measured panel and two policies
-        assert named[0].name.startswith(f"GPU {gpus - 2} (largest stall in ")
+        assert named[0].name.startswith(f"GPU {gpus - 2} (")  # and the share of iterations
         band = next(t for t in fig.data if t.name == "p10–p90 over GPUs")
         assert band.fill == "tonexty"
         measured = _replays(gpus)[BASELINE][[f"stall_s_gpu{g}" for g in range(gpus)]]
         median = next(t for t in fig.data if t.name == "median over GPUs")
         assert np.allclose(median.y, np.median(measured.to_numpy(), axis=1), atol=1e-6)
-        assert f"{gpus:,} GPUs as their spread" in fig.layout.title.text
+        assert f"{gpus:,} GPUs drawn as their spread" in fig.layout.title.text
     assert len(counts) == 1  # as many traces at 256 ranks as at 17
 
 
@@ -205,7 +205,12 @@ def test_worker_heatmap_at_many_ranks_names_the_stragglers_and_sums_the_rest() -
     ]
     assert heat.y[-1] == "GPUs 60–62 (3 ranks) · last 0 %"
     z = np.asarray(heat.z)
-    assert z.sum() == pytest.approx(table["excess_share_pct"].sum())  # shares add up
+    sizes = [1] * TOP_RANKS + [4] * 11 + [3] * 5
+    # a range's cell is its mean rank: times the ranks, every share is counted once
+    assert (z * np.array(sizes)[:, None]).sum() == pytest.approx(table["excess_share_pct"].sum())
+    assert z[TOP_RANKS, 1] == pytest.approx(
+        table.query("gpu in [0, 1, 2, 3] and worker == 1")["excess_share_pct"].mean()
+    )
     assert z[1, 0] == pytest.approx(table.query("gpu == 4 and worker == 0")["excess_share_pct"])
     for value, text in zip(z.ravel(), np.asarray(heat.text).ravel(), strict=True):
         assert text == percent_text(value)  # one decimal below 10 %: never all "0 %"

@@ -11,8 +11,9 @@
 Both are pure functions of ``dsim.attribution`` outputs (the table rows of one
 run and a ``LastOverTime``); numbers are drawn as given, never recomputed, except
 that above ``MANY_RANKS`` ranks the ranks not named (``TOP_RANKS`` most often last
-are) are summed: into rows of contiguous ranks in the heatmap (shares of one total
-add up), into one grey "other ranks" bar in the figure of who was last.
+are) are grouped: into rows of contiguous ranks in the heatmap (each cell the mean
+rank of its range, its label the range's summed "last" share), into one grey
+"other GPUs" bar, their shares summed, in the figure of who was last.
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ def workers_figure(table: pd.DataFrame, label: str) -> go.Figure:
         fetches[at] += row.fetches
         fetch_time[at] += row.fetch_s_mean * row.fetches
         excess_s[at] += row.excess_s
+    # a row of several ranks shows its mean rank, so that its colour compares with a named
+    # rank's (a sum of 64 small shares would outshine the one straggler)
+    size = np.array([len(g) for g in groups], dtype=float)[:, None]
+    share, excess_s = share / size, excess_s / size
     share[~seen] = np.nan
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_s = np.where(fetches > 0, fetch_time / fetches, np.nan)
@@ -138,7 +143,7 @@ def workers_figure(table: pd.DataFrame, label: str) -> go.Figure:
             customdata=np.dstack([fetches, mean_s, excess_s]),
             hovertemplate=(
                 "%{y}, %{x}<br>%{z:.2f} % of the fetch time above iteration medians"
-                "<br>%{customdata[2]:.3f} s above the median over %{customdata[0]:.0f} fetches"
+                "<br>%{customdata[2]:.3f} s above the median; %{customdata[0]:.0f} fetches"
                 "<br>mean fetch %{customdata[1]:.4f} s<extra></extra>"
             ),
             colorbar={"title": {"text": "%"}, "thickness": 14, "len": 0.9},
@@ -157,7 +162,7 @@ def workers_figure(table: pd.DataFrame, label: str) -> go.Figure:
     if gpus > MANY_RANKS:
         note += (
             f"; {gpus:,} GPUs: the {len(groups) - sum(len(g) > 1 for g in groups)} most often "
-            "last, then the others summed by rank range"
+            "last, then the others by rank range (the range's mean rank)"
         )
     title = f"Slowest workers — {html.escape(label)}<br><sup>{note}</sup>"
     height = int(min(900, max(330, 190 + 46 * len(groups))))

@@ -241,7 +241,8 @@ def timeline_figure(
     drawn = [int(j) for j in named] if many else list(range(len(gpu_cols)))
 
     def line(j: int) -> dict[str, object]:
-        note = f" (largest stall in {percent_text(100 * share[j])})" if share is not None else ""
+        # short: at 800 px a long legend entry runs into the subplot titles
+        note = f" ({percent_text(100 * share[j])})" if share is not None else ""
         return _gpu_line(gpu_cols[j], colors[j], note)
 
     traces = _Traces(fig, x, hover, max_points)
@@ -377,14 +378,18 @@ def timeline_figure(
     )
     fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=delay_row, col=1)
     note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
+    # many ranks: a line of its own, so that an 800 px page does not cut it off
     spread = (
-        f"; {len(gpu_cols):,} GPUs as their spread, {len(drawn)} most often waited for by name"
+        f"<br><sup>{len(gpu_cols):,} GPUs drawn as their spread; by name the {len(drawn)} most"
+        " often with the largest stall (% of iterations)</sup>"
         if many
         else ""
     )
     title = (
-        f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}{spread}"
+        f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
         f"{note if thinned else ''}"
         f"{'; delay axis logarithmic so that the threshold shows' if log_delay else ''}</sup>"
+        f"{spread}"
     )
-    return style(fig, title, 1040 if util else 880, margin={"t": 162})
+    height = (1040 if util else 880) + (20 if many else 0)
+    return style(fig, title, height, margin={"t": 182 if many else 162})
