@@ -74,13 +74,17 @@ def main() -> None:
     parser.add_argument(
         "--results", type=Path, help="an existing results directory to report (no synthetic run)"
     )
+    parser.add_argument("--traces", type=Path, help="its parsed runs (with --results)")
     parser.add_argument("--repeats", type=int, default=1, help="renders; the best is reported")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     out = args.work / "report.html"
     if args.results is not None:
-        report_s = dsim("report", args.results.resolve(), "--out", out, "-q", cwd=args.work)
+        traces = ["--traces", args.traces.resolve()] if args.traces else []
+        report_s = dsim(
+            "report", args.results.resolve(), *traces, "--out", out, "-q", cwd=args.work
+        )
     else:
         name = make_run(args.work, args.gpus, args.iterations)
         report_s = dsim("report", "results", "--run", name, "--out", out, "-q", cwd=args.work)

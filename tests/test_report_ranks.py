@@ -92,10 +92,13 @@ def test_palette_distinct_for_named_ranks_grey_for_the_rest() -> None:
 
 
 def test_percent_text_keeps_a_decimal_where_whole_numbers_read_zero() -> None:
-    assert [percent_text(v) for v in (0.0, 0.03, 0.44, 3.125, 9.96, 70.0)] == [
+    values = (0.0, 0.000123, 0.0483, 0.44, 0.996, 3.125, 9.96, 70.0)
+    assert [percent_text(v) for v in values] == [
         "0 %",
-        "<0.1 %",
-        "0.4 %",
+        "0.00012 %",
+        "0.048 %",
+        "0.44 %",
+        "1.0 %",
         "3.1 %",
         "10 %",
         "70 %",

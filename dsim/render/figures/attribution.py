@@ -89,10 +89,10 @@ def straggler_text(table: pd.DataFrame) -> str:
     first = table.iloc[0]
     if first["straggler"] in (FIXED, WANDERING):
         gpu = int(first["straggler_gpu"])
-        share, bar = _rank_shares(table)[gpu], f"{FIXED_STRAGGLER_SHARE:.0f} %"
+        share, bar = percent_text(_rank_shares(table)[gpu]), f"{FIXED_STRAGGLER_SHARE:.0f} %"
         if first["straggler"] == FIXED:
-            return f"fixed straggler: GPU {gpu} (last in {share:.0f} % ≥ {bar})"
-        return f"the straggler wanders: GPU {gpu} last most often ({share:.0f} % < {bar})"
+            return f"fixed straggler: GPU {gpu} (last in {share} ≥ {bar})"
+        return f"the straggler wanders: GPU {gpu} last most often ({share} < {bar})"
     return "no rank alone finished its fetch last"
 
 

@@ -116,12 +116,14 @@ def bucket_label(gpus: list[int]) -> str:
 
 
 def percent_text(value: float) -> str:
-    """A percentage as a label: one decimal below 10 %, where whole numbers would read
-    "0 %" or "1 %" for every rank of a large run; exactly nothing is "0 %", a dash NaN."""
+    """A percentage as a label: two significant digits below 1 %, one decimal below 10 %,
+    whole numbers above; where whole numbers would read "0 %" or "1 %" for every rank of
+    a large run (1024 ranks share 100 % at about 0.1 % each). Exactly nothing is "0 %",
+    NaN a dash."""
     if not np.isfinite(value):
         return "–"
     if value == 0:
         return "0 %"
-    if abs(value) < 0.05:
-        return "<0.1 %"
+    if abs(value) < 0.995:
+        return f"{value:.2g} %"
     return f"{value:.1f} %" if abs(value) < 9.95 else f"{value:.0f} %"
