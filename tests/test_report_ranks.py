@@ -145,6 +145,16 @@ def test_timeline_at_many_ranks_draws_bands_and_named_ranks_not_every_gpu() -> N
         assert np.allclose(median.y, np.median(measured.to_numpy(), axis=1), atol=1e-6)
         assert f"{gpus:,} GPUs drawn as their spread" in fig.layout.title.text
     assert len(counts) == 1  # as many traces at 256 ranks as at 17
+    twelve = timeline_figure("r", _replays(12), threshold_s=0.03).data[:12]  # measured panel
+    colors = {t.name: t.line.color for t in twelve}
+    assert colors["GPU 10"] == GPU_COLORS[0]  # the one waited for: the first colour
+    assert sum(c == OTHER_GPU_COLOR for c in colors.values()) == 12 - TOP_RANKS
+    assert len({c for c in colors.values() if c != OTHER_GPU_COLOR}) == TOP_RANKS
+    quiet = {p: r.assign(**{c: 0.0 for c in r.columns if c.startswith("stall_s_gpu")})
+             for p, r in _replays(32).items()}  # fmt: skip
+    fig = timeline_figure("r", quiet, threshold_s=0.03)
+    assert not [t for t in fig.data if t.name.startswith("GPU ")]
+    assert "none named" in fig.layout.title.text
 
 
 STRAGGLERS_64 = {63: 30.0, 4: 20.0, 9: 10.0, 11: 5.0, 20: 3.0, 30: 2.0}  # 30 % ties

@@ -379,11 +379,13 @@ def timeline_figure(
     fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=delay_row, col=1)
     note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
     # many ranks: a line of its own, so that an 800 px page does not cut it off
+    named_note = (
+        f"by name the {len(drawn)} most often with the largest stall (% of iterations)"
+        if drawn
+        else "no GPU ever stalled, none named"
+    )
     spread = (
-        f"<br><sup>{len(gpu_cols):,} GPUs drawn as their spread; by name the {len(drawn)} most"
-        " often with the largest stall (% of iterations)</sup>"
-        if many
-        else ""
+        f"<br><sup>{len(gpu_cols):,} GPUs drawn as their spread; {named_note}</sup>" if many else ""
     )
     title = (
         f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
