@@ -298,3 +298,83 @@ def test_verdict_and_attribution_render_in_chromium(  # type: ignore[no-untyped-
         assert not overlaps(page.evaluate(BOXES_JS, div_id)), div_id
     page.close()
     assert not errors, errors
+
+
+MANY_GPUS, MANY_ITERATIONS = 256, 50
+PAGE_DATA_BOUND = 1_000_000
+"""Bytes of a page beyond plotly.js at 256 ranks × 50 iterations. The target is 20 MB
+at 1024 ranks × 10,000 (BENCHMARKS.md, "Report at scale"), about 15 MB of it data;
+drawn as bands and named ranks, the data grows with the points per trace (≤ 5,000),
+not with the ranks, so 1/200 of the iterations gets a small fraction of it. One line
+per GPU and policy made this page's data 3.8 MB."""
+MANY_FIGURES = ["fig-timeline", "fig-cdf", "fig-attr-workers", "fig-attr-last"]
+
+
+@pytest.fixture(scope="module")
+def many_ranks_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic run of 256 ranks, the last ones slowest, through the real CLI."""
+    root = tmp_path_factory.mktemp("many")
+    synth = ["synth", "--gpus", MANY_GPUS, "--iterations", MANY_ITERATIONS, "--epochs", 1]
+    loader = ["--workers", 2, "--skew", 3, "--fetch-cv", 0.05, "--straggler-prob", 0]
+    for args in (
+        (*synth, *loader, "--name", "many", "--out", "logs", "-q"),
+        ("parse", Path("logs") / "many", "--out", "traces", "-q"),
+        ("run", "many", "-q"),
+        ("report", "results", "--out", "report.html", "-q"),
+    ):
+        proc = dsim(*args, cwd=root)
+        assert proc.returncode == 0, (args, proc.stderr)
+    return root / "report.html"
+
+
+def test_report_at_256_ranks_renders_bands_and_named_stragglers(  # type: ignore[no-untyped-def]
+    browser, many_ranks_report: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import plotly
+
+    from dsim.render.figures.ranks import TOP_RANKS
+
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    data_bytes = many_ranks_report.stat().st_size - plotly_js.stat().st_size
+    assert data_bytes < PAGE_DATA_BOUND, data_bytes
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(many_ranks_report.as_uri(), wait_until="load")
+    page.wait_for_function(
+        "ids => ids.every(id => { const d = document.getElementById(id);"
+        " return d && d._fullLayout && d.querySelector('.main-svg'); })",
+        arg=MANY_FIGURES,
+        timeout=60_000,
+    )
+    shot = _artifacts(tmp_path_factory) / "many-ranks-1400.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    timeline = page.evaluate(
+        """() => { const d = document.getElementById('fig-timeline');
+             return {names: d.data.map(t => t.name), fills: d.data.map(t => t.fill || ''),
+                     legend: Array.from(d.querySelectorAll('.legendtext'))
+                                  .map(e => e.textContent)}; }"""
+    )
+    # the spread across GPUs: a filled 10th–90th percentile band, the median and the max
+    band = timeline["names"].index("p10–p90 over GPUs")
+    assert timeline["fills"][band] == "tonexty"
+    assert {"p10–p90 over GPUs", "median over GPUs", "max over GPUs"} <= set(timeline["legend"])
+    # the stragglers by name, among the slowest ranks (the last ones, --skew), not every GPU
+    named = [t for t in timeline["legend"] if t.startswith("GPU ")]
+    assert len(named) == TOP_RANKS, timeline["legend"]
+    assert all(int(t.split()[1]) >= MANY_GPUS // 2 and t.endswith("%)") for t in named), named
+    assert len(timeline["names"]) < 12 * 9  # bands and named ranks per policy, no line per GPU
+    workers = page.evaluate("() => document.getElementById('fig-attr-workers').data[0].y")
+    assert len(workers) <= TOP_RANKS + 16 and any(y.startswith("GPUs ") for y in workers)
+    bars = page.evaluate("() => document.getElementById('fig-attr-last').data.map(t => t.name)")
+    assert any("other GPUs" in b for b in bars) and len(bars) == TOP_RANKS + 2, bars
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(300)
+        for div_id in MANY_FIGURES:
+            found = overlaps(page.evaluate(BOXES_JS, div_id))
+            assert not found, (width, div_id, found)
+    page.close()
+    assert not errors, errors

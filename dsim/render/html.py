@@ -21,6 +21,7 @@ import plotly.io as pio
 from dsim import __version__
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
+from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 from dsim.verdict import original_line
 
@@ -516,7 +517,9 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             "Timeline",
             "Stall of every GPU per iteration, measured and replayed "
             "under the policy chosen in the drop-down, and the delay between GPUs with the "
-            "effective-delay threshold. Drag to zoom, double-click to reset.",
+            f"effective-delay threshold; above {MANY_RANKS} GPUs, their spread (median, "
+            f"10th–90th percentile, max) and by name the {TOP_RANKS} most often waited for. "
+            "Drag to zoom, double-click to reset.",
             switch + _run_views(data, divs, "timeline"),
         ),
         _section(
@@ -533,7 +536,8 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
             "iteration's median fetch (which workers produce the slowest fetches); below, "
             "per window of iterations, the share in which each GPU's "
             "fetch finished last (one colour throughout: a fixed straggler; changing colours: "
-            "it wanders). The run is the one picked above.",
+            f"it wanders). Above {MANY_RANKS} GPUs the {TOP_RANKS} most often last are named "
+            "and the others grouped. The run is the one picked above.",
             switch + _attribution_views(data, divs),
         ),
         _section(

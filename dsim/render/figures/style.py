@@ -58,6 +58,28 @@ def gpu_color(index: int) -> str:
     return GPU_COLORS[index % len(GPU_COLORS)]
 
 
+OTHER_GPU_COLOR = "#969696"
+"""Ranks not named when there are more ranks than ``GPU_COLORS``: one mid grey, darker than
+the ties of "who was last" and lighter than the measured delay, so named ranks stand out."""
+BAND_FILL = "rgba(110, 120, 135, 0.28)"
+"""The 10th–90th percentile band across GPUs (many ranks)."""
+BAND_LINE = "#3d4452"
+"""The median and the maximum across GPUs (many ranks): dark, not a GPU colour."""
+
+
+def rank_colors(n_gpus: int, top: list[int] | tuple[int, ...]) -> list[str]:
+    """Colour of each of ``n_gpus`` GPUs (by position). Up to ``len(GPU_COLORS)`` ranks each
+    has its own (``gpu_color``); beyond, a repeating cycle would give two ranks one colour,
+    so the positions ``top`` (the named stragglers, worst first) get the distinct colours
+    and every other rank ``OTHER_GPU_COLOR``."""
+    if n_gpus <= len(GPU_COLORS):
+        return [gpu_color(j) for j in range(n_gpus)]
+    colors = [OTHER_GPU_COLOR] * n_gpus
+    for i, j in enumerate(list(top)[: len(GPU_COLORS)]):
+        colors[int(j)] = GPU_COLORS[i]
+    return colors
+
+
 THRESHOLD_LINE = {"color": "#111111", "dash": "dash", "width": 2}
 """The effective-delay threshold, drawn the same way in every figure that shows it."""
 

@@ -2,7 +2,11 @@
 
 The policy shown is picked in a drop-down that only flips trace visibility,
 so the page needs no custom script; long runs are thinned per trace with
-``downsample_minmax`` so spikes survive.
+``downsample_minmax`` so spikes survive. Above ``MANY_RANKS`` GPUs a panel
+draws the spread across GPUs per iteration (median, 10th–90th percentile band,
+max) and the ``TOP_RANKS`` GPUs most often waited for by name, not one line
+per GPU (``dsim.render.figures.ranks``): the page stays a few MB at any rank
+count, and every drawn rank keeps a colour of its own.
 """
 
 from __future__ import annotations
@@ -17,11 +21,22 @@ from plotly.subplots import make_subplots
 
 from dsim.render.figures.downsample import MAX_POINTS, downsample_minmax
 from dsim.render.figures.labels import ordered_policies, policy_name
+from dsim.render.figures.ranks import (
+    MANY_RANKS,
+    TOP_RANKS,
+    largest_share,
+    percent_text,
+    rank_bands,
+    stall_stragglers,
+)
 from dsim.render.figures.style import (
+    BAND_FILL,
+    BAND_LINE,
+    GPU_COLORS,
     LOG_AXIS_RATIO,
     MEASURED_DELAY_COLOR,
     REPLAYED_DELAY_COLOR,
-    gpu_color,
+    rank_colors,
     style,
     threshold_trace,
 )
@@ -35,14 +50,24 @@ def _gpu_columns(table: pd.DataFrame) -> list[str]:
     return sorted(cols, key=lambda c: int(c.removeprefix("stall_s_gpu") or 0))
 
 
-def _gpu_line(j: int, col: str) -> dict[str, object]:
+def _gpu_line(col: str, color: str, note: str = "") -> dict[str, object]:
     """Name, colour and hover of GPU ``col``'s stall trace, the same in both panels."""
     return {
-        "name": f"GPU {col.removeprefix('stall_s_gpu')}",
+        "name": f"GPU {col.removeprefix('stall_s_gpu')}{note}",
         "legendgroup": col,
-        "line": {"color": gpu_color(j), "width": 1},
+        "line": {"color": color, "width": 1},
         "hovertemplate": HOVER_AT + "stall %{y:.4f} s<extra>%{fullData.name}</extra>",
     }
+
+
+def _shared_keep(lines: list[np.ndarray], max_points: int) -> np.ndarray | None:
+    """Indices drawn for a band's lines, the same for all (a filled band needs one x):
+    each line's own min/max buckets at a share of ``max_points``; None: keep every point."""
+    n = len(lines[0]) if lines else 0
+    if n <= max_points:
+        return None
+    share = max(4, max_points // len(lines))
+    return np.unique(np.concatenate([downsample_minmax(v, share) for v in lines]))
 
 
 @dataclass
@@ -55,22 +80,91 @@ class _Traces:
     max_points: int
     owners: list[Policy | None] = field(default_factory=list)
 
-    def add(self, values: pd.Series, row: int, owner: Policy | None, **trace: object) -> None:
+    def add(
+        self,
+        values: pd.Series | np.ndarray,
+        row: int,
+        owner: Policy | None,
+        *,
+        keep: np.ndarray | None = None,
+        hover: bool = True,
+        **trace: object,
+    ) -> None:
+        """A line of ``values``, thinned (``keep``: these indices; else its own min/max
+        buckets), with the epoch and iteration for the hover unless ``hover`` is False."""
         # float32 halves the page size and is exact enough to draw
-        y = values.to_numpy(float)
-        keep = downsample_minmax(y, self.max_points)
+        y = np.asarray(values, dtype=float)
+        if keep is None:
+            keep = downsample_minmax(y, self.max_points)
+        extra = {"customdata": self.hover[keep]} if hover else {"hoverinfo": "skip"}
         self.fig.add_trace(
             go.Scattergl(
                 x=self.x[keep],
                 y=y[keep].astype(np.float32),
-                customdata=self.hover[keep],
                 mode="lines",
+                **extra,
                 **trace,
             ),
             row=row,
             col=1,
         )
         self.owners.append(owner)
+
+    def add_spread(
+        self,
+        values: np.ndarray,
+        row: int,
+        owner: Policy | None,
+        *,
+        what: str,
+        fmt: str,
+        visible: bool = True,
+        showlegend: bool = True,
+    ) -> None:
+        """The spread of ``values`` ([iterations, GPUs]) across GPUs per iteration: a
+        10th–90th percentile band, the median and the maximum (``rank_bands``)."""
+        bands = rank_bands(values)
+        keep = _shared_keep([bands.p10, bands.median, bands.p90, bands.max], self.max_points)
+        common = {"visible": visible}
+        self.add(
+            bands.p10,
+            row,
+            owner,
+            keep=keep,
+            hover=False,
+            name="p10 over GPUs",
+            legendgroup="band",
+            showlegend=False,
+            line={"color": BAND_FILL, "width": 0},
+            **common,
+        )
+        self.add(
+            bands.p90,
+            row,
+            owner,
+            keep=keep,
+            name="p10–p90 over GPUs",
+            legendgroup="band",
+            showlegend=showlegend,
+            fill="tonexty",
+            fillcolor=BAND_FILL,
+            line={"color": BAND_FILL, "width": 0},
+            hovertemplate=HOVER_AT + f"90th percentile {what} %{{y:{fmt}}}<extra></extra>",
+            **common,
+        )
+        for line, name, dash in ((bands.median, "median", "solid"), (bands.max, "max", "dot")):
+            self.add(
+                line,
+                row,
+                owner,
+                keep=keep,
+                name=f"{name} over GPUs",
+                legendgroup=name,
+                showlegend=showlegend,
+                line={"color": BAND_LINE, "width": 1.4 if name == "median" else 1, "dash": dash},
+                hovertemplate=HOVER_AT + f"{name} {what} %{{y:{fmt}}}<extra></extra>",
+                **common,
+            )
 
     def add_fixed(self, trace: go.Scatter, row: int) -> None:
         """A trace shown whatever the policy (the threshold)."""
@@ -133,14 +227,41 @@ def timeline_figure(
         subplot_titles=titles,
     )
     gpu_cols = _gpu_columns(first)
+    many = len(gpu_cols) > MANY_RANKS
+    # the ranks named: those the others wait for most often in the measured run (else the
+    # first replay), the same in every panel; with few ranks every rank has its colour
+    reference = (base if base is not None else first)[gpu_cols].to_numpy(float)
+    named = (
+        stall_stragglers(reference, TOP_RANKS)
+        if len(gpu_cols) > len(GPU_COLORS)
+        else np.arange(len(gpu_cols))
+    )
+    colors = rank_colors(len(gpu_cols), named.tolist())
+    share = largest_share(reference) if many else None
+    drawn = [int(j) for j in named] if many else list(range(len(gpu_cols)))
+
+    def line(j: int) -> dict[str, object]:
+        # short: at 800 px a long legend entry runs into the subplot titles
+        note = f" ({percent_text(100 * share[j])})" if share is not None else ""
+        return _gpu_line(gpu_cols[j], colors[j], note)
+
     traces = _Traces(fig, x, hover, max_points)
     if base is not None:
-        for j, col in enumerate(gpu_cols):
-            traces.add(base[col], 1, None, **_gpu_line(j, col))
+        if many:
+            traces.add_spread(base[gpu_cols].to_numpy(float), 1, None, what="stall", fmt=".4f")
+        for j in drawn:
+            traces.add(base[gpu_cols[j]], 1, None, **line(j))
     if util:
-        for j, col in enumerate(gpu_cols):
-            gpu = col.removeprefix("stall_s_gpu")
-            values = utilisation.get(f"util_pct_gpu{gpu}")
+        util_cols = [f"util_pct_gpu{c.removeprefix('stall_s_gpu')}" for c in gpu_cols]
+        if many:
+            present = [c for c in util_cols if c in utilisation.columns]
+            values = utilisation.reindex(columns=present).to_numpy(float)
+            traces.add_spread(
+                values, 2, None, what="utilisation", fmt=".0f", showlegend=base is None
+            )
+        for j in drawn:
+            gpu = gpu_cols[j].removeprefix("stall_s_gpu")
+            values = utilisation.get(util_cols[j])
             if values is None:
                 continue
             traces.add(
@@ -148,19 +269,30 @@ def timeline_figure(
                 2,
                 None,
                 name=f"GPU {gpu} utilisation",
-                legendgroup=col,
+                legendgroup=gpu_cols[j],
                 showlegend=False,
-                line={"color": gpu_color(j), "width": 1, "dash": "dot"},
+                line={"color": colors[j], "width": 1, "dash": "dot"},
                 hovertemplate=HOVER_AT + "utilisation %{y:.0f} %<extra>GPU " + gpu + "</extra>",
             )
     for k, policy in enumerate(others):
-        for j, col in enumerate(gpu_cols):
-            traces.add(
-                replays[policy][col],
+        legend = base is None and k == 0
+        if many:
+            traces.add_spread(
+                replays[policy][gpu_cols].to_numpy(float),
                 replayed_row,
                 policy,
-                **_gpu_line(j, col),
-                showlegend=base is None and k == 0,
+                what="stall",
+                fmt=".4f",
+                visible=k == active,
+                showlegend=legend,
+            )
+        for j in drawn:
+            traces.add(
+                replays[policy][gpu_cols[j]],
+                replayed_row,
+                policy,
+                **line(j),
+                showlegend=legend,
                 visible=k == active,
             )
     if base is not None:
@@ -246,9 +378,20 @@ def timeline_figure(
     )
     fig.update_xaxes(title_text="iteration (in order, selected epochs)", row=delay_row, col=1)
     note = f"; downsampled to ≤ {max_points:,} points per trace (min/max per bucket)"
+    # many ranks: a line of its own, so that an 800 px page does not cut it off
+    named_note = (
+        f"by name the {len(drawn)} most often with the largest stall (% of iterations)"
+        if drawn
+        else "no GPU ever stalled, none named"
+    )
+    spread = (
+        f"<br><sup>{len(gpu_cols):,} GPUs drawn as their spread; {named_note}</sup>" if many else ""
+    )
     title = (
         f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
         f"{note if thinned else ''}"
         f"{'; delay axis logarithmic so that the threshold shows' if log_delay else ''}</sup>"
+        f"{spread}"
     )
-    return style(fig, title, 1040 if util else 880, margin={"t": 162})
+    height = (1040 if util else 880) + (20 if many else 0)
+    return style(fig, title, height, margin={"t": 182 if many else 162})
