@@ -16,6 +16,7 @@ EXIT_INPUT = 3  # bad input data: logs, tables, results
 EXIT_OUTPUT = 4  # an output could not be written
 EXIT_CHECK = 5  # a --fail-if condition held (a CI gate), outputs were written
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # stdout closed early (`dsim summarize | head`): 128 + SIGPIPE, silently
 
 
 class DsimError(Exception):
