@@ -56,6 +56,17 @@ class OutputError(DsimError):
     exit_code = EXIT_OUTPUT
 
 
+class WorkerDied(DsimError):
+    """A worker process was killed from outside (the out-of-memory killer, ``kill -9``).
+
+    Neither the command line nor the input is known to be at fault, so the exit
+    code stays 1; but it is no bug in dsim either, and the message says which
+    run was lost and that nothing of it was written.
+    """
+
+    exit_code = EXIT_FAILURE
+
+
 class CheckFailed(DsimError):
     """A ``--fail-if`` condition held for a run: the command did its work, the gate failed."""
 
