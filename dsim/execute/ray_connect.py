@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsim.errors import UsageError
+from dsim.errors import DsimError, UsageError
 from dsim.execute import reaper
 from dsim.execute.address import (
     FROM_CONFIG,
@@ -403,8 +403,30 @@ def _import_ray() -> Any:
     return ray
 
 
+def max_embedded_cpus() -> int:
+    """The most CPUs the embedded Ray may be given on this machine.
+
+    Ray starts up to one worker process per CPU it is given (~100 MB each):
+    ``num_cpus: 10**9`` made its start-up time out after 38 s. 16 per core (at
+    least 64) leaves room for deliberate oversubscription.
+    """
+    return max(64, 16 * (os.cpu_count() or 1))
+
+
+def check_embedded_cpus(num_cpus: int | None) -> None:
+    """A ``UsageError`` at once for a CPU count the embedded Ray cannot start with."""
+    limit = max_embedded_cpus()
+    if num_cpus is not None and num_cpus > limit:
+        raise UsageError(
+            f"num_cpus {num_cpus} is more than the embedded Ray can start on this machine "
+            f"(at most {limit}: {os.cpu_count() or 1} cores; Ray starts a worker process per "
+            "CPU): give fewer, or join a cluster with --ray-address"
+        )
+
+
 def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.Popen[bytes] | None:
     """``ray.init`` of a private instance, watched so that it dies with this process."""
+    check_embedded_cpus(num_cpus)
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
     try:
         watchdog = reaper.start(f"{MARKER_ENV}={marker}", debug=debug)
@@ -430,7 +452,11 @@ def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.P
         _replay(captured)
         if watchdog is not None:
             reaper.stop(watchdog)
-        raise error
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DsimError(
+            f"cannot start Ray on this machine: {type(error).__name__}: {first} "
+            "(--debug shows Ray's output; --executor local runs without Ray)"
+        ) from error
     return watchdog
 
 
