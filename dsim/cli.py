@@ -167,9 +167,12 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
         if _stdout_closed(exc):
             _silence_stdout()
             return EXIT_BROKEN_PIPE, None
-        if exc.code != signal.SIGTERM or not _sigterm_taken_over():
+        if processes.received() is not None:  # a library's exit on the way out of a signal
+            signum = processes.received()
+        elif exc.code != signal.SIGTERM or not _sigterm_taken_over():
             raise
-        signum = signal.SIGTERM
+        else:
+            signum = signal.SIGTERM
     except BrokenPipeError:  # a reader that stopped early is not an error (SPEC §8)
         _silence_stdout()
         code = EXIT_BROKEN_PIPE

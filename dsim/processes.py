@@ -33,11 +33,40 @@ _STOP_GRACE_S = 10.0
 _RESEND_AFTER_S = 0.01
 
 
+_deferring = 0  # depth of ``deferred_signals`` blocks
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _received
     if _received is None:
         _received = signum
+    if _deferring:
+        return  # noted: the block's owner acts on it when the block ends
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Note SIGINT/SIGTERM in this block instead of raising them; re-arm our handlers after.
+
+    For calls a ``KeyboardInterrupt`` must not cut in half: ``ray.shutdown``
+    interrupted midway leaves Ray's C++ core worker half torn down, and the
+    interpreter then crashes at exit (SIGSEGV) instead of exiting with 143.
+    The caller checks ``received()`` after the block. Outside the main thread,
+    or when the handlers are not ours, the block changes nothing.
+    """
+    global _deferring
+    if threading.current_thread() is not threading.main_thread() or not handles(signal.SIGINT):
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a library may have replaced them
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _on_signal)
 
 
 def _on_unraisable(unraisable) -> None:

@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsim import processes
 from dsim.errors import DsimError, UsageError
 from dsim.execute import reaper
 from dsim.execute.address import (
@@ -60,6 +62,12 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
 MARKER_ENV = "DSIM_RAY_OWNER"
+#: Ray's C++ core installs absl's failure signal handler in the driver, SIGTERM included:
+#: it prints a stack trace ("*** SIGTERM received ..."), passes the signal on to dsim's
+#: handler, and arms a 3-s alarm that aborts the process (exit 134) when dsim's clean
+#: shutdown takes longer (3 of 13 SIGTERMs during `dsim run --executor ray`). Off in
+#: dsim's process unless the user set it.
+FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 REACHABLE_TIMEOUT_S = 5.0
 AUTO_REACHABLE_TIMEOUT_S = 2.0
@@ -398,9 +406,33 @@ def _restore_env(saved: dict[str, str | None]) -> None:
 def _import_ray() -> Any:
     # Must be set before Ray starts: it binds the embedded node to 127.0.0.1.
     os.environ[LOOPBACK_ENV] = "0"
-    import ray
-
+    without_failure_handler = FAILURE_HANDLER_ENV not in os.environ
+    if without_failure_handler:
+        os.environ[FAILURE_HANDLER_ENV] = "1"  # read once, when Ray is imported
+    try:
+        import ray
+    finally:
+        if without_failure_handler:  # Ray's own processes keep their crash reports
+            os.environ.pop(FAILURE_HANDLER_ENV, None)
+    if without_failure_handler:  # in case Ray was imported before (the Python API)
+        with contextlib.suppress(Exception):
+            ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     return ray
+
+
+def _init(ray: Any, **options: Any) -> None:
+    """``ray.init``, after which dsim's SIGINT/SIGTERM handlers are dsim's again.
+
+    ``ray.init`` replaces the SIGTERM handler with one that calls
+    ``sys.exit(15)`` wherever the driver happens to be; with dsim's own handler
+    back, a SIGTERM always takes the one clean path (``KeyboardInterrupt``,
+    recorded, exit 143). During ``ray.init`` itself Ray's handler stays: the CLI
+    turns its ``SystemExit(15)`` into the same ending.
+    """
+    ours = processes.handles(signal.SIGTERM)
+    ray.init(**options)
+    if ours and not processes.handles(signal.SIGTERM):
+        processes.install_handlers()
 
 
 def max_embedded_cpus() -> int:
@@ -436,7 +468,8 @@ def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.P
     try:
         with quiet_stderr(not debug) as captured:
             try:
-                ray.init(
+                _init(
+                    ray,
                     address="local",
                     num_cpus=num_cpus or os.cpu_count() or 1,
                     log_to_driver=False,
@@ -481,7 +514,7 @@ def _join(ray: Any, address: RayAddress, debug: bool) -> None:
     where = address.hostport if address.kind != "auto" else "auto"
     with quiet_stderr(not debug) as captured:
         try:
-            ray.init(address=target, **options)
+            _init(ray, address=target, **options)
             error = None
         except Exception as exc:
             error = exc
@@ -533,11 +566,15 @@ def disconnect(ray: Any, started: bool) -> None:
     if not started:
         return
     session, _session = _session, None
+    first = processes.received() is None
     try:
-        with quiet_stderr(not debugging()):
+        # Whole or not at all: a signal meanwhile is acted on after (processes.deferred_signals).
+        with processes.deferred_signals(), quiet_stderr(not debugging()):
             ray.shutdown()
     finally:
         if session is not None:
             if session.watchdog is not None:
                 reaper.stop(session.watchdog)
             _restore_env(session.saved_env)
+    if first and processes.received() is not None:  # the first signal came during shutdown
+        raise KeyboardInterrupt
