@@ -143,7 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     if signum is not None:
         typer.echo("dsim: interrupted", err=True)
         code = processes.exit_code(signum)
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if processes.hard_exit_requested():  # see processes.request_hard_exit
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _main(argv: list[str]) -> tuple[object, int | None]:

@@ -116,6 +116,23 @@ def ignore_further() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+_hard_exit = False
+
+
+def request_hard_exit() -> None:
+    """Ask the CLI to leave with ``os._exit`` once its message is out.
+
+    For a library left in a state where the interpreter's own exit can hang
+    or crash (Ray's driver after its cluster died, its shutdown abandoned).
+    """
+    global _hard_exit
+    _hard_exit = True
+
+
+def hard_exit_requested() -> bool:
+    return _hard_exit
+
+
 def received() -> int | None:
     """The first SIGINT or SIGTERM this process received through ``install_handlers``."""
     return _received

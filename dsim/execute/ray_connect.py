@@ -46,7 +46,7 @@ from typing import Any
 
 from dsim import processes
 from dsim.errors import DsimError, UsageError
-from dsim.execute import reaper
+from dsim.execute import ray_watch, reaper
 from dsim.execute.address import (
     FROM_CONFIG,
     FROM_ENV,
@@ -381,6 +381,7 @@ def _check_cluster(address: RayAddress, debug: bool) -> None:
 class _Session:
     saved_env: dict[str, str | None]
     watchdog: subprocess.Popen[bytes] | None = None
+    head: tuple[str, int] | None = None  # the GCS of a joined cluster (HOST, PORT)
 
 
 _session: _Session | None = None
@@ -493,8 +494,9 @@ def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.P
     return watchdog
 
 
-def _join(ray: Any, address: RayAddress, debug: bool) -> None:
-    """``ray.init`` of an existing cluster, after the checks of the module doc."""
+def _join(ray: Any, address: RayAddress, debug: bool) -> tuple[str, int] | None:
+    """``ray.init`` of an existing cluster, after the checks of the module doc; the
+    HOST:PORT of its GCS when known (not for ``ray://`` or an unresolved ``auto``)."""
     target = address.text
     if address.kind == "auto":
         resolved = resolve_auto(address)
@@ -519,7 +521,7 @@ def _join(ray: Any, address: RayAddress, debug: bool) -> None:
         except Exception as exc:
             error = exc
     if error is None:
-        return
+        return (address.host, address.port) if address.kind == "hostport" else None
     text = f"{type(error).__name__}: {error}\n{captured.text}"
     if type(error).__name__ == "AuthenticationError" or is_auth_failure(text):
         raise auth_error(where, text) from error
@@ -552,16 +554,25 @@ def connect(
             watchdog = _start_embedded(ray, num_cpus, debug)
             _session = _Session(saved, watchdog)
             return ray, True
-        _join(ray, parsed, debug)
+        head = _join(ray, parsed, debug)
     except BaseException:
         _restore_env(saved)
         raise
-    _session = _Session(saved)
+    _session = _Session(saved, head=head)
     return ray, True
 
 
-def disconnect(ray: Any, started: bool) -> None:
-    """Shut down what ``connect`` started (a joined cluster keeps running), quietly."""
+def joined_head() -> tuple[str, int] | None:
+    """The GCS HOST:PORT of the cluster ``connect`` joined (None: embedded, or unknown)."""
+    return _session.head if _session is not None else None
+
+
+def disconnect(ray: Any, started: bool, *, lost: bool = False) -> None:
+    """Shut down what ``connect`` started (a joined cluster keeps running), quietly.
+
+    ``lost``: the cluster died; ``ray.shutdown`` may wait on it, so it gets a few
+    seconds, after which the process is left to ``os._exit`` (``ray_watch``).
+    """
     global _session
     if not started:
         return
@@ -570,7 +581,10 @@ def disconnect(ray: Any, started: bool) -> None:
     try:
         # Whole or not at all: a signal meanwhile is acted on after (processes.deferred_signals).
         with processes.deferred_signals(), quiet_stderr(not debugging()):
-            ray.shutdown()
+            if not lost:
+                ray.shutdown()
+            elif not ray_watch.bounded(ray.shutdown):
+                processes.request_hard_exit()
     finally:
         if session is not None:
             if session.watchdog is not None:
