@@ -11,8 +11,8 @@ command.
 
 from __future__ import annotations
 
+import _signal  # the interpreter's own module: loaded already, unlike `signal`
 import os
-import signal
 
 
 def _interrupted_early(signum: int, frame: object) -> None:
@@ -23,8 +23,8 @@ def _interrupted_early(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Install the early handlers, then load and run the CLI."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _interrupted_early)
+    for signum in (_signal.SIGINT, _signal.SIGTERM):
+        _signal.signal(signum, _interrupted_early)
     from dsim.cli import main as cli_main
 
     cli_main()
