@@ -179,7 +179,7 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
             raise
         else:
             signum = signal.SIGTERM
-    except BrokenPipeError:  # a reader that stopped early is not an error (SPEC §8)
+    except BrokenPipeError:  # a reader that stopped early is not an error (SPEC §9)
         _silence_stdout()
         code = EXIT_BROKEN_PIPE
     except DsimError as exc:

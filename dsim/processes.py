@@ -11,7 +11,11 @@ Worker processes of ``dsim parse`` die with their parent, even when the
 parent is killed with SIGKILL and has no chance to stop them: on Linux the
 kernel sends them SIGKILL (``PR_SET_PDEATHSIG``); elsewhere a watchdog thread
 notices that the parent is gone. When the parent is interrupted, it stops
-them with SIGTERM, on which a worker abandons its run the clean way.
+them with SIGTERM, on which a worker abandons its run the clean way. A
+worker killed from outside is named by the task it was running
+(``task_board``). Calls that must not be cut in half run under
+``deferred_signals``; a library left unable to exit cleanly asks for
+``request_hard_exit``.
 """
 
 from __future__ import annotations
