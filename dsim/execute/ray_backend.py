@@ -14,6 +14,7 @@ die with dsim, and shut down afterwards. A cluster given by
 
 from __future__ import annotations
 
+import io
 import sys
 from typing import Any
 
@@ -62,6 +63,7 @@ def run_ray(
         done_policies += 1
         on_result(result)
 
+    captured = io.StringIO()  # (bound even if a signal cuts the capture's own set-up short)
     try:
         with native_stderr_captured(watch is not None and not debugging()) as captured:
             try:
