@@ -422,16 +422,27 @@ def _import_ray() -> Any:
 
 
 def _init(ray: Any, **options: Any) -> None:
-    """``ray.init``, after which dsim's SIGINT/SIGTERM handlers are dsim's again.
+    """``ray.init`` whole, with dsim's SIGINT/SIGTERM handlers kept.
 
     ``ray.init`` replaces the SIGTERM handler with one that calls
-    ``sys.exit(15)`` wherever the driver happens to be; with dsim's own handler
-    back, a SIGTERM always takes the one clean path (``KeyboardInterrupt``,
-    recorded, exit 143). During ``ray.init`` itself Ray's handler stays: the CLI
-    turns its ``SystemExit(15)`` into the same ending.
+    ``sys.exit(15)`` wherever the driver happens to be, its own start-up
+    included; cut short there, Ray's half-built core crashed the interpreter at
+    exit (SIGSEGV). So Ray is kept from replacing the handler, and a signal
+    during the call is only noted (``processes.deferred_signals``): ``connect``
+    acts on it once Ray is up (shutting it down again). Afterwards a SIGTERM
+    takes dsim's one clean path (``KeyboardInterrupt``, recorded, exit 143).
     """
     ours = processes.handles(signal.SIGTERM)
-    ray.init(**options)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    replace = getattr(utils, "set_sigterm_handler", None) if ours else None
+    if replace is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        with processes.deferred_signals():
+            ray.init(**options)
+    finally:
+        if replace is not None:
+            utils.set_sigterm_handler = replace
     if ours and not processes.handles(signal.SIGTERM):
         processes.install_handlers()
 
@@ -549,16 +560,18 @@ def connect(
     if ray.is_initialized():
         _restore_env(saved)
         return ray, False
+    first = processes.received() is None
     try:
         if parsed is None:
-            watchdog = _start_embedded(ray, num_cpus, debug)
-            _session = _Session(saved, watchdog)
-            return ray, True
-        head = _join(ray, parsed, debug)
+            _session = _Session(saved, _start_embedded(ray, num_cpus, debug))
+        else:
+            _session = _Session(saved, head=_join(ray, parsed, debug))
     except BaseException:
         _restore_env(saved)
         raise
-    _session = _Session(saved, head=head)
+    if first and processes.received() is not None:  # a signal came during ray.init
+        disconnect(ray, True)
+        raise KeyboardInterrupt
     return ray, True
 
 
