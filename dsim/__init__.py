@@ -12,20 +12,28 @@ load pandas, pyarrow and the replay machinery.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any
-
-try:
-    __version__ = version("dsim")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0+unknown"
 
 _API = ("Results", "Trace", "load_results", "load_trace", "parse", "run", "tune")
 
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str) -> Any:
+def _version() -> str:
+    """The installed version. Looked up on first use: ``importlib.metadata`` takes ~0.1 s to
+    import, and ``dsim``'s entry point must install its signal handlers before that
+    (``dsim/__main__.py``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dsim")
+    except PackageNotFoundError:  # running from a source tree without installing
+        return "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> object:  # (no `typing` import: start-up time, see _version)
+    if name == "__version__":
+        globals()["__version__"] = found = _version()
+        return found
     if name in _API:
         # By name, not `from dsim import api`: the lower layers import this package for
         # __version__, and a static import here would make them import dsim.app.
@@ -34,4 +42,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+    return sorted({*globals(), "__version__", *_API})

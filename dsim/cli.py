@@ -8,6 +8,7 @@ tracebacks are shown only with ``--debug`` (or ``DSIM_DEBUG=1``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -27,7 +28,13 @@ from dsim.commands import run as run_cmd
 from dsim.commands import summarize as summarize_cmd
 from dsim.commands import synth as synth_cmd
 from dsim.commands import tune as tune_cmd
-from dsim.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, DsimError
+from dsim.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    DsimError,
+)
 
 app = typer.Typer(
     name="dsim",
@@ -81,6 +88,40 @@ def _sigterm_taken_over() -> bool:
     return not processes.handles(signal.SIGTERM)
 
 
+def _stdout_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from writing to a stdout whose reader has gone (``| head``).
+
+    Rich turns that ``BrokenPipeError`` into ``SystemExit(1)`` (after pointing stdout at
+    /dev/null); click and ``print`` raise it as it is.
+    """
+    while exc is not None:
+        if isinstance(exc, BrokenPipeError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush cannot fail again
+    (Python would print "Exception ignored ... BrokenPipeError" and exit 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _flush_stdout() -> bool:
+    """Flush stdout now, where a closed pipe can still be answered; False if it was closed."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return False
+    except (OSError, ValueError):  # stdout closed or not a stream: nothing to flush into
+        pass
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dsim`` script; never lets a traceback reach a user by accident.
 
@@ -96,11 +137,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # a signal while an error was being reported
         code, signum = EXIT_FAILURE, signal.SIGINT
     processes.ignore_further()  # from here on the process is leaving: nothing to interrupt
+    if not _flush_stdout():
+        code = EXIT_BROKEN_PIPE
     signum = processes.received() or signum  # the signal itself beats what it turned into
     if signum is not None:
         typer.echo("dsim: interrupted", err=True)
         code = processes.exit_code(signum)
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if processes.hard_exit_requested():  # see processes.request_hard_exit
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _main(argv: list[str]) -> tuple[object, int | None]:
@@ -121,9 +170,18 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
         exc.show()
         code = exc.exit_code if exc.exit_code else EXIT_USAGE
     except SystemExit as exc:
-        if exc.code != signal.SIGTERM or not _sigterm_taken_over():
+        if _stdout_closed(exc):
+            _silence_stdout()
+            return EXIT_BROKEN_PIPE, None
+        if processes.received() is not None:  # a library's exit on the way out of a signal
+            signum = processes.received()
+        elif exc.code != signal.SIGTERM or not _sigterm_taken_over():
             raise
-        signum = signal.SIGTERM
+        else:
+            signum = signal.SIGTERM
+    except BrokenPipeError:  # a reader that stopped early is not an error (SPEC §9)
+        _silence_stdout()
+        code = EXIT_BROKEN_PIPE
     except DsimError as exc:
         if processes.received() is None:
             if _debugging(argv):

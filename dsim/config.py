@@ -166,16 +166,18 @@ MAX_CONFIG_DEPTH = 32
 #: Accepted ranges of the integer settings (inclusive); ``num_cpus``'s top is per machine.
 WORKERS_RANGE = (0, MAX_LOADER_SETTING)
 PREFETCH_RANGE = (1, MAX_LOADER_SETTING)
-#: ``num_cpus`` may oversubscribe this machine's CPUs at most this many times: the embedded
-#: Ray starts a worker per CPU it is given, and 10**9 of them never start.
-NUM_CPUS_FACTOR = 4
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 def max_num_cpus() -> int:
-    """The largest ``num_cpus`` accepted on this machine (``NUM_CPUS_FACTOR`` x its CPUs)."""
-    return NUM_CPUS_FACTOR * (os.cpu_count() or 1)
+    """The largest ``num_cpus`` accepted on this machine: what the embedded Ray can start.
+
+    One bound for the file, the flag and the Ray start-up (``dsim.execute.ray_connect``).
+    """
+    from dsim.execute.ray_connect import max_embedded_cpus
+
+    return max_embedded_cpus()
 
 
 class _DuplicateKey(ValueError):
@@ -576,8 +578,8 @@ def validate_config(
     if num_cpus is not None and not 1 <= num_cpus <= max_num_cpus():
         where = "--num-cpus" if overrides.num_cpus is not None else "num_cpus"
         problems.add(
-            f"{where} must be an integer from 1 to {max_num_cpus()} ({NUM_CPUS_FACTOR} x this "
-            f"machine's {os.cpu_count() or 1} CPUs), got {num_cpus!r}"
+            f"{where} must be an integer from 1 to {max_num_cpus()} (16 per core, at least 64, "
+            f"on this machine's {os.cpu_count() or 1} CPUs), got {num_cpus!r}"
         )
         num_cpus = None
     ray_address = _ray_address(overrides, raw, executor, problems)

@@ -16,6 +16,7 @@ EXIT_INPUT = 3  # bad input data: logs, tables, results
 EXIT_OUTPUT = 4  # an output could not be written
 EXIT_CHECK = 5  # a --fail-if condition held (a CI gate), outputs were written
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # stdout closed early (`dsim summarize | head`): 128 + SIGPIPE, silently
 
 
 class DsimError(Exception):
@@ -53,6 +54,17 @@ class OutputError(DsimError):
     """An output could not be written (permissions, full disk, a file in the way)."""
 
     exit_code = EXIT_OUTPUT
+
+
+class WorkerDied(DsimError):
+    """A worker process was killed from outside (the out-of-memory killer, ``kill -9``).
+
+    Neither the command line nor the input is known to be at fault, so the exit
+    code stays 1; but it is no bug in dsim either, and the message says which
+    run was lost and that nothing of it was written.
+    """
+
+    exit_code = EXIT_FAILURE
 
 
 class CheckFailed(DsimError):

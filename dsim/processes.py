@@ -11,7 +11,11 @@ Worker processes of ``dsim parse`` die with their parent, even when the
 parent is killed with SIGKILL and has no chance to stop them: on Linux the
 kernel sends them SIGKILL (``PR_SET_PDEATHSIG``); elsewhere a watchdog thread
 notices that the parent is gone. When the parent is interrupted, it stops
-them with SIGTERM, on which a worker abandons its run the clean way.
+them with SIGTERM, on which a worker abandons its run the clean way. A
+worker killed from outside is named by the task it was running
+(``task_board``). Calls that must not be cut in half run under
+``deferred_signals``; a library left unable to exit cleanly asks for
+``request_hard_exit``.
 """
 
 from __future__ import annotations
@@ -33,11 +37,40 @@ _STOP_GRACE_S = 10.0
 _RESEND_AFTER_S = 0.01
 
 
+_deferring = 0  # depth of ``deferred_signals`` blocks
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _received
     if _received is None:
         _received = signum
+    if _deferring:
+        return  # noted: the block's owner acts on it when the block ends
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Note SIGINT/SIGTERM in this block instead of raising them; re-arm our handlers after.
+
+    For calls a ``KeyboardInterrupt`` must not cut in half: ``ray.shutdown``
+    interrupted midway leaves Ray's C++ core worker half torn down, and the
+    interpreter then crashes at exit (SIGSEGV) instead of exiting with 143.
+    The caller checks ``received()`` after the block. Outside the main thread,
+    or when the handlers are not ours, the block changes nothing.
+    """
+    global _deferring
+    if threading.current_thread() is not threading.main_thread() or not handles(signal.SIGINT):
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a library may have replaced them
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _on_signal)
 
 
 def _on_unraisable(unraisable) -> None:
@@ -87,6 +120,23 @@ def ignore_further() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+_hard_exit = False
+
+
+def request_hard_exit() -> None:
+    """Ask the CLI to leave with ``os._exit`` once its message is out.
+
+    For a library left in a state where the interpreter's own exit can hang
+    or crash (Ray's driver after its cluster died, its shutdown abandoned).
+    """
+    global _hard_exit
+    _hard_exit = True
+
+
+def hard_exit_requested() -> bool:
+    return _hard_exit
+
+
 def received() -> int | None:
     """The first SIGINT or SIGTERM this process received through ``install_handlers``."""
     return _received
@@ -131,13 +181,38 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
-def worker_init(parent: int) -> None:
+# A worker's slot on the task board: (pid, index of the task it runs, or -1).
+_board = None
+_slot: int | None = None
+
+
+def task_board(workers: int):
+    """Shared memory where each of ``workers`` pool processes notes which task it runs.
+
+    When a worker is killed from outside (the OOM killer, ``kill -9``), the pool
+    only says that *a* process died; the board says which task it was running,
+    so that the error can name it (``killed_tasks``). Pass it to ``worker_init``.
+    """
+    board = multiprocessing.Array("q", 2 * workers)
+    board[:] = [0, -1] * workers
+    return board
+
+
+def worker_init(parent: int, board=None) -> None:
     """``ProcessPoolExecutor`` initializer: die with ``parent``, leave Ctrl-C to it.
 
     A terminal's Ctrl-C reaches the whole process group; workers ignore it
     and the parent stops them (``stop_workers``), so that one message and one
-    exit code come out.
+    exit code come out. With a ``board`` (``task_board``) the worker claims a
+    slot on it.
     """
+    global _board, _slot
+    if board is not None:
+        with board.get_lock():
+            _slot = next((k for k in range(0, len(board), 2) if board[k] == 0), None)
+            if _slot is not None:
+                board[_slot] = os.getpid()
+        _board = board
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_worker_term)
     if not _set_parent_death_signal():
@@ -146,16 +221,51 @@ def worker_init(parent: int) -> None:
         os._exit(1)
 
 
-def in_worker(function, *args):
-    """Run ``function(*args)`` in a worker; SIGTERM unwinds it (cleaning up) and ends the worker."""
+def in_worker(function, *args, task: int = -1):
+    """Run ``function(*args)`` in a worker; SIGTERM unwinds it (cleaning up) and ends the worker.
+
+    ``task`` (an index of the caller's) is noted on the worker's task board while it runs.
+    """
     global _busy
     _busy = True
+    if _board is not None and _slot is not None:
+        _board[_slot + 1] = task
     try:
         return function(*args)
     except _Stop:
+        if _board is not None and _slot is not None:
+            _board[_slot + 1] = -1  # stopped, not killed: its task is not ``killed_tasks``'
         os._exit(exit_code(signal.SIGTERM))
     finally:
         _busy = False
+        if _board is not None and _slot is not None:
+            _board[_slot + 1] = -1
+
+
+def killed_tasks(board) -> list[int]:
+    """The tasks that workers on ``board`` were running when they died (ascending)."""
+    tasks = []
+    for k in range(0, len(board), 2):
+        pid, task = board[k], board[k + 1]
+        if pid > 0 and task >= 0 and not _alive(pid):
+            tasks.append(task)
+    return sorted(tasks)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def stop_workers() -> None:

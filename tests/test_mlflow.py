@@ -269,3 +269,140 @@ def test_telemetry_is_off_unless_the_user_says_otherwise(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
     tracking._import_mlflow()
     assert tracking.os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
+
+
+# -- issue #20: every MLflow failure is one line (these run without mlflow: a fake module) ---
+
+
+def test_a_malformed_tracking_uri_is_a_usage_error_before_any_work(clone: Path) -> None:
+    """A URI no store can come from was an internal ValueError deep in MLflow; now exit 2
+    before any replay, whether or not mlflow is installed."""
+    proc = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI="http://[::1:5000/"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("dsim: error: invalid MLflow tracking URI 'http://[::1:5000/'")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (clone / "results").exists()
+
+
+@pytest.mark.parametrize("uri", ["http://host:port/", "http://h:99999", "sqlite:///a\nb.db"])
+def test_tracking_uri_check(uri: str) -> None:
+    from dsim.app.tracking import check_tracking_uri
+
+    with pytest.raises(UsageError, match="invalid MLflow tracking URI"):
+        check_tracking_uri(uri)
+    for good in ("sqlite:///mlruns/mlflow.db", "http://127.0.0.1:5000", "databricks", "./runs"):
+        check_tracking_uri(good)
+
+
+def _fake_mlflow(monkeypatch, error: Exception) -> None:
+    """An ``mlflow`` whose client fails as a store does: it logs a traceback (as MLflow's
+    SQLAlchemy store does for a read-only database), then raises ``error``."""
+    import importlib.machinery
+    import logging
+    import types
+
+    fake = types.ModuleType("mlflow")
+    fake.__spec__ = importlib.machinery.ModuleSpec("mlflow", None)
+    fake.exceptions = types.SimpleNamespace(
+        MlflowException=type("MlflowException", (Exception,), {})
+    )
+    fake.entities = types.SimpleNamespace(Metric=object, Param=object, RunTag=object)
+
+    class MlflowClient:
+        def __init__(self, tracking_uri: str) -> None:
+            self.uri = tracking_uri
+
+        def get_experiment_by_name(self, name: str) -> None:
+            try:
+                raise error
+            except Exception:
+                logging.getLogger("mlflow.store.db.utils").exception("store failed")
+                raise
+
+    fake.tracking = types.SimpleNamespace(MlflowClient=MlflowClient)
+    for name, module in {"mlflow": fake, "mlflow.entities": fake.entities}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", fake.tracking)
+
+
+def test_a_store_error_is_one_output_error_without_mlflows_traceback(
+    monkeypatch, capsys, tmp_path: Path
+) -> None:
+    """A read-only SQLite store: SQLAlchemy's OperationalError (not an MlflowException) and a
+    traceback logged by MLflow (92 lines on stderr). Now: OutputError (exit 4), stderr quiet."""
+    from dsim.app import tracking
+    from dsim.errors import OutputError
+
+    readonly = type("OperationalError", (Exception,), {"__module__": "sqlalchemy.exc"})
+    _fake_mlflow(monkeypatch, readonly("attempt to write a readonly database"))
+    monkeypatch.delenv("DSIM_DEBUG", raising=False)
+    summary = pd.DataFrame({"results": pd.Series([], dtype=str)})
+    settings = MlflowSettings(f"sqlite:///{tmp_path / 'ro.db'}")
+    with pytest.raises(OutputError, match="OperationalError: attempt to write a readonly"):
+        tracking.track_summary(summary, settings)
+    assert capsys.readouterr().err == ""
+
+    _fake_mlflow(monkeypatch, KeyError("a bug of dsim's own is not a store error"))
+    with pytest.raises(KeyError):
+        tracking.track_summary(summary, settings)
+
+
+def test_http_requests_are_bounded_unless_the_user_says_otherwise(monkeypatch) -> None:
+    """An unreachable server took 248 s (7 retries, doubling backoff): dsim's defaults bound
+    it; a value the user set is kept."""
+    from dsim.app import tracking
+
+    _fake_mlflow(monkeypatch, RuntimeError("unused"))
+    for name in tracking.HTTP_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    tracking._import_mlflow()
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == "1"
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "60"
+
+
+def test_an_unreachable_server_fails_in_bounded_time(clone: Path) -> None:
+    """With the real mlflow: nothing listens on the port; one line, exit 4, in seconds."""
+    import time
+
+    require_mlflow()
+    began = time.monotonic()
+    proc = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI="http://127.0.0.1:9"),
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith("dsim: error: cannot log to MLflow at http://127.0.0.1:9")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - began < 60
+
+
+def test_a_read_only_store_is_exit_4_without_a_traceback(clone: Path) -> None:
+    """With the real mlflow: a SQLite store whose file and directory are read-only."""
+    import os
+
+    require_mlflow()
+    if os.geteuid() == 0:
+        pytest.skip("root writes read-only files")
+    store = clone / "store"
+    store.mkdir()
+    first = run_dsim(
+        "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q",
+        cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{store / 'm.db'}"),
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    (store / "m.db").chmod(0o444)
+    store.chmod(0o555)
+    try:
+        proc = run_dsim(
+            "run", "--conf", "configs/sim_conf.json", "--mlflow", "-q", "--force",
+            cwd=clone, env=_clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{store / 'm.db'}"),
+        )  # fmt: skip
+    finally:
+        store.chmod(0o755)
+    assert proc.returncode == 4, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -83,3 +83,47 @@ def test_help_and_version():
     assert result.returncode == 0 and "Examples" in result.stdout
     result = run_dsim("--version")
     assert result.returncode == 0 and result.stdout.startswith("dsim ")
+
+
+def test_a_parse_worker_killed_from_outside_is_one_line_naming_its_run(tmp_path):
+    """Issue #20: SIGKILL to one ``--jobs 2`` worker (as the OOM killer sends) was an internal
+    error (BrokenProcessPool). Now: exit 1, one line naming the run, nothing half-written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for seed in (1, 2):  # a few seconds of parsing each on a loaded 2-core machine
+        args = ("synth", "--gpus", "4", "--iterations", "10000", "--epochs", "2", "--workers", "4")
+        made = run_dsim(*args, "--seed", str(seed), "-q", "--out", tmp_path / "logs")
+        assert made.returncode == 0, made.stderr
+    env = {**os.environ}
+    env.pop("DSIM_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsim", "parse", "logs", "--out", "traces", "--jobs", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    children: list[int] = []
+    deadline = time.monotonic() + 60
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as listing:
+            children = [int(pid) for pid in listing.read().split()]
+    time.sleep(0.5)  # inside its run by now (each takes seconds)
+    os.kill(children[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dsim: error: a parse worker process"), err
+    assert "while parsing run synth_queue_seed" in err and "internal error" not in err
+    left = (
+        sorted(p.name for p in (tmp_path / "traces").iterdir())
+        if (tmp_path / "traces").exists()
+        else []
+    )
+    assert all(name.startswith("synth_queue_seed") for name in left), left  # no temporaries

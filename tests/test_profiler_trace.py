@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, run_dsim
 
 from dsim.errors import InputError
 from dsim.model.tables import TRAIN_SCHEMA
@@ -186,6 +186,37 @@ def test_truncated_json_and_missing_trace_events_are_errors(tmp_path):
     none.write_text(json.dumps({"distributedInfo": {"rank": 2}, "events": []}))
     with pytest.raises(InputError, match="no traceEvents"):
         read_trace(none)
+
+
+def _no_steps(first: int, last: int) -> list[dict]:
+    """DataLoader spans and ops as ``_steps`` writes them, without the ProfilerStep spans."""
+    return [e for e in _steps(first, last) if not e["name"].startswith("ProfilerStep")]
+
+
+@pytest.mark.parametrize("ranks_without_steps", [(0, 1), (1,)])
+def test_a_trace_without_profiler_steps_is_an_input_error_naming_it(tmp_path, ranks_without_steps):
+    """Issue #20: no ProfilerStep in one rank's file (or all) was an internal IndexError."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in (0, 1):
+        events = _no_steps(1, 4) if rank in ranks_without_steps else _steps(1, 4)
+        _write(run / f"rank{rank}.pt.trace.json", events, rank=rank)
+    proc = run_dsim("parse", run, "--out", tmp_path / "traces", "-q")
+    assert proc.returncode == 3, proc.stderr
+    first = run / f"rank{ranks_without_steps[0]}.pt.trace.json"
+    assert proc.stderr.startswith(f"dsim: error: {first}: no ProfilerStep#N spans"), proc.stderr
+    assert "internal error" not in proc.stderr and not (tmp_path / "traces" / "run").exists()
+
+
+def test_a_rank_whose_steps_are_all_rejected_keeps_the_others(tmp_path):
+    """Steps present but none kept (every one without dur): rejects, not an IndexError."""
+    steps = _steps(1, 4)
+    bad = [{**e, "dur": None} if e["name"].startswith("ProfilerStep") else e for e in steps]
+    _write(tmp_path / "rank0.pt.trace.json", bad, rank=0)
+    _write(tmp_path / "rank1.pt.trace.json", _steps(1, 4), rank=1)
+    run = read_profiled_run([tmp_path])
+    assert run.report["skipped"] == {NO_DUR: 4}
+    assert sorted(run.train.to_pandas()["gpu"].unique()) == [1]
 
 
 def test_find_traces_by_name_or_content(tmp_path):

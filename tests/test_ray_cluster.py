@@ -9,6 +9,7 @@ other people's Ray), and the namespace is deleted.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -73,3 +74,51 @@ def test_run_on_two_node_cluster_matches_local(netns: str, tmp_path: Path) -> No
         a = pq.read_table(tmp_path / "local" / RUN / name)
         b = pq.read_table(tmp_path / "cluster" / RUN / name)
         assert a.equals(b) and a.schema.metadata == b.schema.metadata, name
+
+
+@pytest.mark.skipif(
+    os.environ.get("DSIM_RAY_HEAD_KILL", "") in ("", "0"),
+    reason="~40 s: set DSIM_RAY_HEAD_KILL=1 (a head-node kill on a real cluster)",
+)
+def test_the_head_node_dying_mid_run_is_one_line_in_seconds(netns: str, tmp_path: Path) -> None:
+    """Issue #20: the head node killed while dsim's tasks run. Ray's driver waited 60 s for
+    its GCS, printed Ray's error log and exited 1 without a word from dsim. Now: one line
+    naming the cluster, exit 1, within seconds; the replays that finished are kept."""
+    import contextlib
+    import time
+
+    import psutil
+
+    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=100_000)
+    env = ray_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--block", "--disable-usage-stats"]
+    head = [RAY, "start", "--head", f"--port={PORT}", "--include-dashboard=false", *common]
+    procs = [start_node(netns, head, env, tmp_path / "head.log")]
+    try:
+        wait_for_nodes(netns, env, PORT, 1)
+        dsim = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "dsim", "run", RUN,
+             "--out", "res", "--executor", "ray", "--ray-address", f"127.0.0.1:{PORT}", "-q"],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        node = psutil.Process(procs[0].pid)
+        deadline = time.monotonic() + 240
+        running = False
+        while not running and dsim.poll() is None and time.monotonic() < deadline:
+            for child in node.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    running |= "replay_rows" in " ".join([child.name(), *child.cmdline()])
+            time.sleep(0.05)
+        assert running and dsim.poll() is None, "no replay task seen on the cluster"
+        for member in [node, *node.children(recursive=True)]:  # the head node dies
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        killed = time.monotonic()
+        _, err = dsim.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        stop(procs)
+    assert dsim.returncode == 1, err
+    assert err.startswith(f"dsim: error: the Ray cluster at 127.0.0.1:{PORT} stopped answering")
+    assert len(err.strip().splitlines()) == 1, err  # no Ray log lines
+    assert took < 30, took  # Ray alone: 60 s

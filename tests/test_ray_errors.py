@@ -127,6 +127,31 @@ def test_local_means_embedded_and_keeps_small_jobs_in_process(workdir: Path) -> 
     assert "computed on local" in proc.stderr
 
 
+def test_too_many_cpus_for_the_embedded_ray_is_one_line_at_once(workdir: Path) -> None:
+    """Issue #20: ``num_cpus: 10**9`` made Ray's start-up time out after 38 s (exit 1)."""
+    began = time.monotonic()
+    proc = run_dsim(
+        "run", RUN, "--out", "res", "--executor", "ray", "--num-cpus", str(10**9), cwd=workdir
+    )
+    assert time.monotonic() - began < 20
+    line = _one_error_line(proc)
+    assert f"num_cpus {10**9} is more than the embedded Ray can start" in line
+    assert not (workdir / "res").exists() or not any((workdir / "res").glob("*/*.parquet"))
+
+
+def test_a_failed_embedded_start_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever makes ``ray.init`` fail (a full /tmp, ports taken) is a one-line DsimError."""
+    from dsim.errors import DsimError
+
+    class FakeRay:
+        def init(self, **kwargs: object) -> None:
+            raise TimeoutError("Timed out after 30 seconds waiting for the GCS\nmore")
+
+    monkeypatch.setattr(ray_connect.reaper, "start", lambda *a, **k: None)
+    with pytest.raises(DsimError, match="cannot start Ray on this machine: TimeoutError: Timed"):
+        ray_connect._start_embedded(FakeRay(), 2, debug=False)
+
+
 # --- unreachable addresses -------------------------------------------------------------
 
 

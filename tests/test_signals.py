@@ -7,6 +7,7 @@ it is printed as "Exception ignored" and dropped. Real subprocess, real signal.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,3 +45,59 @@ def test_interrupt_raised_inside_del_is_redelivered_not_printed() -> None:
     assert done.stdout.split() == ["interrupted", "15"], (done.stdout, done.stderr)
     assert "Exception ignored" not in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def _start_and_signal(args: list[str], signum: int, delay_s: float) -> subprocess.CompletedProcess:
+    """``python -m dsim ARGS``, sent ``signum`` ``delay_s`` after it started."""
+    import os
+    import time
+
+    env = {**os.environ}
+    env.pop("DSIM_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsim", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    time.sleep(delay_s)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _before_the_entry_point(traceback: str) -> bool:
+    """Whether a traceback's dsim frames are only those before ``dsim/__main__.py``'s
+    ``main`` installs the early handler: ``dsim/__init__.py`` and ``__main__``'s imports.
+    (After it, a signal cannot print a traceback: the handler exits at once.)"""
+    frames = re.findall(r'File "[^"]*/dsim/([^"]+)", line \d+, in (\S+)', traceback)
+    return all(
+        name == "__init__.py" or (name == "__main__.py" and where == "<module>")
+        for name, where in frames
+    )
+
+
+def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None:
+    """Issue #20: Ctrl-C while the CLI was still being imported printed a traceback.
+
+    Signals at spread-out moments of the start-up (imports, Typer, the command's own
+    imports); each ends with 130/143 and at most the one line ``dsim: interrupted``.
+    A moment inside the interpreter's own start-up (its first ~20-40 ms: ``site``, the
+    package's ``__init__``, the entry module's imports; before dsim's handler exists) is
+    Python's: the signal's default action (-2/-15 here, 130/143 in a shell) or, for
+    SIGINT, Python's own traceback, whose frames end before dsim's ``main``.
+    """
+    import random
+    import signal
+
+    rng = random.Random(20)
+    args = ["summarize", str(tmp_path / "absent")]
+    for trial in range(8):
+        signum = (signal.SIGINT, signal.SIGTERM)[trial % 2]
+        done = _start_and_signal(args, signum, rng.uniform(0.0, 0.2))
+        if "Traceback" in done.stderr:  # before dsim's entry point ran: Python's own handler
+            assert _before_the_entry_point(done.stderr), done.stderr
+            continue
+        assert done.returncode in (128 + signum, -signum), (trial, done.returncode, done.stderr)
+        assert done.stderr in ("", "dsim: interrupted\n"), done.stderr

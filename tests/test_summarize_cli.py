@@ -147,3 +147,25 @@ def test_help_has_examples():
     proc = dsim("summarize", "--help")
     assert proc.returncode == 0
     assert "Examples" in proc.stdout and "--policy" in proc.stdout
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--format", "csv", "--out", "-")])
+def test_a_reader_that_closes_stdout_early_ends_it_quietly(results, extra):
+    """Issue #20: `dsim summarize | head -1` exited 1 (rich's SystemExit) or printed an
+    internal error. The pipe is closed before dsim writes: 141 (128 + SIGPIPE), no output."""
+    import os
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("DSIM_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dsim", "summarize", str(results), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""

@@ -86,12 +86,45 @@ PARAM_COLUMNS = [
 ]
 
 
-def require_mlflow() -> None:
-    """Fail before any work when ``--mlflow`` is asked for and mlflow is not installed."""
+#: MLflow's HTTP client retries 7 times with a doubling backoff by default: an unreachable
+#: server took 248 s to fail. dsim's defaults (set when the variable is unset) bound one
+#: request to (1 + 2 retries) × 15 s + 1 + 2 s of backoff; a refused connection fails in ~3 s.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+#: Libraries under MLflow whose errors mean "the store cannot be used", not a bug in dsim.
+_STORE_ERROR_MODULES = ("mlflow", "sqlalchemy", "alembic", "requests", "urllib3", "sqlite3")
+
+
+def require_mlflow(settings: MlflowSettings | None = None) -> None:
+    """Fail before any work when ``--mlflow`` is asked for and mlflow is not installed, or
+    the tracking URI (``settings``, else ``MLFLOW_TRACKING_URI``) cannot be a URI."""
+    if settings is not None:
+        check_tracking_uri(tracking_target(settings)[0])
     if importlib.util.find_spec("mlflow") is None:
         raise UsageError(
             f"--mlflow needs the mlflow package, which is not installed: {INSTALL_HINT}"
         )
+
+
+def check_tracking_uri(uri: str) -> None:
+    """A ``UsageError`` for a tracking URI no store could be opened from (a malformed one was
+    an internal ``ValueError`` deep in MLflow). The scheme itself is MLflow's to judge."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if any(ord(c) < 32 or ord(c) == 127 for c in uri):
+        problem = "it holds a control character"
+    else:
+        try:
+            parts = urlsplit(uri)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as exc:
+            problem = str(exc)
+    if problem is not None:
+        raise UsageError(f"invalid MLflow tracking URI {uri!r}: {problem}")
 
 
 @dataclass
@@ -224,11 +257,16 @@ def run_metrics(rows: pd.DataFrame) -> tuple[dict[str, float], str | None]:
 
 @contextmanager
 def _quiet_mlflow() -> Iterator[None]:
-    """MLflow and alembic announce migrations and experiments on stderr: keep them quiet."""
-    loggers = [logging.getLogger(n) for n in ("mlflow", "alembic")]
+    """MLflow and alembic announce migrations and experiments on stderr, and log whole
+    tracebacks of a store that cannot be written (92 lines for a read-only SQLite file)
+    before the error dsim reports in one line: keep them quiet, unless ``--debug``."""
+    if os.environ.get("DSIM_DEBUG", "") not in ("", "0"):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in ("mlflow", "alembic", "sqlalchemy", "urllib3")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.WARNING)
+        lg.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
@@ -239,9 +277,24 @@ def _quiet_mlflow() -> Iterator[None]:
 def _import_mlflow() -> Any:
     require_mlflow()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never phone home by default
+    for name, value in HTTP_DEFAULTS.items():  # an unreachable server fails in bounded time
+        os.environ.setdefault(name, value)
     import mlflow
 
     return mlflow
+
+
+def _is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from MLflow or the libraries it talks to its store through:
+    its type is theirs (SQLAlchemy's ``OperationalError``), or it was raised in their code
+    (a ``ValueError`` of MLflow's URI parsing). One raised in dsim's own code is a bug."""
+    if type(exc).__module__.split(".")[0] in _STORE_ERROR_MODULES:
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    raised_in = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return str(raised_in).split(".")[0] in _STORE_ERROR_MODULES
 
 
 def track_summary(
@@ -262,6 +315,7 @@ def track_summary(
     from mlflow.tracking import MlflowClient
 
     uri, artifact_root = tracking_target(settings)
+    check_tracking_uri(uri)
     experiment_name = settings.experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     outcome = TrackingOutcome(uri, experiment_name)
     directories = list(dict.fromkeys(str(d) for d in summary["results"]))
@@ -302,6 +356,12 @@ def track_summary(
         raise OutputError(f"cannot log to MLflow at {uri}: {_first_line(exc)}") from exc
     except OSError as exc:
         raise OutputError(f"cannot log to MLflow at {uri}: {exc}") from exc
+    except Exception as exc:  # SQLAlchemy's OperationalError, a URI MLflow's parser refuses
+        if not _is_store_error(exc):
+            raise
+        raise OutputError(
+            f"cannot log to MLflow at {uri}: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
     return outcome
 
 

@@ -7,12 +7,13 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import typer
 
 from dsim.commands.common import Quiet
-from dsim.errors import DsimError, InputError, UsageError
+from dsim.errors import DsimError, InputError, UsageError, WorkerDied
 
 # The library's defaults (dsim.sources.rawlog.bounds, .parse), not imported: `--help` stays fast.
 MAX_DURATION_S = 86_400.0
@@ -120,19 +121,50 @@ def _parse_in_parallel(
     SIGTERM (each removes its half-written run directory), and runs not yet
     started are cancelled; under SIGKILL the kernel kills them
     (``dsim.processes.worker_init``) and the next parse removes their leftovers.
+    A worker killed from outside (the out-of-memory killer) breaks the pool: the
+    other workers are stopped, the dead one's leftovers removed, and the error
+    names the run it was parsing (``processes.task_board``).
     """
     from dsim import processes
 
+    board = processes.task_board(workers)
     pool = ProcessPoolExecutor(
-        max_workers=workers, initializer=processes.worker_init, initargs=(os.getpid(),)
+        max_workers=workers, initializer=processes.worker_init, initargs=(os.getpid(), board)
     )
+    try:
+        _run_pool(pool, runs, out, strict, limits, quiet, show, failures, fmt)
+    except BrokenProcessPool:
+        from dsim.io.atomic import remove_leftovers
+
+        remove_leftovers(out)  # the dead worker's half-written run directory
+        raise _worker_died(runs, processes.killed_tasks(board)) from None
+
+
+def _worker_died(runs, killed: list[int]) -> WorkerDied:
+    """The one-line error for a worker killed from outside, naming the runs it was parsing."""
+    names = ", ".join(runs[k].name for k in killed)
+    lost = f"run {names}" if len(killed) == 1 else f"runs {names}" if killed else "a run"
+    return WorkerDied(
+        f"a parse worker process was killed (by the out-of-memory killer, or a signal from "
+        f"outside) while parsing {lost}; nothing of it was written, runs finished before are "
+        f"kept and the rest were not parsed: parse again (--jobs 1 needs less memory)"
+    )
+
+
+def _run_pool(pool, runs, out: Path, strict: bool, limits: dict, quiet, show, failures, fmt):
+    """Parse ``runs`` on ``pool``, reporting each as it finishes; the pool is closed after."""
+    from dsim import processes
+
     try:
         with _runs_bar(show) as bar:
             futures = [
                 pool.submit(
-                    processes.in_worker, _parse_and_write, run, out, strict, False, limits, fmt
+                    processes.in_worker,
+                    _parse_and_write,
+                    *(run, out, strict, False, limits, fmt),
+                    task=index,
                 )
-                for run in runs
+                for index, run in enumerate(runs)
             ]
             task = bar.add_task("parsing runs", total=len(futures)) if bar else None
             for future in as_completed(futures):

@@ -118,8 +118,9 @@ def command(
     policies = [parse_policy_option(p) for p in policy or []] or None
     if mlflow:
         from dsim.app.tracking import require_mlflow
+        from dsim.config import MlflowSettings
 
-        require_mlflow()  # before any work
+        require_mlflow(MlflowSettings())  # before any work
 
     from dsim.app.report import ReportRequest, check_output, make_report, write_images
 

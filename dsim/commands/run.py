@@ -218,7 +218,7 @@ def command(
     if config.mlflow is not None:
         from dsim.app.tracking import require_mlflow
 
-        require_mlflow()  # before any work
+        require_mlflow(config.mlflow)  # before any work
     source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
     check_threshold(config.threshold_s, force=force, source=source)
     before = recorded_selections(config.out, config.runs)

@@ -14,10 +14,13 @@ die with dsim, and shut down afterwards. A cluster given by
 
 from __future__ import annotations
 
+import io
+import sys
 from typing import Any
 
 from dsim.execute.address import FROM_SETTINGS
-from dsim.execute.ray_connect import connect, disconnect
+from dsim.execute.ray_connect import connect, debugging, disconnect, joined_head
+from dsim.execute.ray_watch import POLL_S, ClusterLost, HeadWatch, native_stderr_captured
 from dsim.execute.units import (
     ChunkOutput,
     Job,
@@ -50,34 +53,95 @@ def run_ray(
     ``dsim.execute.ray_connect``); no address starts an embedded instance.
     """
     ray, started = connect(address, num_cpus, source=source)
+    head = joined_head() if started else None
+    watch = HeadWatch(*head) if head is not None else None
+    lost = False
+    done_policies, total = 0, sum(len(job.policies) for job in jobs)
+
+    def finished(result) -> None:
+        nonlocal done_policies
+        done_policies += 1
+        on_result(result)
+
+    captured = io.StringIO()  # (bound even if a signal cuts the capture's own set-up short)
     try:
-        task = ray.remote(num_cpus=1, max_retries=2)(replay_rows)
-        pending: dict[Any, tuple[str, Policy, int, int]] = {}
-        parts: dict[tuple[str, Policy], list[ChunkOutput | None]] = {}
-        for job in jobs:
-            if not job.policies:
-                continue
-            ref = ray.put(job.prepared)
-            bounds = chunk_bounds(job.rows, chunk_rows, job.cuts)
-            for policy in job.policies:
-                parts[(job.run, policy)] = [None] * len(bounds)
-                for k, (lo, hi) in enumerate(bounds):
-                    pending[task.remote(job.model, ref, policy, job.params or params, lo, hi)] = (
-                        job.run,
-                        policy,
-                        k,
-                        hi - lo,
-                    )
-        while pending:
+        with native_stderr_captured(watch is not None and not debugging()) as captured:
+            try:
+                _submit_and_collect(ray, jobs, params, chunk_rows, finished, on_progress, watch)
+            except ClusterLost:
+                lost = True
+                raise
+            except Exception as exc:  # a Ray error because the head is gone: say that instead
+                if watch is None or watch.alive():
+                    raise
+                lost = True
+                raise watch.lost(done_policies, total) from exc
+            finally:
+                disconnect(ray, started, lost=lost)
+    except BaseException as exc:
+        if not lost and not isinstance(exc, KeyboardInterrupt) and captured.getvalue().strip():
+            sys.stderr.write(captured.getvalue())  # Ray's own words, for what dsim cannot explain
+        raise
+
+
+def _submit_and_collect(
+    ray: Any,
+    jobs: list[Job],
+    params: ReplayParams,
+    chunk_rows: int,
+    on_result: OnResult,
+    on_progress: OnProgress | None,
+    watch: HeadWatch | None,
+) -> None:
+    """Submit every chunk as a task; report each policy when its chunks are in.
+
+    With a ``watch`` (a joined cluster), a wait lasts at most ``POLL_S`` between checks
+    that the head is still there.
+    """
+    task = ray.remote(num_cpus=1, max_retries=2)(replay_rows)
+    pending: dict[Any, tuple[str, Policy, int, int]] = {}
+    parts: dict[tuple[str, Policy], list[ChunkOutput | None]] = {}
+    for job in jobs:
+        if not job.policies:
+            continue
+        ref = ray.put(job.prepared)
+        bounds = chunk_bounds(job.rows, chunk_rows, job.cuts)
+        for policy in job.policies:
+            parts[(job.run, policy)] = [None] * len(bounds)
+            for k, (lo, hi) in enumerate(bounds):
+                pending[task.remote(job.model, ref, policy, job.params or params, lo, hi)] = (
+                    job.run,
+                    policy,
+                    k,
+                    hi - lo,
+                )
+    total = len(parts)
+    while pending:
+        if watch is None:
             done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                run, policy, k, rows = pending.pop(ref)
-                slots = parts[(run, policy)]
-                slots[k] = ray.get(ref)
-                if on_progress is not None:
-                    on_progress(rows)
-                if all(s is not None for s in slots):
-                    del parts[(run, policy)]
-                    on_result(join_chunks(run, policy, [s for s in slots if s is not None]))
-    finally:
-        disconnect(ray, started)
+        else:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            if not done:
+                watch.check(total - len(parts), total)
+                continue
+        for ref in done:
+            run, policy, k, rows = pending.pop(ref)
+            slots = parts[(run, policy)]
+            slots[k] = _get(ray, ref, watch, total - len(parts), total)
+            if on_progress is not None:
+                on_progress(rows)
+            if all(s is not None for s in slots):
+                del parts[(run, policy)]
+                on_result(join_chunks(run, policy, [s for s in slots if s is not None]))
+
+
+def _get(ray: Any, ref: Any, watch: HeadWatch | None, finished: int, total: int) -> Any:
+    """``ray.get`` of a finished task; on a joined cluster, in waits of ``POLL_S`` between
+    checks of the head (a result held by a node that died may never come)."""
+    if watch is None:
+        return ray.get(ref)
+    while True:
+        try:
+            return ray.get(ref, timeout=POLL_S)
+        except ray.exceptions.GetTimeoutError:
+            watch.check(finished, total)

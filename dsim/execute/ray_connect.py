@@ -33,6 +33,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsim.errors import UsageError
-from dsim.execute import reaper
+from dsim import processes
+from dsim.errors import DsimError, UsageError
+from dsim.execute import ray_watch, reaper
 from dsim.execute.address import (
     FROM_CONFIG,
     FROM_ENV,
@@ -60,6 +62,12 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")
 MARKER_ENV = "DSIM_RAY_OWNER"
+#: Ray's C++ core installs absl's failure signal handler in the driver, SIGTERM included:
+#: it prints a stack trace ("*** SIGTERM received ..."), passes the signal on to dsim's
+#: handler, and arms a 3-s alarm that aborts the process (exit 134) when dsim's clean
+#: shutdown takes longer (3 of 13 SIGTERMs during `dsim run --executor ray`). Off in
+#: dsim's process unless the user set it.
+FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 REACHABLE_TIMEOUT_S = 5.0
 AUTO_REACHABLE_TIMEOUT_S = 2.0
@@ -373,6 +381,7 @@ def _check_cluster(address: RayAddress, debug: bool) -> None:
 class _Session:
     saved_env: dict[str, str | None]
     watchdog: subprocess.Popen[bytes] | None = None
+    head: tuple[str, int] | None = None  # the GCS of a joined cluster (HOST, PORT)
 
 
 _session: _Session | None = None
@@ -398,13 +407,70 @@ def _restore_env(saved: dict[str, str | None]) -> None:
 def _import_ray() -> Any:
     # Must be set before Ray starts: it binds the embedded node to 127.0.0.1.
     os.environ[LOOPBACK_ENV] = "0"
-    import ray
-
+    without_failure_handler = FAILURE_HANDLER_ENV not in os.environ
+    if without_failure_handler:
+        os.environ[FAILURE_HANDLER_ENV] = "1"  # read once, when Ray is imported
+    try:
+        import ray
+    finally:
+        if without_failure_handler:  # Ray's own processes keep their crash reports
+            os.environ.pop(FAILURE_HANDLER_ENV, None)
+    if without_failure_handler:  # in case Ray was imported before (the Python API)
+        with contextlib.suppress(Exception):
+            ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     return ray
+
+
+def _init(ray: Any, **options: Any) -> None:
+    """``ray.init`` whole, with dsim's SIGINT/SIGTERM handlers kept.
+
+    ``ray.init`` replaces the SIGTERM handler with one that calls
+    ``sys.exit(15)`` wherever the driver happens to be, its own start-up
+    included; cut short there, Ray's half-built core crashed the interpreter at
+    exit (SIGSEGV). So Ray is kept from replacing the handler, and a signal
+    during the call is only noted (``processes.deferred_signals``): ``connect``
+    acts on it once Ray is up (shutting it down again). Afterwards a SIGTERM
+    takes dsim's one clean path (``KeyboardInterrupt``, recorded, exit 143).
+    """
+    ours = processes.handles(signal.SIGTERM)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    replace = getattr(utils, "set_sigterm_handler", None) if ours else None
+    if replace is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        with processes.deferred_signals():
+            ray.init(**options)
+    finally:
+        if replace is not None:
+            utils.set_sigterm_handler = replace
+    if ours and not processes.handles(signal.SIGTERM):
+        processes.install_handlers()
+
+
+def max_embedded_cpus() -> int:
+    """The most CPUs the embedded Ray may be given on this machine.
+
+    Ray starts up to one worker process per CPU it is given (~100 MB each):
+    ``num_cpus: 10**9`` made its start-up time out after 38 s. 16 per core (at
+    least 64) leaves room for deliberate oversubscription.
+    """
+    return max(64, 16 * (os.cpu_count() or 1))
+
+
+def check_embedded_cpus(num_cpus: int | None) -> None:
+    """A ``UsageError`` at once for a CPU count the embedded Ray cannot start with."""
+    limit = max_embedded_cpus()
+    if num_cpus is not None and num_cpus > limit:
+        raise UsageError(
+            f"num_cpus {num_cpus} is more than the embedded Ray can start on this machine "
+            f"(at most {limit}: {os.cpu_count() or 1} cores; Ray starts a worker process per "
+            "CPU): give fewer, or join a cluster with --ray-address"
+        )
 
 
 def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.Popen[bytes] | None:
     """``ray.init`` of a private instance, watched so that it dies with this process."""
+    check_embedded_cpus(num_cpus)
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
     try:
         watchdog = reaper.start(f"{MARKER_ENV}={marker}", debug=debug)
@@ -414,7 +480,8 @@ def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.P
     try:
         with quiet_stderr(not debug) as captured:
             try:
-                ray.init(
+                _init(
+                    ray,
                     address="local",
                     num_cpus=num_cpus or os.cpu_count() or 1,
                     log_to_driver=False,
@@ -430,12 +497,17 @@ def _start_embedded(ray: Any, num_cpus: int | None, debug: bool) -> subprocess.P
         _replay(captured)
         if watchdog is not None:
             reaper.stop(watchdog)
-        raise error
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DsimError(
+            f"cannot start Ray on this machine: {type(error).__name__}: {first} "
+            "(--debug shows Ray's output; --executor local runs without Ray)"
+        ) from error
     return watchdog
 
 
-def _join(ray: Any, address: RayAddress, debug: bool) -> None:
-    """``ray.init`` of an existing cluster, after the checks of the module doc."""
+def _join(ray: Any, address: RayAddress, debug: bool) -> tuple[str, int] | None:
+    """``ray.init`` of an existing cluster, after the checks of the module doc; the
+    HOST:PORT of its GCS when known (not for ``ray://`` or an unresolved ``auto``)."""
     target = address.text
     if address.kind == "auto":
         resolved = resolve_auto(address)
@@ -455,12 +527,12 @@ def _join(ray: Any, address: RayAddress, debug: bool) -> None:
     where = address.hostport if address.kind != "auto" else "auto"
     with quiet_stderr(not debug) as captured:
         try:
-            ray.init(address=target, **options)
+            _init(ray, address=target, **options)
             error = None
         except Exception as exc:
             error = exc
     if error is None:
-        return
+        return (address.host, address.port) if address.kind == "hostport" else None
     text = f"{type(error).__name__}: {error}\n{captured.text}"
     if type(error).__name__ == "AuthenticationError" or is_auth_failure(text):
         raise auth_error(where, text) from error
@@ -488,30 +560,48 @@ def connect(
     if ray.is_initialized():
         _restore_env(saved)
         return ray, False
+    first = processes.received() is None
     try:
         if parsed is None:
-            watchdog = _start_embedded(ray, num_cpus, debug)
-            _session = _Session(saved, watchdog)
-            return ray, True
-        _join(ray, parsed, debug)
+            _session = _Session(saved, _start_embedded(ray, num_cpus, debug))
+        else:
+            _session = _Session(saved, head=_join(ray, parsed, debug))
     except BaseException:
         _restore_env(saved)
         raise
-    _session = _Session(saved)
+    if first and processes.received() is not None:  # a signal came during ray.init
+        disconnect(ray, True)
+        raise KeyboardInterrupt
     return ray, True
 
 
-def disconnect(ray: Any, started: bool) -> None:
-    """Shut down what ``connect`` started (a joined cluster keeps running), quietly."""
+def joined_head() -> tuple[str, int] | None:
+    """The GCS HOST:PORT of the cluster ``connect`` joined (None: embedded, or unknown)."""
+    return _session.head if _session is not None else None
+
+
+def disconnect(ray: Any, started: bool, *, lost: bool = False) -> None:
+    """Shut down what ``connect`` started (a joined cluster keeps running), quietly.
+
+    ``lost``: the cluster died; ``ray.shutdown`` may wait on it, so it gets a few
+    seconds, after which the process is left to ``os._exit`` (``ray_watch``).
+    """
     global _session
     if not started:
         return
     session, _session = _session, None
+    first = processes.received() is None
     try:
-        with quiet_stderr(not debugging()):
-            ray.shutdown()
+        # Whole or not at all: a signal meanwhile is acted on after (processes.deferred_signals).
+        with processes.deferred_signals(), quiet_stderr(not debugging()):
+            if not lost:
+                ray.shutdown()
+            elif not ray_watch.bounded(ray.shutdown):
+                processes.request_hard_exit()
     finally:
         if session is not None:
             if session.watchdog is not None:
                 reaper.stop(session.watchdog)
             _restore_env(session.saved_env)
+    if first and processes.received() is not None:  # the first signal came during shutdown
+        raise KeyboardInterrupt

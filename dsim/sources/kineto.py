@@ -68,6 +68,9 @@ OVERLAPPING_STEP = "overlapping profiler steps (every one rejected)"
 NO_LOADER = "profiler step without a DataLoader span"
 LOADER_CROSSES = "DataLoader span crosses the end of its step"
 OVERLAPPING_LOADER = "overlapping DataLoader spans in one step"
+# Whole-file error: a trace without steps has no iterations to replay (a profiler run
+# without a schedule, or a trace of something else than a training loop).
+NO_STEPS = "no ProfilerStep#N spans: not a trace of a profiled training loop (prof.step())"
 
 REJECT_SCHEMA = pa.schema(
     [("file", pa.string()), ("event", pa.int64()), ("reason", pa.string()), ("name", pa.string())]
@@ -289,6 +292,8 @@ def read_trace(path: Path) -> RankTrace:
         if type(exc).__module__.startswith("ijson"):
             raise _json_error(exc, path) from None
         raise
+    if not steps and not any(name.startswith(STEP_PREFIX) for _, _, name in rejects):
+        raise InputError(NO_STEPS, path)
     return RankTrace(
         path=path,
         rank=rank,
@@ -351,7 +356,9 @@ def _rank_steps(trace: RankTrace) -> _Steps:
 
     lo = trace.loader
     at = np.searchsorted(ts, lo["ts"], side="right") - 1  # the step each DataLoader span starts in
-    inside = (at >= 0) & (lo["ts"] < np.where(at >= 0, end[np.maximum(at, 0)], 0))
+    # (every step may have been rejected: then no DataLoader span lies inside one)
+    step_end = end[np.maximum(at, 0)] if len(end) else np.zeros(len(at))
+    inside = (at >= 0) & (lo["ts"] < np.where(at >= 0, step_end, 0))
     stall = np.zeros(len(rows))
     count = np.zeros(len(rows), dtype=np.int64)
     arrival = np.full(len(rows), np.nan)
