@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import run_dsim
 
-from dsim.compare import compare
+from dsim.comparison import compare
 from dsim.model.results import replay_table, write_replay, write_result_info
 
 EPOCH = np.array([1, 1], dtype=np.int32)

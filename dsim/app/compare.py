@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsim.compare import Comparison, compare
+from dsim.comparison import Comparison, compare
 from dsim.errors import UsageError
 from dsim.io import lock
 from dsim.model.results import ResultRun, results_directories, scan_results
