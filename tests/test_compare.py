@@ -165,10 +165,8 @@ def test_api_compare_is_the_command_and_short_in_a_notebook(tmp_path: Path) -> N
     cli = json.loads(proc.stdout)
     assert result.realised_pct == cli["realised_pct"] == 100.0 and result.text == cli["text"]
     text = repr(result)  # the dataclass default printed every field and delta
-    assert (
-        text.startswith("Comparison(old<i> → new: Iterations 3 s → 2 s measured")
-        and len(text) < 300
-    )
+    assert text.startswith("Comparison(old<i> → new: Iterations 3 s → 2 s measured")
+    assert len(text) < 300
     html = result._repr_html_()
     assert "old&lt;i&gt;" in html and "<i>" not in html
     assert "<td>iteration time</td><td>3 s</td><td>2 s</td>" in html
