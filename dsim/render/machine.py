@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dsim.checks import CheckResult
+    from dsim.comparison import Comparison
+    from dsim.model.runinfo import RunInfo
     from dsim.verdict import Verdict
 
 #: Version of the document's layout; a change of meaning adds a key or bumps it.
@@ -74,7 +76,7 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
-def parse_record(directory: str, info: Any) -> dict[str, Any]:
+def parse_record(directory: str, info: RunInfo) -> dict[str, Any]:
     """One parsed run in ``dsim parse --json`` (docs/SPEC.md §5.6): what was read, kept,
     skipped and written, and the warnings the terminal prints (``info``: its ``RunInfo``)."""
     report = dict(info.report)
@@ -112,7 +114,7 @@ def parse_document(records: Sequence[dict[str, Any]], errors: Sequence[str]) -> 
     }
 
 
-def compare_document(comparison: Any) -> dict[str, Any]:
+def compare_document(comparison: Comparison) -> dict[str, Any]:
     """``dsim compare --json`` (and ``--format json``): the comparison's flat record with
     ``warnings`` as a list (docs/SPEC.md §5.3, §5.6)."""
     from dsim import __version__
