@@ -4,16 +4,26 @@ Layers, one way only (see docs/ARCHITECTURE.md):
 raw-log grammar -> tables -> policies and replay kernel -> execution -> summaries -> rendering.
 
 The Python API (``dsim.api``: ``parse``, ``run``, ``load_results``,
-``load_trace``, ``tune``, ``Trace``, ``Results``) is importable from here. It is
-loaded on first use, so that ``import dsim`` (and ``dsim --help``) does not
-load pandas, pyarrow and the replay machinery.
+``load_trace``, ``tune``, ``report``, ``compare``, ``Trace``, ``Results``) is
+importable from here. It is loaded on first use, so that ``import dsim`` (and
+``dsim --help``) does not load pandas, pyarrow and the replay machinery.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_API = ("Results", "Trace", "load_results", "load_trace", "parse", "run", "tune")
+_API = (
+    "Results",
+    "Trace",
+    "compare",
+    "load_results",
+    "load_trace",
+    "parse",
+    "report",
+    "run",
+    "tune",
+)
 
 __all__ = ["__version__", *_API]
 

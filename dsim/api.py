@@ -14,6 +14,14 @@ same files::
     later = dsim.load_results("results")                  # dsim summarize
     advice = dsim.tune(trace, workers=[1, 2, 4, 8])       # dsim tune
     advice.loader_only.point.workers                      # the recommended num_workers
+    dsim.report("results", out="report.html")             # dsim report
+    dsim.compare("results/old_run", "results/new_run")    # dsim compare
+
+Every call that writes files says where, in one line on stderr (``quiet=True``
+silences it); ``Results.directories`` names them. In a notebook, ``Results``,
+``Trace``, the ``TuneResult`` and the ``Comparison`` show a one-line ``repr``
+and, as a cell's value, the verdict and a small summary table
+(``_repr_html_``).
 
 Errors are ``dsim.errors.DsimError`` subclasses with the CLI's messages.
 The replay call is ``dsim.run``, after the command: ``dsim.replay`` is the
@@ -22,6 +30,7 @@ package of policies and replay models.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +43,7 @@ if TYPE_CHECKING:
 
     from dsim.app.tune import TuneResult
     from dsim.checks import CheckResult
+    from dsim.comparison import Comparison
     from dsim.model.results import ResultRun
     from dsim.model.runinfo import RunInfo
     from dsim.verdict import Verdict
@@ -58,6 +68,16 @@ class Trace:
     def train(self) -> pd.DataFrame:
         """``train.parquet`` (docs/SPEC.md §2.2), read and checked."""
         return self._tables().train.to_pandas()
+
+    def __repr__(self) -> str:
+        from dsim.render.notebook import trace_repr
+
+        return trace_repr(self.name, str(self.directory), self.info)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        return f"<p><b>{escape(repr(self))}</b></p>"
 
     def _tables(self) -> Any:
         """One snapshot of the run (§2.3), refused when it is no longer the version ``info``
@@ -85,6 +105,23 @@ class Results:
     summary: pd.DataFrame
     verdicts: list[Verdict]
     runs: list[ResultRun] = field(default_factory=list)
+
+    @property
+    def directories(self) -> list[Path]:
+        """The results directories these runs live in (``dsim run --out``), in order."""
+        return list(dict.fromkeys(run.directory.parent for run in self.runs))
+
+    def __repr__(self) -> str:
+        """One line: the runs, policies, GPU counts and where they live (not the table)."""
+        from dsim.render.notebook import results_repr
+
+        return results_repr(self.summary, [str(d) for d in self.directories])
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the verdicts, then the summary's main columns (escaped, capped)."""
+        from dsim.render.notebook import summary_html
+
+        return summary_html(self.summary, self.verdicts, [str(d) for d in self.directories])
 
     def iterations(self) -> pd.DataFrame:
         """Every replayed iteration in long format (the tidy dataset's ``iterations``, §7.6)."""
@@ -121,6 +158,22 @@ def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
     return [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
 
 
+def _wrote(what: str, where: Path, quiet: bool) -> None:
+    """The one line that says where a call wrote (a notebook's working directory is not
+    obvious): on stderr, like the commands' notes, the path absolute."""
+    if not quiet:
+        print(f"dsim: wrote {what} to {where.absolute()}", file=sys.stderr)
+
+
+def _epochs(epochs: Sequence[int] | str | None) -> list[int] | str | None:
+    """Epochs as a list, or the CLI's text (``"all"``, ``"1,3"``, ``"1-3"``)."""
+    from dsim.options import parse_epochs_option
+
+    if epochs is None:
+        return None
+    return parse_epochs_option(epochs) if isinstance(epochs, str) else [int(e) for e in epochs]
+
+
 def load_trace(directory: PathLike) -> Trace:
     """A run directory written by ``dsim parse`` (``run.json`` version-checked)."""
     from dsim.model.tables import read_info
@@ -136,11 +189,13 @@ def parse(
     name: str | None = None,
     input_format: str = "auto",
     strict: bool = False,
+    quiet: bool = False,
 ) -> Trace:
     """``dsim parse PATHS --out OUT``: one run's logs (or profiler traces) → ``<out>/<run>/``.
 
     The paths must hold one run (use the CLI for a tree of runs); ``name``
-    names it, ``input_format`` is ``auto``, ``rawlog`` or ``kineto``.
+    names it, ``input_format`` is ``auto``, ``rawlog`` or ``kineto``. Says on
+    stderr where it wrote (``quiet=True``: not).
     """
     from dsim.app.parse import discover_runs, parse_and_write
 
@@ -149,6 +204,7 @@ def parse(
         names = ", ".join(r.name for r in runs[:5])
         raise UsageError(f"dsim.parse reads one run; these paths hold {len(runs)}: {names}")
     directory, info = parse_and_write(runs[0], Path(out), fmt=fmt, strict=strict)
+    _wrote(f"the parsed run {info.name}", directory, quiet)
     return Trace(info.name, directory, info)
 
 
@@ -165,6 +221,7 @@ def run(
     threshold_s: float | None = None,
     executor: str = "local",
     force: bool = False,
+    quiet: bool = False,
 ) -> Results:
     """``dsim run``: replay parsed runs under policies (``"min/min"``; default: all nine).
 
@@ -203,6 +260,8 @@ def run(
     shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]
     runs = find_result_runs(shown)
     verdicts = run_verdicts(outcome.summary, {str(r.directory): r.info for r in runs})
+    done = len(dict.fromkeys(outcome.summary["run"]))
+    _wrote(f"the results of {done} run{'s' if done != 1 else ''}", Path(out), quiet)
     return Results(outcome.summary, verdicts, runs)
 
 
@@ -245,12 +304,14 @@ def tune(
     epochs: Sequence[int] | str | None = None,
     warmup: int | None = None,
     alignment: bool = True,
+    quiet: bool = False,
 ) -> TuneResult:
     """``dsim tune``: sweep a parsed run's ``num_workers`` × ``prefetch_factor`` (§5.7).
 
     ``workers``/``prefetch`` are lists or the CLI's text (``"1-8"``,
     ``"1,2,4"``); ``None`` takes the default grid. Writes
-    ``<out>/tune/<run>.{parquet,csv}`` unless ``out`` is ``None``; returns the
+    ``<out>/tune/<run>.{parquet,csv}`` unless ``out`` is ``None`` (and says so on
+    stderr unless ``quiet``); returns the
     ``TuneResult`` (``loader_only``: the recommendation; ``document()`` of
     ``dsim.render.tune`` gives the ``--json`` object).
     """
@@ -266,7 +327,7 @@ def tune(
         return parse_counts(text, option, lowest)
 
     directory = trace.directory if isinstance(trace, Trace) else Path(trace)
-    return tune_run(
+    result = tune_run(
         directory,
         workers=grid(workers, "workers", 0),
         prefetch=grid(prefetch, "prefetch", 1),
@@ -275,3 +336,68 @@ def tune(
         alignment=alignment,
         out=None if out is None else Path(out),
     )
+    if result.files:
+        _wrote(f"the tune table of {result.run}", result.files[0].parent, quiet)
+    return result
+
+
+def report(
+    results: PathLike | Sequence[PathLike] = "results",
+    *,
+    out: PathLike = "report.html",
+    runs: Sequence[str] | None = None,
+    policies: Sequence[str] | None = None,
+    epochs: Sequence[int] | str | None = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    timeline_run: str | None = None,
+    traces: PathLike = "traces",
+    force: bool = False,
+    quiet: bool = False,
+) -> Path:
+    """``dsim report``: the self-contained HTML report of results directories → ``out``.
+
+    ``runs`` are name globs, ``policies`` ``"fetch/start"`` labels; the
+    selection defaults to what ``dsim run`` recorded (§9.2). Says on stderr
+    where it wrote, and the report's notes (``quiet=True``: neither); returns
+    the file's path (``IPython.display.IFrame(path, 1000, 600)`` shows it).
+    """
+    from dsim.app.report import ReportRequest, make_report
+    from dsim.options import parse_policy_option
+    from dsim.sanity import check_threshold
+
+    check_threshold(threshold_s, force=force)
+    target = Path(out)
+    outcome = make_report(
+        ReportRequest(
+            results=_paths(results),
+            out=target,
+            runs=list(runs or []),
+            policies=[parse_policy_option(p) for p in policies] if policies else None,
+            epochs=_epochs(epochs),
+            warmup=warmup,
+            threshold_s=threshold_s,
+            timeline_run=timeline_run,
+            traces=Path(traces),
+        ),
+    )
+    if not quiet:
+        for note in outcome.notes:
+            print(f"dsim: note: {note}", file=sys.stderr)
+    _wrote(f"the report of {outcome.runs} run{'s' if outcome.runs != 1 else ''}", target, quiet)
+    return target
+
+
+def compare(before: PathLike, after: PathLike, *, policy: str | None = None) -> Comparison:
+    """``dsim compare BEFORE AFTER``: measured deltas and the share of BEFORE's predicted
+    gain under ``policy`` (default: BEFORE's best) that AFTER realised (§5.3).
+
+    Each side is a run directory (``results/<run>``) or a results directory
+    holding one run. Returns the ``Comparison`` (``text``: the sentence;
+    ``record()``: every number, as ``dsim compare --json``). Writes nothing.
+    """
+    from dsim.app.compare import compare_runs
+    from dsim.options import parse_policy_option
+
+    chosen = parse_policy_option(policy) if policy else None
+    return compare_runs(Path(before), Path(after), chosen)

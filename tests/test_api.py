@@ -68,6 +68,69 @@ def test_api_and_cli_write_and_read_the_same_results(sample: Path) -> None:
     [check] = loaded.check("speedup@avg/min>1")
     assert check.run == trace.name and check.held == (check.value > 1)
 
+    # dsim.compare and dsim.report are the commands' answers (compare: the --json record)
+    compared = dsim.compare(sample / "api" / trace.name, sample / "cli" / trace.name)
+    proc = run_dsim("compare", f"api/{trace.name}", f"cli/{trace.name}", "--json", cwd=sample)
+    assert proc.returncode == 0, proc.stderr
+    cli_record = json.loads(proc.stdout)
+    assert {k: cli_record[k] for k in compared.record() if k != "warnings"} == {
+        k: v for k, v in compared.record().items() if k != "warnings"
+    }
+    assert repr(compared).startswith(f"Comparison({trace.name} → {trace.name}: Iterations ")
+    page = dsim.report(sample / "api", out=sample / "page" / "r.html", traces=sample / "traces")
+    assert page == sample / "page" / "r.html" and page.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_calls_that_write_say_where_once(sample: Path, capsys) -> None:
+    trace = dsim.parse(sample / "traces" / "raw", out=sample / "traces")
+    results = dsim.run(trace, policies=["min/min"], out=sample / "res")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"dsim: wrote the parsed run {trace.name} to {(sample / 'traces' / trace.name).absolute()}",
+        f"dsim: wrote the results of 1 run to {(sample / 'res').absolute()}",
+    ]
+    assert results.directories == [sample / "res"]
+    dsim.run(trace, policies=["min/min"], out=sample / "res", quiet=True)
+    assert capsys.readouterr().err == ""
+
+
+def _summary(runs: int, policies: int) -> pd.DataFrame:
+    rows = [
+        {
+            "run": f"run<{i}>",
+            "fetch_align": f"p{j}",
+            "start_align": "min",
+            "gpus": 4,
+            "iteration_s_mean": 0.5 + j / 100,
+            "stall_s_mean": 0.1,
+            "delay_s_mean": float("nan"),
+            "effective_delay_pct": 12.5,
+            "speedup": 1.25,
+            "results": f"res/run<{i}>",
+        }
+        for i in range(runs)
+        for j in range(policies)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_results_repr_is_one_line_and_html_small_and_escaped() -> None:
+    from types import SimpleNamespace
+
+    summary = _summary(runs=5, policies=9)
+    verdict = SimpleNamespace(text="Aligning <script>alert(1)</script> helps")
+    results = dsim.Results(summary, [verdict], [])
+    text = repr(results)  # the dataclass default printed the whole table and every run
+    assert text == (
+        "Results(5 runs: run<0>, run<1>, run<2> … and 2 more; 9 policies; 4 GPUs; in no directory)"
+    )
+    html = results._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html and "run&lt;0&gt;" in html
+    assert html.count("<tr>") == 1 + 20 and "25 more rows" in html  # header + capped rows
+    assert "iteration time (ms)" in html and "<td>500.0</td>" in html and "<td>–</td>" in html
+    assert len(html) < 10_000
+    assert repr(dsim.Results(pd.DataFrame(), [], [])) == "Results(no runs)"
+
 
 def test_api_errors_are_dsim_errors(sample: Path) -> None:
     with pytest.raises(UsageError, match=r"dsim\.run: the runs must lie in one traces directory"):
@@ -76,8 +139,25 @@ def test_api_errors_are_dsim_errors(sample: Path) -> None:
         dsim.Results(pd.DataFrame(), []).check("nope>1")
 
 
+def test_api_names_are_not_shadowed_by_submodules() -> None:
+    # importing a submodule binds its name on the package: dsim.compare was the analysis module
+    importlib.import_module("dsim.app.compare")
+    package = Path(dsim.__file__).parent
+    for name in dsim._API:
+        assert not (package / f"{name}.py").exists() and not (package / name).is_dir(), name
+    assert callable(dsim.compare) and callable(dsim.report)
+
+
 def test_import_dsim_stays_light() -> None:
     code = "import sys, dsim; print('pandas' in sys.modules, 'dsim.api' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
-    assert set(dsim.__all__) >= {"parse", "run", "load_results", "Results", "Trace"}
+    assert set(dsim.__all__) >= {
+        "parse",
+        "run",
+        "load_results",
+        "Results",
+        "Trace",
+        "report",
+        "compare",
+    }

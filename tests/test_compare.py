@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from conftest import run_dsim
 
-from dsim.compare import compare
+from dsim.comparison import compare
+from dsim.errors import UsageError
 from dsim.model.results import replay_table, write_replay, write_result_info
 
 EPOCH = np.array([1, 1], dtype=np.int32)
@@ -151,3 +152,23 @@ def test_a_prediction_is_labelled_never_called_measured() -> None:
     plain = compare(rows("a", BEFORE), rows("b", AFTER))
     assert (plain.before_label, plain.after_label) == ("measured", "measured")
     assert " measured (" in plain.text and "AFTER realised" in plain.text
+
+
+def test_api_compare_is_the_command_and_short_in_a_notebook(tmp_path: Path) -> None:
+    import dsim
+
+    old = make_run(tmp_path / "results", "old<i>", BEFORE)
+    new = make_run(tmp_path / "results", "new", AFTER)
+    result = dsim.compare(old, new, policy="avg/avg")
+    proc = run_dsim("compare", str(old), str(new), "--json", "--policy", "avg/avg")
+    assert proc.returncode == 0, proc.stderr
+    cli = json.loads(proc.stdout)
+    assert result.realised_pct == cli["realised_pct"] == 100.0 and result.text == cli["text"]
+    text = repr(result)  # the dataclass default printed every field and delta
+    assert text.startswith("Comparison(old<i> → new: Iterations 3 s → 2 s measured")
+    assert len(text) < 300
+    html = result._repr_html_()
+    assert "old&lt;i&gt;" in html and "<i>" not in html
+    assert "<td>iteration time</td><td>3 s</td><td>2 s</td>" in html
+    with pytest.raises(UsageError, match="holds 2 runs"):
+        dsim.compare(old.parent, new)

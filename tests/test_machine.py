@@ -21,17 +21,20 @@ jsonschema = pytest.importorskip("jsonschema")
 RUN = "synth_queue_seed5_gpus3_epoch2_b96_worker2_thread0"
 
 
-def spec_schema() -> dict:
-    """The JSON Schema block of docs/SPEC.md §5.6."""
+def spec_schema(title: str | None = None) -> dict:
+    """The JSON Schema block of docs/SPEC.md §5.6: the first one, or the one with ``title``."""
     spec = (REPO / "docs" / "SPEC.md").read_text(encoding="utf-8")
     section = spec[spec.index("### 5.6 ") : spec.index("## 6. ")]
-    block = re.search(r"```json\n(.*?)\n```", section, re.DOTALL)
-    assert block is not None, "no schema block in SPEC §5.6"
-    return json.loads(block.group(1))
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", section, re.DOTALL)]
+    assert blocks, "no schema block in SPEC §5.6"
+    if title is None:
+        return blocks[0]
+    [schema] = [b for b in blocks if b.get("title") == title]
+    return schema
 
 
-def validate(doc: dict) -> None:
-    schema = spec_schema()
+def validate(doc: dict, title: str | None = None) -> None:
+    schema = spec_schema(title)
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(doc)
 
@@ -187,3 +190,47 @@ def test_report_out_dash_writes_the_html_to_stdout(work: Path, run_json) -> None
     assert not (work / "-").exists()
     refused = run_dsim("report", "results", "--out", "-", "--images", "png", cwd=work)
     assert refused.returncode == 2 and "--images writes files" in refused.stderr
+
+
+def test_parse_json_is_one_object_per_parse_valid_against_the_spec(work: Path) -> None:
+    proc = run_dsim("parse", RUN, "--out", "traces-json", "--json", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # nothing but the object on stdout
+    validate(doc, "dsim parse --json")
+    [run] = doc["runs"]
+    assert doc["errors"] == [] and run["run"] == RUN and run["gpus"] == 3
+    assert run["directory"] == f"traces-json/{RUN}" and run["format"] == "rawlog"
+    assert f"traces-json/{RUN}/fetch.parquet" in run["files"]
+    assert all((work / f).is_file() for f in run["files"])
+    info = json.loads((work / "traces-json" / RUN / "run.json").read_text())
+    assert run["fetch_records"] == info["report"]["fetch_records"] > 0
+    assert run["read"] == info["report"]["lines"]
+
+
+def test_parse_json_lists_the_runs_that_failed(work: Path) -> None:
+    bad = work / "bad" / "rank0.log"
+    bad.parent.mkdir(exist_ok=True)
+    bad.write_text("not a dsim log line\n")
+    proc = run_dsim("parse", RUN, "bad", "--out", "traces-mixed", "--json", "-j", "1", cwd=work)
+    assert proc.returncode == 3, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc, "dsim parse --json")
+    assert [r["run"] for r in doc["runs"]] == [RUN]
+    [error] = doc["errors"]
+    assert "bad" in error
+
+
+def test_compare_json_valid_against_the_spec_and_format_json_is_the_same(
+    work: Path, run_json
+) -> None:
+    side = f"results/{RUN}"
+    proc = run_dsim("compare", side, side, "--json", "-p", "min/min", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc, "dsim compare --json")
+    assert doc["before_run"] == doc["after_run"] == RUN and doc["policy"] == "min/min"
+    assert doc["iteration_s_change"] == 0 and doc["realised_gain_s"] == 0
+    alias = run_dsim("compare", side, side, "--format", "json", "-p", "min/min", cwd=work)
+    assert alias.returncode == 0 and alias.stdout == proc.stdout
+    refused = run_dsim("compare", side, side, "--json", "--format", "csv", cwd=work)
+    assert refused.returncode == 2 and "--json prints JSON" in refused.stderr

@@ -58,6 +58,20 @@ def test_loading_bound_trace_gets_the_workers_that_keep_up(traces, tmp_path):
     assert table.groupby("policy")["recommended"].sum().tolist() == [1, 1]
 
 
+def test_tune_result_is_short_in_a_notebook_and_says_where_it_wrote(traces, tmp_path, capsys):
+    result = dsim.tune(traces["loading"], workers="1,4", prefetch=[2], out=tmp_path)
+    assert f"wrote the tune table of loadbound to {(tmp_path / 'tune').absolute()}" in (
+        capsys.readouterr().err
+    )
+    text = repr(result)  # the dataclass default printed every grid point
+    assert text.startswith("TuneResult(loadbound: use num_workers=") and "\n" not in text
+    assert f"in {tmp_path / 'tune'}" in text and len(text) < 300
+    html = result._repr_html_()
+    assert "<pre>" in html and "loader alone" in html and "<b>" in html
+    dsim.tune(traces["loading"], workers="1", prefetch=[2], out=tmp_path, quiet=True)
+    assert capsys.readouterr().err == ""
+
+
 def test_compute_bound_trace_needs_no_more_workers(traces):
     result = dsim.tune(traces["compute"], out=None)
     chosen = result.loader_only

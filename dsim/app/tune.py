@@ -72,6 +72,20 @@ class TuneResult:
     caveats: list[str]
     files: tuple[Path, ...] = ()
 
+    def __repr__(self) -> str:
+        """The recommendation's first line and where the table went, not every grid point."""
+        from dsim.render.tune import recommendation_lines
+
+        where = f"; in {self.files[0].parent}" if self.files else ""
+        return f"TuneResult({recommendation_lines(self)[0]}{where})"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: what ``dsim tune`` prints (recommendation and tables), escaped."""
+        from dsim.render.notebook import text_html
+        from dsim.render.tune import lines
+
+        return text_html(repr(self), lines(self))
+
 
 def _positive_int(value: Any) -> int | None:
     try:

@@ -51,6 +51,12 @@ def command(
     name: str | None = typer.Option(None, "--name", help="Name of the run (one run only)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Runs parsed at once (0: one per core)."),
     quiet: Quiet = False,
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print one JSON object on stdout (per run: tables written, counts, warnings), "
+        "nothing else.",
+    ),
     input_format: str = typer.Option(
         "auto",
         "--format",
@@ -93,27 +99,54 @@ def command(
     }
     fmt, runs = discover_runs(paths, name=name, input_format=input_format)
     remove_leftovers(out)  # what a killed parse left behind
-    show_progress = not quiet and sys.stderr.isatty()
+    show_progress = not quiet and not as_json and sys.stderr.isatty()
     failures: list[DsimError] = []
+    records: list[dict] = []
+    report = _collect(records) if as_json else _printer(quiet)
     workers = min(len(runs), jobs or os.cpu_count() or 1)
     if workers <= 1:
         for run in runs:
             try:
-                _report(_parse_and_write(run, out, strict, show_progress, limits, fmt), quiet)
+                report(_parse_and_write(run, out, strict, show_progress, limits, fmt))
             except InputError as exc:
                 failures.append(exc)
                 if strict:
                     break
     else:
-        _parse_in_parallel(runs, out, strict, limits, workers, quiet, show_progress, failures, fmt)
+        _parse_in_parallel(runs, out, strict, limits, workers, report, show_progress, failures, fmt)
+    if as_json:
+        from dsim.render.machine import dumps, parse_document
+
+        typer.echo(dumps(parse_document(records, [str(f) for f in failures])), nl=False)
     if failures:
         for failure in failures[:-1]:
             typer.echo(f"dsim: error: {failure}", err=True)
         raise failures[-1]
 
 
+def _printer(quiet: bool):
+    """The terminal's report of each run (``echo``: above a live progress bar)."""
+
+    def show(result: dict, echo=typer.echo) -> None:
+        _report(result, quiet, echo)
+
+    return show
+
+
+def _collect(records: list[dict]):
+    """``--json``: each run's record kept for the one document; the warnings that stderr
+    carries even under ``--quiet`` still go there."""
+    from dsim.render.machine import parse_record
+
+    def keep(result: dict, echo=None) -> None:
+        _report(result, quiet=True)
+        records.append(parse_record(result["directory"], result["info"]))
+
+    return keep
+
+
 def _parse_in_parallel(
-    runs, out: Path, strict: bool, limits: dict, workers: int, quiet, show, failures, fmt: str
+    runs, out: Path, strict: bool, limits: dict, workers: int, report, show, failures, fmt: str
 ) -> None:
     """One run per worker process; workers die with this process, however it ends.
 
@@ -169,7 +202,7 @@ def _run_pool(pool, runs, out: Path, strict: bool, limits: dict, quiet, show, fa
             task = bar.add_task("parsing runs", total=len(futures)) if bar else None
             for future in as_completed(futures):
                 try:
-                    _report(future.result(), quiet, _echo_above(bar))
+                    report(future.result(), _echo_above(bar))
                 except InputError as exc:
                     failures.append(exc)
                 if bar:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dsim.checks import CheckResult
+    from dsim.comparison import Comparison
+    from dsim.model.runinfo import RunInfo
     from dsim.verdict import Verdict
 
 #: Version of the document's layout; a change of meaning adds a key or bumps it.
@@ -72,3 +74,51 @@ def document(
 def dumps(doc: Any) -> str:
     """Indented JSON; raises ``ValueError`` rather than write NaN or infinity."""
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+def parse_record(directory: str, info: RunInfo) -> dict[str, Any]:
+    """One parsed run in ``dsim parse --json`` (docs/SPEC.md §5.6): what was read, kept,
+    skipped and written, and the warnings the terminal prints (``info``: its ``RunInfo``)."""
+    report = dict(info.report)
+    kineto = info.input_format == "kineto"
+    files = sorted({*(info.files or {}), "run.json"})
+    return {
+        "run": info.name,
+        "directory": directory,
+        "format": info.input_format or "rawlog",
+        "gpus": info.gpu_count,
+        "epochs": list(info.epochs_present),
+        "iterations_per_epoch": {str(k): int(v) for k, v in info.iterations_per_epoch.items()},
+        "read": int(report.get("events" if kineto else "lines", 0) or 0),
+        "read_unit": "trace events" if kineto else "lines",
+        "fetch_records": int(report.get("fetch_records", 0) or 0),
+        "train_records": int(report.get("train_records", 0) or 0),
+        "rejected": int(report.get("rejected", 0) or 0),
+        "skipped": {str(k): int(v) for k, v in (report.get("skipped") or {}).items()},
+        "incomplete_iterations": int((report.get("incomplete_iterations") or {}).get("count", 0)),
+        "warnings": [str(w) for w in report.get("warnings", [])],
+        "inconsistent": [str(p) for p in info.inconsistent],
+        "files": [f"{directory}/{name}" for name in files],
+    }
+
+
+def parse_document(records: Sequence[dict[str, Any]], errors: Sequence[str]) -> dict[str, Any]:
+    """``dsim parse --json``: one record per run written, and the runs that failed."""
+    from dsim import __version__
+
+    return {
+        "format_version": MACHINE_FORMAT_VERSION,
+        "dsim_version": __version__,
+        "runs": list(records),
+        "errors": list(errors),
+    }
+
+
+def compare_document(comparison: Comparison) -> dict[str, Any]:
+    """``dsim compare --json`` (and ``--format json``): the comparison's flat record with
+    ``warnings`` as a list (docs/SPEC.md §5.3, §5.6)."""
+    from dsim import __version__
+
+    record = {k: plain(v) for k, v in comparison.record().items()}
+    record["warnings"] = list(comparison.warnings)
+    return {"format_version": MACHINE_FORMAT_VERSION, "dsim_version": __version__, **record}

@@ -73,6 +73,27 @@ class Comparison:
     before_label: str = "measured"
     after_label: str = "measured"
 
+    def __repr__(self) -> str:
+        """One line, the sentence ``dsim compare`` prints (not every field)."""
+        return f"Comparison({self.before_run} → {self.after_run}: {self.text})"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the sentence, the measured deltas and the warnings, escaped."""
+        from html import escape
+
+        rows = "".join(
+            f"<tr><td>{escape(d.label)}</td><td>{escape(_shown(d.before, d.unit))}</td>"
+            f"<td>{escape(_shown(d.after, d.unit))}</td></tr>"
+            for d in self.deltas
+        )
+        heads = f"<th></th><th>{escape(self.before_label)}</th><th>{escape(self.after_label)}</th>"
+        warnings = "".join(f"<p>warning: {escape(w)}</p>" for w in self.warnings)
+        return (
+            f"<div><p><b>{escape(self.before_run)} → {escape(self.after_run)}</b></p>"
+            f"<p>{escape(self.text)}</p><table><thead><tr>{heads}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>{warnings}</div>"
+        )
+
     def record(self) -> dict[str, Any]:
         """One flat record (CSV row, JSON object): every number, named."""
         out: dict[str, Any] = {
@@ -98,6 +119,13 @@ class Comparison:
             text=self.text,
         )
         return out
+
+
+def _shown(value: float, unit: str) -> str:
+    """A delta's side as a person reads it: a duration, or a share in %."""
+    if not math.isfinite(value):
+        return "–"
+    return f"{value:.1f} %" if unit == "%" else format_duration(value)
 
 
 def _row(rows: Sequence[Mapping[str, Any]], policy: Policy) -> Mapping[str, Any] | None:
