@@ -165,7 +165,7 @@ def _parse_in_parallel(
         max_workers=workers, initializer=processes.worker_init, initargs=(os.getpid(), board)
     )
     try:
-        _run_pool(pool, runs, out, strict, limits, quiet, show, failures, fmt)
+        _run_pool(pool, runs, out, strict, limits, report, show, failures, fmt)
     except BrokenProcessPool:
         from dsim.io.atomic import remove_leftovers
 
@@ -184,7 +184,7 @@ def _worker_died(runs, killed: list[int]) -> WorkerDied:
     )
 
 
-def _run_pool(pool, runs, out: Path, strict: bool, limits: dict, quiet, show, failures, fmt):
+def _run_pool(pool, runs, out: Path, strict: bool, limits: dict, report, show, failures, fmt):
     """Parse ``runs`` on ``pool``, reporting each as it finishes; the pool is closed after."""
     from dsim import processes
 
