@@ -35,14 +35,28 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
-@pytest.mark.parametrize("name", ["ok", "a b", "run@x", "r\u00e9sum\u00e9", "a.b", "x" * 200])
+@pytest.mark.parametrize("name", ["ok", "a b", "r\u00e9sum\u00e9", "a.b", "x" * 200])
 def test_good_names_pass(name):
     assert name_problem(name) is None and check_run_name(name) == name
 
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", ".hidden", "../x", "/abs", "a/b", "a\\b", "a\nb", "a\x00b", " a", "x" * 201],
+    [
+        "",
+        ".",
+        "..",
+        ".hidden",
+        "../x",
+        "/abs",
+        "a/b",
+        "a\\b",
+        "a\nb",
+        "a\x00b",
+        " a",
+        "x" * 201,
+        "a@pipeline",
+    ],
 )
 def test_bad_names_are_refused(name):
     with pytest.raises(UsageError, match="is not a valid run name"):

@@ -21,15 +21,21 @@ from dsim.errors import OutputError, UsageError
 #: dsim's temporary names (``.<name>.<pid>.<random>.tmp``) and model variants (``@...``).
 MAX_NAME_BYTES = 200
 
-RULE = "no path separators, not starting with '.', no control characters, at most 200 bytes"
+RULE = "no path separators, no '@', not starting with '.', no control characters, at most 200 bytes"
 
 
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a run directory's name, or ``None`` when it can."""
+def name_problem(name: str, *, variant: bool = False) -> str | None:
+    """Why ``name`` cannot be a run directory's name, or ``None`` when it can.
+
+    ``variant``: ``name`` is a results directory ``<run>@<model>``, the one
+    place an ``@`` belongs (it is checked on the run's own name).
+    """
     if not name:
         return "it is empty"
     if "/" in name or "\\" in name:
         return "it holds a path separator"
+    if not variant and "@" in name:  # results of a model variant live in <out>/<run>@<model>/
+        return "it holds '@', which separates a run from its model's results"
     if name.startswith("."):
         return "it starts with '.'"
     if not name.isprintable():
@@ -66,7 +72,9 @@ def run_path(out: str | Path, name: str) -> Path:
     ``<out>/<name>`` is refused rather than followed, since dsim replaces run
     directories whole and the link's target is not one of them.
     """
-    check_run_name(name)
+    problem = name_problem(name, variant=True)
+    if problem is not None:
+        raise UsageError(f"--name {name!r} is not a valid run name ({problem}; {RULE})")
     target = Path(out) / name
     if target.is_symlink():
         raise OutputError(
