@@ -89,7 +89,11 @@ class ReportOutcome:
 
 
 def check_output(out: Path) -> None:
-    """Fail before any work when the report could not be written there."""
+    """Fail before any work when the report could not be written there.
+
+    A missing directory is refused, not created: a mistyped ``--out`` would
+    otherwise plant directories anywhere the user may write (docs/SPEC.md §9).
+    """
     if out.is_dir():
         raise OutputError(f"cannot write {out}: it is a directory")
     parent = out.parent
@@ -98,6 +102,11 @@ def check_output(out: Path) -> None:
             if not ancestor.is_dir():
                 raise OutputError(f"cannot write {out}: {ancestor} is not a directory")
             break
+    if not parent.is_dir():
+        raise OutputError(
+            f"cannot write {out}: directory {parent} does not exist (create it, or choose "
+            "another --out)"
+        )
 
 
 def make_report(

@@ -26,7 +26,7 @@ trace and replay parameters are unchanged (--force recomputes), so an
 interrupted run resumes where it stopped. A second `dsim run` on the same
 RESULTS directory waits for the first to finish. --json prints the summary,
 verdicts and checks as one JSON object on stdout instead of the tables;
---fail-if METRIC[@FETCH/START]OP NUMBER (repeatable) exits with code 5 when
+--fail-if METRIC\\[@FETCH/START] OP NUMBER (repeatable) exits with code 5 when
 the condition holds for a run's measured row (or that policy's row).
 
 \b
