@@ -41,6 +41,7 @@ from dsim.replay.params import (
     STALL_GROW_MIN_RANGE_S,
 )
 from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
+from dsim.words import counted
 
 DEFAULT_TRACES = Path("traces")
 DEFAULT_OUT = Path("results")
@@ -577,7 +578,7 @@ def validate_config(
         where = "--num-cpus" if overrides.num_cpus is not None else "num_cpus"
         problems.add(
             f"{where} must be an integer from 1 to {max_num_cpus()} ({NUM_CPUS_FACTOR} x this "
-            f"machine's {os.cpu_count() or 1} CPUs), got {num_cpus!r}"
+            f"machine's {counted(os.cpu_count() or 1, 'CPU')}), got {num_cpus!r}"
         )
         num_cpus = None
     ray_address = _ray_address(overrides, raw, executor, problems)

@@ -47,6 +47,7 @@ from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
 from dsim.summary import summarize_results
 from dsim.verdict import run_verdicts
+from dsim.words import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -271,7 +272,8 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):
         notes.append(
-            f"timeline, CDF and attribution of {len(chosen)} of {matching} runs (the largest "
+            f"timeline, CDF and attribution of {len(chosen)} of {counted(matching, 'run')} (the "
+            "largest "
             "predicted gains); choose others with --timeline-run GLOB"
         )
     return data, notes

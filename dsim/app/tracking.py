@@ -46,6 +46,7 @@ from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.files import write_summary_files
 from dsim.replay.policies import BASELINE
 from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
+from dsim.words import counted
 
 DEFAULT_DIRECTORY = Path("mlruns")
 DEFAULT_EXPERIMENT = "dsim"
@@ -113,7 +114,8 @@ class TrackingOutcome:
     def text(self) -> str:
         new = sum(r.created for r in self.runs)
         return (
-            f"MLflow: {len(self.runs)} run(s) logged ({new} new, {len(self.runs) - new} updated) "
+            f"MLflow: {counted(len(self.runs), 'run')} logged ({new} new, "
+            f"{len(self.runs) - new} updated) "
             f"to experiment {self.experiment!r} at {self.uri}"
         )
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsim.render.columns import EFFECTIVE_CHANGE, EFFECTIVE_DELAY, METRICS, POLICY, SPEEDUP
+from dsim.words import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,15 +140,15 @@ def _run_title(row: dict[str, Any]) -> str:
     """Run name, GPU count and iteration count (the same for every policy of a run)."""
     facts = []
     if not _missing(row.get("gpus")):
-        facts.append(f"{int(row['gpus'])} GPUs")
+        facts.append(counted(int(row["gpus"]), "GPU"))
     if not _missing(row.get("iterations")):
-        facts.append(f"{int(row['iterations'])} iterations")
+        facts.append(counted(int(row["iterations"]), "iteration"))
     model = row.get("replay_model")
     if not _missing(model) and model != "per-iteration":
         text = f"{model} model"
         if not _missing(row.get("loader_workers")):
             workers, prefetch = int(row["loader_workers"]), row.get("loader_prefetch_factor")
-            text += f", {workers} workers, prefetch {int(prefetch)}"
+            text += f", {counted(workers, 'worker')}, prefetch {int(prefetch)}"
             text += " (what-if)" if row.get("loader_changed") else _loader_origin(row)
         facts.append(text)
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
