@@ -48,3 +48,21 @@ def test_report_refuses_a_missing_directory(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1
     assert f"directory {out.parent} does not exist" in proc.stderr
     assert not (tmp_path / "no").exists()
+
+
+def test_parse_warns_when_almost_nothing_is_a_record(tmp_path: Path) -> None:
+    """Parsing a text that is no training log (the README) says so, naming the file and the
+    share of lines used; the exit stays 0, as for any log with lines dsim does not know."""
+    readme = Path(__file__).parents[1] / "README.md"
+    proc = run_dsim("parse", readme, "--out", tmp_path / "traces", "-q")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "non-blank lines" in x]
+    assert line.startswith(f"warning: {readme}: only ")
+    assert " %) are dsim records" in line
+
+
+def test_parse_of_a_real_log_does_not_warn(tmp_path: Path) -> None:
+    sample = Path(__file__).parents[1] / "traces" / "raw"
+    proc = run_dsim("parse", sample, "--out", tmp_path / "traces")
+    assert proc.returncode == 0, proc.stderr
+    assert "non-blank lines" not in proc.stderr

@@ -223,9 +223,12 @@ def _size(path: Path) -> int:
 
 
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
-    from dsim.app.parse import clock_offset_lines
+    from dsim.app.parse import clock_offset_lines, little_usable_warning
 
     info, rep = result["info"], result["info"].report
+    little = little_usable_warning(result["name"], info)
+    if little is not None:  # even with --quiet: the input is probably not a training log
+        typer.echo(f"warning: {little}", err=True)
     for line in clock_offset_lines(result["name"], rep.get("clock_offsets")):
         typer.echo(f"warning: {line}", err=True)  # even with --quiet: the times were changed
     if info.inconsistent:  # on stderr even with --quiet: the run's replays are suspect

@@ -540,10 +540,11 @@ def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
 def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
     first = sparse[0]
     ids = ", ".join(map(str, first["ids"])) + (", ..." if first["workers"] > 10 else "")
-    more = f" (and {len(sparse) - 1} more rank(s))" if len(sparse) > 1 else ""
+    more = f" (and {counted(len(sparse) - 1, 'more rank')})" if len(sparse) > 1 else ""
     return (
         f"worker ids of GPU {first['gpu']} are not 0..{first['workers'] - 1} but {ids}{more}; "
-        f"the pipeline model counts {first['workers']} workers there, not the highest id + 1 "
+        f"the pipeline model counts {counted(first['workers'], 'worker')} there, not the highest "
+        "id + 1 "
         "(run.json report.sparse_worker_ids)"
     )
 
