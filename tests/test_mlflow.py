@@ -74,7 +74,7 @@ def test_run_and_report_log_metrics_params_and_artifacts(clone: Path) -> None:
         "run", "--conf", "configs/sim_conf.json", "--mlflow", cwd=clone, env=_clean_env()
     )
     assert proc.returncode == 0, proc.stderr
-    assert "MLflow: 1 run(s) logged (1 new, 0 updated)" in proc.stderr
+    assert "MLflow: 1 run logged (1 new, 0 updated)" in proc.stderr
     uri = f"sqlite:///{clone / 'mlruns' / 'mlflow.db'}"
     assert (clone / "mlruns" / "mlflow.db").is_file()
 

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.words import counted
 
 HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
 
@@ -269,12 +270,13 @@ def command(
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
         err.print(
-            f"{run}: {sum(reasons.values())} incomplete iteration(s) not replayed ({detail})",
+            f"{run}: {counted(sum(reasons.values()), 'incomplete iteration')} not replayed "
+            f"({detail})",
             highlight=False,
         )
     how = f" on {outcome.executor}" if outcome.executor else ""
     err.print(
-        f"{outcome.computed} replay(s) computed{how}, {outcome.cached} reused, "
+        f"{counted(outcome.computed, 'replay')} computed{how}, {outcome.cached} reused, "
         f"in {outcome.seconds:.1f} s; results in {os.path.normpath(config.out)}",
         highlight=False,
     )
