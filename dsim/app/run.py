@@ -203,7 +203,7 @@ def run_model_and_policies(
             f"run {name} has no fetch records (profiler traces?), so {_fmt(refused)} "
             f"cannot be replayed: fetch and start alignments move each rank's fetch, which only "
             f"dsim.instrument's fetch lines record; without them dsim replays "
-            f"{_fmt(STALL_ONLY)} (docs/SPEC.md §4.3)"
+            f"{_fmt(STALL_ONLY)} (see --model stall-only in `dsim run --help`)"
         )
     if model.needs_fetch:
         raise UsageError(
