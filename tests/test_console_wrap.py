@@ -62,3 +62,12 @@ def test_piped_run_at_120_columns(tmp_path: Path) -> None:
     assert all(len(line) <= 120 for line in lines)
     assert not [x for x in lines if re.match(r"^\s*(%|ms\b|→)", x) or re.search(r"(→|GPU)$", x)]
     assert "effective delay 18.0 % → 0.0 %" in proc.stdout or "18.0 % → 0.0 %" in proc.stdout
+    # The README's quick start shows these first lines as printed in 100 columns.
+    again = run_dsim(
+        "run", "--conf", REPO / "configs" / "sim_conf.json", "--traces", "traces",
+        "--out", "results", "--executor", "local", cwd=tmp_path, env={"COLUMNS": "100"},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    shown = readme.split("the first lines read:\n\n```\n", 1)[1].split("```", 1)[0]
+    assert again.stdout.split("\n\n", 1)[0] + "\n" == shown

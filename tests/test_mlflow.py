@@ -196,7 +196,9 @@ def test_missing_mlflow_is_a_clear_usage_error_before_any_work(clone: Path) -> N
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert 'pip install "dsim[mlflow]"' in proc.stderr
+    assert (
+        "pip install 'mlflow>=3.9' (in a clone of dsim: pip install -e '.[mlflow]')" in proc.stderr
+    )
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (clone / "results").exists() and not (clone / "mlruns").exists()
 

@@ -34,11 +34,11 @@ the condition holds for a run's measured row (or that policy's row).
 Examples:
   dsim run --conf configs/sim_conf.json
   dsim run myrun            # all 9 policies of traces/myrun
-  dsim run --conf sim_conf.json --epochs all --warmup 0 --threshold 0.05
-  dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
+  dsim run --conf configs/sim_conf.json --epochs all --warmup 0 --threshold 0.05
+  dsim run --conf configs/sim_conf.json --executor ray --ray-address 10.0.0.5:6379
   dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
   dsim run myrun --model pipeline --workers 8     # as if the loader had 8 workers
-  dsim run --conf sim_conf.json --mlflow          # also log to MLflow (./mlruns)
+  dsim run --conf configs/sim_conf.json --mlflow          # also log to MLflow (./mlruns)
   dsim run myrun --json | jq '.verdicts[0].speedup'
   dsim run myrun --fail-if 'effective_delay_pct>10'   # a CI gate: exit 5 when it holds
 """
