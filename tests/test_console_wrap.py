@@ -71,3 +71,15 @@ def test_piped_run_at_120_columns(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     shown = readme.split("the first lines read:\n\n```\n", 1)[1].split("```", 1)[0]
     assert again.stdout.split("\n\n", 1)[0] + "\n" == shown
+
+
+def test_piped_summarize_and_compare_carry_no_padding(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "traces" / "raw", tmp_path / "raw")
+    assert run_dsim("parse", "raw", "--out", "traces", "-q", cwd=tmp_path).returncode == 0
+    run = "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
+    done = run_dsim("run", run, "--executor", "local", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for args in (["summarize", "results"], ["compare", f"results/{run}", f"results/{run}"]):
+        proc = run_dsim(*args, cwd=tmp_path, env={"COLUMNS": "120"})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout and all(x == x.rstrip() for x in proc.stdout.splitlines()), args

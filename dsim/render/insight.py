@@ -81,10 +81,11 @@ def print_comparison(comparison: Any, console: Console | None = None) -> None:
     """The before/after table (each side measured or predicted), the realised-gain sentence,
     and warnings."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from dsim.render.console import stdout_console
+
+    console = console or stdout_console()
     c = comparison
     labels = getattr(c, "before_label", "measured"), getattr(c, "after_label", "measured")
     sides = (
