@@ -325,11 +325,35 @@ def _describe_stalls(first: Any, ranks: pd.DataFrame) -> list[str]:
             f"{share:.0f} % of iterations ({how})."
         ]
     if first["straggler"] == WANDERING:
+        mostly = _mostly(ranks, "gpu_max_stall_pct", "had the largest data wait", how)
+        if mostly is not None:
+            return [mostly]
         return [
             f"Straggler wanders between ranks (none has the largest data wait in "
             f"≥ {FIXED_STRAGGLER_SHARE:.0f} % of iterations; {how}): {shares}."
         ]
     return ["Straggler: none (no rank alone had the largest data wait)."]
+
+
+def _mostly(ranks: pd.DataFrame, column: str, did: str, how: str = "") -> str | None:
+    """The straggler line of a wandering straggler one rank still leads, or None on a tie.
+
+    Below the 60 % of a fixed straggler, the rank most often late is still
+    the one to look at first ("mostly GPU 3, 54 %"); only when two ranks share
+    the top is there no rank to name. ``ranks`` is sorted by ``column``,
+    largest first.
+    """
+    shares = [(int(r.gpu), float(getattr(r, column))) for r in ranks.itertuples()]
+    shares = [(gpu, share) for gpu, share in shares if share > 0]
+    if not shares or (len(shares) > 1 and shares[1][1] == shares[0][1]):
+        return None
+    (gpu, share), others = shares[0], shares[1:]
+    rest = ", ".join(f"GPU {g} {a:.0f} %" for g, a in others)
+    why = f"below the {FIXED_STRAGGLER_SHARE:.0f} % of a fixed one" + (f"; {how}" if how else "")
+    return (
+        f"Straggler: mostly GPU {gpu}'s loader — it {did} in {share:.0f} % of iterations "
+        f"({why})" + (f"; then {rest}." if rest else ".")
+    )
 
 
 def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
@@ -355,8 +379,10 @@ def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
         shares = ", ".join(
             f"GPU {int(r.gpu)} {r.gpu_last_pct:.0f} %" for r in ranks.itertuples() if r.gpu_last_pct
         )
+        mostly = _mostly(ranks, "gpu_last_pct", "finished its fetch last")
         lines.append(
-            f"Straggler wanders between ranks (none is last in ≥ {FIXED_STRAGGLER_SHARE:.0f} % "
+            mostly
+            or f"Straggler wanders between ranks (none is last in ≥ {FIXED_STRAGGLER_SHARE:.0f} % "
             f"of iterations); last to finish its fetch: {shares}."
         )
     else:

@@ -14,10 +14,13 @@ import signal
 import sys
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer >= 0.20 ships its own copy of click
+    from typer._click import core as click_core
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import core as click_core
     from click import exceptions as click_exceptions
 
 from dsim import __version__, processes
@@ -36,8 +39,41 @@ from dsim.errors import (
     DsimError,
 )
 
+
+def _plain_flags(command: click_core.Command, ctx: click_core.Context) -> None:
+    """Give every on/off flag an empty metavar, so help shows no ``<bool>`` after it.
+
+    Typer's rich help prints a value placeholder for flags too, which reads as
+    if ``--quiet true`` were the way to use one (``true`` then becomes a run
+    name). A flag takes no value; its help should not suggest one.
+    """
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
+class _Command(TyperCommand):
+    """A command whose help shows flags as flags (see ``_plain_flags``)."""
+
+    def format_help(self, ctx: click_core.Context, formatter: click_core.HelpFormatter) -> None:
+        _plain_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class _Group(TyperGroup):
+    """The ``dsim`` group, its own flags shown as flags too."""
+
+    def format_help(self, ctx: click_core.Context, formatter: click_core.HelpFormatter) -> None:
+        _plain_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
 app = typer.Typer(
     name="dsim",
+    cls=_Group,
+    # Explicit, so that help texts mean the same under every supported typer:
+    # a literal "[" in help is written "\\[" (rich markup would eat "[@FETCH/START]").
+    rich_markup_mode="rich",
     help=(
         "Replay the data-loading timeline of PyTorch DDP runs under alignment policies, "
         "and see how much training stall and inter-GPU delay aligned data loaders would remove."
@@ -70,13 +106,13 @@ def _root(
         os.environ["DSIM_DEBUG"] = "1"
 
 
-app.command("parse")(parse_cmd.command)
-app.command("run")(run_cmd.command)
-app.command("summarize")(summarize_cmd.command)
-app.command("report")(report_cmd.command)
-app.command("compare")(compare_cmd.command)
-app.command("synth")(synth_cmd.command)
-app.command("tune")(tune_cmd.command)
+app.command("parse", cls=_Command)(parse_cmd.command)
+app.command("run", cls=_Command)(run_cmd.command)
+app.command("summarize", cls=_Command)(summarize_cmd.command)
+app.command("report", cls=_Command)(report_cmd.command)
+app.command("compare", cls=_Command)(compare_cmd.command)
+app.command("synth", cls=_Command)(synth_cmd.command)
+app.command("tune", cls=_Command)(tune_cmd.command)
 
 
 def _debugging(argv: list[str]) -> bool:

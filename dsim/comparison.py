@@ -31,6 +31,7 @@ from typing import Any
 
 from dsim.replay.policies import BASELINE, Policy
 from dsim.verdict import best_row, format_duration
+from dsim.words import counted
 
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("iteration_s_mean", "iteration time", "s"),
@@ -149,7 +150,7 @@ def side_label(row: Mapping[str, Any]) -> str:
         return "measured"
     model = row.get("replay_model") or "pipeline"
     workers, prefetch = row.get("loader_workers"), row.get("loader_prefetch_factor")
-    return f"predicted ({model} model, {int(workers)} workers, prefetch {int(prefetch)})"
+    return f"predicted ({model} model, {counted(int(workers), 'worker')}, prefetch {int(prefetch)})"
 
 
 def _warnings(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

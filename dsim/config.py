@@ -41,6 +41,7 @@ from dsim.replay.params import (
     STALL_GROW_MIN_RANGE_S,
 )
 from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
+from dsim.words import counted
 
 DEFAULT_TRACES = Path("traces")
 DEFAULT_OUT = Path("results")
@@ -579,7 +580,7 @@ def validate_config(
         where = "--num-cpus" if overrides.num_cpus is not None else "num_cpus"
         problems.add(
             f"{where} must be an integer from 1 to {max_num_cpus()} (16 per core, at least 64, "
-            f"on this machine's {os.cpu_count() or 1} CPUs), got {num_cpus!r}"
+            f"on this machine's {counted(os.cpu_count() or 1, 'CPU')}), got {num_cpus!r}"
         )
         num_cpus = None
     ray_address = _ray_address(overrides, raw, executor, problems)

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from dsim.model.runname import RUN_NAME_FIELDS
+from dsim.words import counted
 
 #: Where the per-rank batch size came from.
 FROM_LOADER = "loader"
@@ -172,7 +173,7 @@ def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
             for i in members:
                 notes[i] = (
                     f"no scaling efficiency: {len(base)} runs of this job with "
-                    f"{int(counts[0])} GPU(s), the baseline is ambiguous"
+                    f"{counted(int(counts[0]), 'GPU')}, the baseline is ambiguous"
                 )
             continue
         per_rank_base = job[base[0]] / counts[0]

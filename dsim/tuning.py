@@ -22,6 +22,7 @@ import numpy as np
 
 from dsim.errors import UsageError
 from dsim.replay.params import MAX_LOADER_SETTING
+from dsim.words import counted
 
 #: The model's validated error for loader what-ifs: the pipeline model's mean absolute
 #: error of the mean iteration time over the physical re-runs, FIDELITY.md ("Targets",
@@ -254,7 +255,7 @@ def flattening(
         return Flattening(
             None,
             "loading-bound",
-            f"loading-bound up to the largest setting tried ({top.workers} workers): "
+            f"loading-bound up to the largest setting tried ({counted(top.workers, 'worker')}): "
             "more workers may still help",
         )
     t = knee.mean_iteration_s
@@ -263,7 +264,8 @@ def flattening(
         return Flattening(
             knee.workers,
             "compute-bound",
-            f"more than {knee.workers} workers stop helping: compute-bound, the loop's compute "
+            f"more than {counted(knee.workers, 'worker')} stop helping: compute-bound, the loop's "
+            "compute "
             f"floor ({compute_floor_s * 1e3:.1f} ms per iteration) binds",
         )
     stalls = knee.rank_stall_s
@@ -274,19 +276,20 @@ def flattening(
         return Flattening(
             knee.workers,
             "slow-rank",
-            f"more than {knee.workers} workers stop helping: one slow rank, rank "
+            f"more than {counted(knee.workers, 'worker')} stop helping: one slow rank, rank "
             f"{rank}'s loader binds ({stalls.max() / stalls.sum():.0%} of the stall left)",
         )
     if cpu_saturated_at is not None and knee.workers >= cpu_saturated_at:
         return Flattening(
             knee.workers,
             "cpu-saturated",
-            f"more than {knee.workers} workers stop helping: the node's CPU cores are saturated",
+            f"more than {counted(knee.workers, 'worker')} stop helping: the node's CPU cores are "
+            "saturated",
         )
     return Flattening(
         knee.workers,
         "stall-left",
-        f"more than {knee.workers} workers stop helping: the stall left "
+        f"more than {counted(knee.workers, 'worker')} stop helping: the stall left "
         f"({knee.mean_stall_s * 1e3:.1f} ms per iteration) does not shrink with more workers "
         "or a larger prefetch",
     )

@@ -57,6 +57,7 @@ from dsim.replay.policies import (
     STALL_MIN,
     Policy,
 )
+from dsim.words import counted
 
 DEFAULT_MODEL = "per-iteration"
 PIPELINE_MODEL = "pipeline"  # its start-min is start actual (causal starts)
@@ -139,7 +140,7 @@ def _loader_change(rows: Sequence[Mapping[str, Any]]) -> str | None:
     if not bool(first.get("loader_changed") or False):
         return None
     workers, prefetch = first.get("loader_workers"), first.get("loader_prefetch_factor")
-    return f"with {int(workers)} DataLoader workers and prefetch {int(prefetch)}"
+    return f"with {counted(int(workers), 'DataLoader worker')} and prefetch {int(prefetch)}"
 
 
 def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
@@ -151,11 +152,12 @@ def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
     workers, prefetch = int(measured["workers"]), int(measured["prefetch_factor"])
     if measured.get("source") == "implied":
         return (
-            f"Calibrated with {workers} DataLoader workers (inferred from worker ids) and "
+            f"Calibrated with {counted(workers, 'DataLoader worker')} (inferred from worker "
+            "ids) and "
             f"prefetch {prefetch} (PyTorch's default, assumed)."
         )
     return (
-        f"Calibrated with {workers} DataLoader workers and prefetch {prefetch} "
+        f"Calibrated with {counted(workers, 'DataLoader worker')} and prefetch {prefetch} "
         "(measured: the run's LOADER lines)."
     )
 
@@ -321,14 +323,15 @@ def verdict(
             f"stall {format_pair(base_stall, after_stall)}{change}, "
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
-        where = f" on {gpus} GPUs" if gpus else ""
+        where = f" on {counted(gpus, 'GPU')}" if gpus else ""
         if model == DEFAULT_MODEL and policy[1] in _EARLIER_STARTS:
             where += ASSUMES_EARLY_START
         elif model == PIPELINE_MODEL and policy[1] == MIN:
             where += PIPELINE_START_MIN
         if saved is not None:
             text += (
-                f"; ≈ {format_duration(saved)} saved per epoch of {per_epoch} iterations{where}."
+                f"; ≈ {format_duration(saved)} saved per epoch of "
+                f"{counted(per_epoch, 'iteration')}{where}."
             )
         else:
             text += f"; {format_duration(base_iter - after_iter)} saved per iteration{where}."
@@ -390,10 +393,10 @@ def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
     cpu = (loader or {}).get("cpu")
     if not isinstance(cpu, Mapping):
         return "; fetch durations assumed independent of load: the logs carry no CPU times"
-    ranks = f"{cpu.get('ranks_per_node')} ranks per node"
+    ranks = f"{counted(cpu.get('ranks_per_node'), 'rank')} per node"
     if cpu.get("ranks_per_node_assumed"):
         ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"
-    return f"; CPU-aware: {cpu.get('cores')} cores, {ranks}"
+    return f"; CPU-aware: {counted(cpu.get('cores'), 'core')}, {ranks}"
 
 
 def _row_of(rows: Sequence[Mapping[str, Any]], policy: Policy) -> Mapping[str, Any] | None:
@@ -466,7 +469,7 @@ def _caveats(
     n = best.get("iterations")
     if _finite(n) and 0 < int(n) < FEW_ITERATIONS:
         notes.append(
-            f"only {int(n)} iterations selected (fewer than {FEW_ITERATIONS}): "
+            f"only {counted(int(n), 'iteration')} selected (fewer than {FEW_ITERATIONS}): "
             "read the interval, not the number"
         )
     loader = (trace or {}).get("loader")
@@ -478,8 +481,10 @@ def _caveats(
             processes = int(workers) * int(ranks)
             if processes > cores:
                 notes.append(
-                    f"{int(workers)} workers per rank are {processes} worker processes on a "
-                    f"node whose run recorded {int(cores)} cores: they cannot all run at once"
+                    f"{counted(int(workers), 'worker')} per rank are "
+                    f"{counted(processes, 'worker process')} "
+                    f"on a node whose run recorded {counted(int(cores), 'core')}: they cannot "
+                    "all run at once"
                 )
     return notes
 

@@ -73,10 +73,17 @@ class SlowSynthetic(Dataset):
         return x, int(index % CLASSES)
 
 
+#: The dataset field of this example's run names. Not the shipped sample's
+#: ``synthetic``: `dsim parse logs --out traces` of a run of this script must not
+#: replace the sample's trace of the same settings (traces/README.md says how the
+#: samples were made, with --name).
+DATASET = "example"
+
+
 def run_name(args: argparse.Namespace) -> str:
     """The original analysis's naming scheme, so dsim fills in the run's metadata."""
     return (
-        f"cpuDDP_synthetic_none_mlp_epoch{args.epochs}_b{args.batch_size * args.ranks}"
+        f"cpuDDP_{DATASET}_none_mlp_epoch{args.epochs}_b{args.batch_size * args.ranks}"
         f"_worker{args.workers}_thread0"
     )
 
@@ -168,7 +175,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--straggler-ms", type=float, default=40.0, help="extra cost of a slow one")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated compute per step")
     p.add_argument("--out", default="logs", help="parent of the run directory")
-    p.add_argument("--name", default=None, help="run directory name (default: from settings)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="run directory name (default: cpuDDP_example_..., from settings)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=None, metavar="DIR", help="also write profiler traces")
     p.add_argument("--profile-skip", type=int, default=5, help="steps before the profiled ones")

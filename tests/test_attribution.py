@@ -196,3 +196,18 @@ def test_who_was_last_per_window() -> None:
     mask = np.array([False, True, False, True, False])
     over = last_over_time(arrays(FETCH, STALL), mask)
     assert over.window == 1 and over.last_pct.tolist() == [[0, 0, 100], [100, 0, 0]]
+
+
+def test_a_wandering_straggler_that_one_rank_leads_is_named() -> None:
+    """54/27/10/9 % is below the 60 % of a fixed straggler, yet GPU 3 is the one to look at
+    first: the line names it instead of only saying the straggler wanders (issue #22)."""
+    last = [3] * 54 + [1] * 27 + [0] * 10 + [2] * 9  # the GPU that finishes last, per iteration
+    fetch = np.ones((100, 4))
+    fetch[np.arange(100), last] = 2.0
+    a = attribute("r", arrays(fetch.tolist(), np.zeros((100, 4))), np.zeros((100, 4), int))
+    assert a.straggler == WANDERING and a.straggler_gpu == 3
+    line = describe(attribution_table([a]))[0]
+    assert line == (
+        "Straggler: mostly GPU 3's loader — it finished its fetch last in 54 % of iterations "
+        "(below the 60 % of a fixed one); then GPU 1 27 %, GPU 0 10 %, GPU 2 9 %."
+    )

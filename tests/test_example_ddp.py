@@ -14,7 +14,7 @@ pytestmark = pytest.mark.torch
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_cpu.py"
 DSIM = Path(sys.executable).with_name("dsim")
-NAME = "cpuDDP_synthetic_none_mlp_epoch2_b16_worker1_thread0"
+NAME = "cpuDDP_example_none_mlp_epoch2_b16_worker1_thread0"  # not the shipped sample's name
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -67,3 +67,20 @@ def test_example_ddp_job_parses_and_replays(tmp_path: Path) -> None:
     assert all(r["run"] == NAME for r in rows)
     actual = next(r for r in rows if r["fetch_align"] == r["start_align"] == "actual")
     assert int(actual["iterations"]) == iterations - 1  # epoch 1 without iteration 0 (warm-up)
+
+
+def test_the_example_does_not_name_its_runs_like_the_shipped_samples() -> None:
+    """`python examples/ddp_cpu.py --out logs && dsim parse logs --out traces` with the
+    samples' settings must not replace the shipped sample's parsed trace (issue #22)."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_cpu_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    samples = Path(__file__).resolve().parents[1] / "traces"
+    shipped = {p.name for p in (samples / "raw").iterdir()}
+    shipped |= {p.name for p in (samples / "profiler").iterdir()}
+    for epochs in ("1", "2"):
+        args = example.parse_args(["--ranks", "4", "--epochs", epochs, "--workers", "2"])
+        assert example.run_name(args) not in shipped

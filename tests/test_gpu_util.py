@@ -129,7 +129,7 @@ def test_parse_writes_utilisation_aligned_to_the_iterations(tmp_path):
     (run / "notes.csv").write_text("epoch,loss\n0,1.5\n")  # another CSV: not a utilisation log
     done = run_dsim("parse", str(run), "--out", str(tmp_path / "traces"))
     assert done.returncode == 0, done.stderr
-    assert "skipped 1 bad lines" in done.stdout
+    assert "skipped 1 bad line " in done.stdout
     assert "1  utilisation not reported ([N/A])" in done.stdout
     assert "GPU utilisation: 800 samples of GPUs 0-3 from 1 file; mean per epoch:" in done.stdout
     out = tmp_path / "traces" / "run"

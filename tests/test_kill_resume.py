@@ -116,6 +116,8 @@ class World:
         directory.mkdir()
         for name in target.inputs:  # read-only inputs are shared, through the same relative path
             (directory / name).symlink_to(self.base / "inputs" / name)
+        if target.args[0] == "report":  # a file output's directory must exist (SPEC §9)
+            (directory / target.output).mkdir()
         return directory
 
 

@@ -70,7 +70,7 @@ def test_run_json_is_one_object_on_stdout_valid_against_the_spec(run_json) -> No
         r for r in doc["summary"] if (r["fetch_align"], r["start_align"]) == ("actual",) * 2
     )
     assert measured["speedup"] == 1.0 and measured["gpus"] == 3
-    assert "replay(s) computed" in run_json.stderr  # the rest goes to stderr
+    assert " reused, in " in run_json.stderr  # the rest goes to stderr
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")

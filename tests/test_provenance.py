@@ -83,7 +83,7 @@ def test_replay_of_other_parameters_is_refused(project: Path) -> None:
     assert "made with other replay parameters than result.json lists" in line
     # `dsim run` repairs it: the foreign replay's key is not the config's, so it is recomputed
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
-    assert proc.returncode == 0 and "1 replay(s) computed" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "1 replay computed" in proc.stderr, proc.stderr
     assert run_dsim("summarize", "results", "--quiet", cwd=project).returncode == 0
 
 
@@ -103,7 +103,7 @@ def test_listed_replay_missing_is_refused(project: Path) -> None:
 def test_stale_replays_are_ignored_with_one_note_and_reused(project: Path) -> None:
     few = _conf(project, "few.json", FETCH_ALIGN=["avg"], START_ALIGN=["min"])
     proc = run_dsim("run", "--conf", few, cwd=project)
-    assert proc.returncode == 0 and "0 replay(s) computed" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "0 replays computed" in proc.stderr, proc.stderr
     info = json.loads((project / "results" / RUN / "result.json").read_text())
     assert sorted(info["policies"]) == ["actual__actual", "avg__min"]
     assert len(list((project / "results" / RUN).glob("*.parquet"))) == 9  # nothing deleted
@@ -112,17 +112,17 @@ def test_stale_replays_are_ignored_with_one_note_and_reused(project: Path) -> No
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "stale" in line]
     assert notes == [
-        f"dsim: note: ignored 7 stale replay(s) in results/{run}/ not made by its last `dsim run`"
+        f"dsim: note: ignored 7 stale replays in results/{run}/ not made by its last `dsim run`"
         for run in (OTHER, RUN)
     ]
     summary = (project / "s" / "summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 2 * 2  # header + two policies of two runs, stale ones left out
 
     proc = run_dsim("report", "results", "--out", "r.html", cwd=project)
-    assert proc.returncode == 0 and proc.stderr.count("stale replay(s)") == 2, proc.stderr
+    assert proc.returncode == 0 and proc.stderr.count("stale replays") == 2, proc.stderr
 
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)  # the policies come back
-    assert proc.returncode == 0 and "0 replay(s) computed, 18 reused" in proc.stderr
+    assert proc.returncode == 0 and "0 replays computed, 18 reused" in proc.stderr
     proc = run_dsim("summarize", "results", cwd=project)
     assert proc.returncode == 0 and "stale" not in proc.stderr
 

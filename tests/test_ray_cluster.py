@@ -60,7 +60,7 @@ def test_run_on_two_node_cluster_matches_local(netns: str, tmp_path: Path) -> No
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        assert "6 replay(s) computed on ray" in proc.stderr
+        assert "6 replays computed on ray" in proc.stderr
         assert all(p.poll() is None for p in procs)  # dsim left the cluster running
     finally:
         stop(procs)

@@ -155,6 +155,7 @@ def test_timeline_dropdown_offers_every_other_policy(report: str) -> None:
 
 
 def test_filters_run_policy_timeline(results: Path, tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()  # a file output's directory must exist (SPEC §9)
     out = tmp_path / "sub" / "r.html"
     proc = dsim(
         "report",

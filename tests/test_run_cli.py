@@ -70,7 +70,7 @@ def test_run_writes_replays_result_and_summary(project: Path) -> None:
     assert info["dropped"] == {}
 
     assert "actual/actual" in proc.stdout and "min/min" in proc.stdout
-    assert "9 replay(s) computed on local" in proc.stderr
+    assert "9 replays computed on local" in proc.stderr
 
 
 def test_measured_run_is_reproduced(project: Path) -> None:
@@ -97,12 +97,12 @@ def test_second_run_reuses_results_force_recomputes(project: Path) -> None:
 
     again = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
     assert again.returncode == 0, again.stderr
-    assert "0 replay(s) computed, 9 reused" in again.stderr
+    assert "0 replays computed, 9 reused" in again.stderr
     assert _mtimes(replays) == first
 
     (replays / "avg__min.parquet").unlink()
     resumed = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
-    assert "1 replay(s) computed on local, 8 reused" in resumed.stderr
+    assert "1 replay computed on local, 8 reused" in resumed.stderr
     now = _mtimes(replays)
     assert {k: v for k, v in now.items() if k != "avg__min.parquet"} == {
         k: v for k, v in first.items() if k != "avg__min.parquet"
@@ -110,7 +110,7 @@ def test_second_run_reuses_results_force_recomputes(project: Path) -> None:
     assert "avg__min.parquet" in now
 
     forced = run_dsim("run", "--conf", "sim_conf.json", "--force", cwd=project)
-    assert "9 replay(s) computed" in forced.stderr
+    assert "9 replays computed" in forced.stderr
     assert all(now[k] != v for k, v in _mtimes(replays).items())
 
 
@@ -120,14 +120,14 @@ def test_changed_trace_or_params_invalidate_the_cache(project: Path) -> None:
     key = read_replay_key(key_path)
     write_synthetic(project / "traces", RUN, iterations=30, seed=9)
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
-    assert "9 replay(s) computed" in proc.stderr
+    assert "9 replays computed" in proc.stderr
     assert read_replay_key(key_path) != key
 
     conf = json.loads((project / "sim_conf.json").read_text(encoding="utf-8"))
     conf["stall_grow_min_s"] = 0.5
     (project / "sim_conf.json").write_text(json.dumps(conf), encoding="utf-8")
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
-    assert "9 replay(s) computed" in proc.stderr
+    assert "9 replays computed" in proc.stderr
 
 
 def test_summary_options_do_not_recompute(project: Path) -> None:
@@ -137,7 +137,7 @@ def test_summary_options_do_not_recompute(project: Path) -> None:
         "0.5", cwd=project,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "0 replay(s) computed, 9 reused" in proc.stderr
+    assert "0 replays computed, 9 reused" in proc.stderr
     summary = pq.read_table(project / "results" / "summary.parquet").to_pandas()
     assert (summary["iterations"] == 2 * 29).all()
     assert (summary["threshold_s"] == 0.5).all()
@@ -204,7 +204,7 @@ def test_ray_executor_writes_identical_parquet(project: Path) -> None:
         cwd=project, env={"RAY_ADDRESS": ""},
     )  # fmt: skip
     assert ray.returncode == 0, ray.stderr
-    assert "9 replay(s) computed on ray" in ray.stderr
+    assert "9 replays computed on ray" in ray.stderr
     for path in sorted((project / "local" / RUN).glob("*.parquet")):
         a, b = pq.read_table(path), pq.read_table(project / "ray" / RUN / path.name)
         assert a.equals(b) and a.schema.metadata == b.schema.metadata, path.name
@@ -226,7 +226,7 @@ def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
     write_run(run, tmp_path / "traces" / "holey")
     proc = run_dsim("run", "holey", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "holey: 1 incomplete iteration(s) not replayed (missing fetch record: 1)" in proc.stderr
+    assert "holey: 1 incomplete iteration not replayed (missing fetch record: 1)" in proc.stderr
     info = json.loads((tmp_path / "results" / "holey" / "result.json").read_text())
     assert info["dropped"] == {"missing fetch record": 1} and info["iterations"] == 39
     table = pq.read_table(tmp_path / "results" / "holey" / "actual__actual.parquet")

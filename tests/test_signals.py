@@ -101,3 +101,21 @@ def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None
             continue
         assert done.returncode in (128 + signum, -signum), (trial, done.returncode, done.stderr)
         assert done.stderr in ("", "dsim: interrupted\n"), done.stderr
+
+
+def test_leave_runs_exit_handlers_and_keeps_the_exit_code() -> None:
+    """dsim's entry point leaves with os._exit (no interpreter teardown): exit handlers
+    (Ray's shutdown, logging) must still run, and the command's code must survive."""
+    script = (
+        "import atexit, threading, time\n"
+        "from dsim.__main__ import _leave\n"
+        "atexit.register(lambda: print('handler ran', flush=True))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+        "print('partial line', end='')\n"
+        "_leave(7)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "partial linethread done\nhandler ran\n", done.stdout

@@ -123,7 +123,7 @@ def test_why_no_throughput_or_efficiency() -> None:
         _rows(gpus=[1, 1, 2], batch_size_rank=[8.0] * 3, iteration_s_mean=[0.5] * 3)
     )
     assert twice["scaling_efficiency"].isna().all()
-    assert "2 runs of this job with 1 GPU(s)" in twice["throughput_note"][0]
+    assert "2 runs of this job with 1 GPU," in twice["throughput_note"][0]
     # another per-rank batch, policy or model is another job
     other = add_throughput(
         _rows(gpus=[1, 2], batch_size_rank=[8.0, 16.0], iteration_s_mean=[0.5, 0.5])

@@ -275,7 +275,7 @@ def test_a_combined_what_if_is_split_into_its_parts() -> None:
     assert combined.loader_speedup == pytest.approx(3.0 / 5.0)  # 0.60×: slower
     assert combined.alignment_speedup == pytest.approx(3.0 / 2.0)
     assert (
-        "Split: running with 1 DataLoader workers and prefetch 2 alone 0.60×; aligning "
+        "Split: running with 1 DataLoader worker and prefetch 2 alone 0.60×; aligning "
         "(min/min) alone, at the measured loader settings, 1.50×; both 1.25×."
     ) in combined.text
 

@@ -112,3 +112,32 @@ def _where(run: RunSource) -> Path | None:
         return files[0]
     parents = {f.parent for f in files}
     return parents.pop() if len(parents) == 1 else None
+
+
+#: Below this share of non-blank lines being records, the input is probably not a
+#: training log at all (``dsim parse README.md``): said on stderr, the exit stays 0.
+MIN_USABLE_SHARE = 0.10
+
+
+def little_usable_warning(name: str, info: RunInfo) -> str | None:
+    """A warning when almost nothing of a raw log became records, else None.
+
+    ``dsim parse`` skips lines that are not its own (a training script prints
+    other things too), so text that is no training log at all still "parses"
+    into one stray record; without this line, exit 0 and "1 GPU, 1 of 851
+    iterations" would be the only hint.
+    """
+    rep = info.report
+    if "other_lines" not in rep:  # profiler traces count events, not lines
+        return None
+    text_lines = int(rep.get("lines", 0)) - int(rep.get("blank_lines", 0))
+    usable = text_lines - int(rep["other_lines"]) - int(rep.get("rejected", 0))
+    if text_lines <= 0 or usable >= MIN_USABLE_SHARE * text_lines:
+        return None
+    paths = [str(s.get("path")) for s in info.sources if s.get("path")]
+    where = paths[0] if len(paths) == 1 else f"run {name} ({len(paths)} files)"
+    share = 100 * usable / text_lines
+    return (
+        f"{where}: only {usable} of {text_lines} non-blank lines ({share:.1f} %) "
+        "are dsim records, the rest was skipped: is this a log written by dsim.instrument?"
+    )

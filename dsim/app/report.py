@@ -47,6 +47,7 @@ from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
 from dsim.summary import summarize_results
 from dsim.verdict import run_verdicts
+from dsim.words import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,7 +90,11 @@ class ReportOutcome:
 
 
 def check_output(out: Path) -> None:
-    """Fail before any work when the report could not be written there."""
+    """Fail before any work when the report could not be written there.
+
+    A missing directory is refused, not created: a mistyped ``--out`` would
+    otherwise plant directories anywhere the user may write (docs/SPEC.md §9).
+    """
     if out.is_dir():
         raise OutputError(f"cannot write {out}: it is a directory")
     parent = out.parent
@@ -98,6 +103,11 @@ def check_output(out: Path) -> None:
             if not ancestor.is_dir():
                 raise OutputError(f"cannot write {out}: {ancestor} is not a directory")
             break
+    if not parent.is_dir():
+        raise OutputError(
+            f"cannot write {out}: directory {parent} does not exist (create it, or choose "
+            "another --out)"
+        )
 
 
 def make_report(
@@ -262,7 +272,8 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):
         notes.append(
-            f"timeline, CDF and attribution of {len(chosen)} of {matching} runs (the largest "
+            f"timeline, CDF and attribution of {len(chosen)} of {counted(matching, 'run')} (the "
+            "largest "
             "predicted gains); choose others with --timeline-run GLOB"
         )
     return data, notes

@@ -63,6 +63,7 @@ from dsim.summary import (
     summarize_results,
 )
 from dsim.throughput import batch_from_throughput, trace_batch_size
+from dsim.words import counted
 
 
 @dataclass
@@ -202,7 +203,7 @@ def run_model_and_policies(
             f"run {name} has no fetch records (profiler traces?), so {_fmt(refused)} "
             f"cannot be replayed: fetch and start alignments move each rank's fetch, which only "
             f"dsim.instrument's fetch lines record; without them dsim replays "
-            f"{_fmt(STALL_ONLY)} (docs/SPEC.md §4.3)"
+            f"{_fmt(STALL_ONLY)} (see --model stall-only in `dsim run --help`)"
         )
     if model.needs_fetch:
         raise UsageError(
@@ -284,7 +285,8 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     if fetch.num_rows == 0 and train.num_rows > 0:  # replayed from stalls only (§4.3)
         lacking = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
         return (
-            f"no iteration to replay: {lacking} iterations lack a training record for some "
+            f"no iteration to replay: {counted(lacking, 'iteration')} "
+            f"{'lacks' if lacking == 1 else 'lack'} a training record for some "
             "GPU (and the run has no fetch records)"
         )
     if train.num_rows == 0:
@@ -295,7 +297,8 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
     no_fetch = dropped.get(MISSING_FETCH, 0) + dropped.get(MISSING_BOTH, 0)
     no_train = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
     text = (
-        f"no complete iteration to replay: {no_fetch} iterations lack a fetch record for "
+        f"no complete iteration to replay: {counted(no_fetch, 'iteration')} "
+        f"{'lacks' if no_fetch == 1 else 'lack'} a fetch record for "
         f"some GPU, {no_train} lack a training record"
     )
     fetch_gpus = set(fetch["gpu"].to_pylist())

@@ -15,7 +15,7 @@ else a SQLite database ``./mlruns/mlflow.db`` with artifacts under
 store ``./mlruns`` in 2026 and newer releases refuse it by default; SQLite is
 its documented replacement and works with every release dsim supports.)
 
-mlflow is an optional extra (``pip install "dsim[mlflow]"``), imported only
+mlflow is an optional extra (``pip install -e '.[mlflow]'`` in a clone), imported only
 here and only when asked for; dsim turns MLflow's telemetry off unless
 ``MLFLOW_DISABLE_TELEMETRY`` is set, so logging to a local store never
 touches the network.
@@ -46,12 +46,15 @@ from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.files import write_summary_files
 from dsim.replay.policies import BASELINE
 from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
+from dsim.words import counted
 
 DEFAULT_DIRECTORY = Path("mlruns")
 DEFAULT_EXPERIMENT = "dsim"
 URI_ENV = "MLFLOW_TRACKING_URI"
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
-INSTALL_HINT = 'pip install "dsim[mlflow]"'
+#: dsim is installed from a clone, not from an index: "dsim[mlflow]" would fetch
+#: nothing (or someone else's package); the extra's one requirement works anywhere.
+INSTALL_HINT = "pip install 'mlflow>=3.9' (in a clone of dsim: pip install -e '.[mlflow]')"
 
 #: Tags (filter in the MLflow UI with e.g. tags.`dsim.run` = 'myrun').
 KEY_TAG = "dsim.key"
@@ -146,7 +149,8 @@ class TrackingOutcome:
     def text(self) -> str:
         new = sum(r.created for r in self.runs)
         return (
-            f"MLflow: {len(self.runs)} run(s) logged ({new} new, {len(self.runs) - new} updated) "
+            f"MLflow: {counted(len(self.runs), 'run')} logged ({new} new, "
+            f"{len(self.runs) - new} updated) "
             f"to experiment {self.experiment!r} at {self.uri}"
         )
 

@@ -36,6 +36,7 @@ from dsim.tuning import (
     flattening,
     sweep,
 )
+from dsim.words import counted
 
 ACTUAL = ("actual", "actual")
 #: Fewer selected iterations than this make a stated speed-up too uncertain to show bare.
@@ -225,21 +226,23 @@ def caveats(
     notes = []
     if n < FEW_ITERATIONS:
         notes.append(
-            f"only {n} iterations selected (fewer than {FEW_ITERATIONS}): read the interval, "
+            f"only {counted(n, 'iteration')} selected (fewer than {FEW_ITERATIONS}): read the "
+            "interval, "
             "not the number"
         )
     if cores is not None:
         processes = workers * (ranks_on_node or ranks)
         if processes > cores:
             notes.append(
-                f"{workers} workers per rank are {processes} worker processes on a node whose "
-                f"run recorded {cores} cores: they cannot all run at once, and a model that "
+                f"{counted(workers, 'worker')} per rank are {counted(processes, 'worker process')} "
+                f"on a node whose run recorded {counted(cores, 'core')}: they cannot all run at "
+                "once, and a model that "
                 "does not know the cores predicts too much"
             )
     if measured.source == "implied":
         notes.append(
             "the run's loader settings were not logged: taken as "
-            f"{measured.workers} workers (from worker ids) and prefetch "
+            f"{counted(measured.workers, 'worker')} (from worker ids) and prefetch "
             f"{measured.prefetch_factor} (PyTorch's default)"
         )
     return notes

@@ -24,7 +24,7 @@ FailIf = Annotated[
     typer.Option(
         "--fail-if",
         metavar="CONDITION",
-        help="METRIC[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
+        help="METRIC\\[@FETCH/START] OP NUMBER, e.g. 'effective_delay_pct>10': exit with code 5 "
         "when it holds for a run's measured (or that policy's) row. Repeatable.",
     ),
 ]

@@ -14,6 +14,7 @@ import typer
 
 from dsim.commands.common import Quiet
 from dsim.errors import DsimError, InputError, UsageError, WorkerDied
+from dsim.words import counted
 
 # The library's defaults (dsim.sources.rawlog.bounds, .parse), not imported: `--help` stays fast.
 MAX_DURATION_S = 86_400.0
@@ -287,9 +288,12 @@ def _size(path: Path) -> int:
 
 
 def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
-    from dsim.app.parse import clock_offset_lines
+    from dsim.app.parse import clock_offset_lines, little_usable_warning
 
     info, rep = result["info"], result["info"].report
+    little = little_usable_warning(result["name"], info)
+    if little is not None:  # even with --quiet: the input is probably not a training log
+        typer.echo(f"warning: {little}", err=True)
     for line in clock_offset_lines(result["name"], rep.get("clock_offsets")):
         typer.echo(f"warning: {line}", err=True)  # even with --quiet: the times were changed
     if info.inconsistent:  # on stderr even with --quiet: the run's replays are suspect
@@ -297,23 +301,28 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
     if quiet:
         return
     kineto = info.input_format == "kineto"
-    unit = "trace events" if kineto else "lines"
+    unit = "trace event" if kineto else "line"
     read = rep.get("events", 0) if kineto else rep["lines"]
     echo(
-        f"{result['name']}: {info.gpu_count} GPUs, epochs {_span(list(info.epochs_present))}, "
+        f"{result['name']}: {counted(info.gpu_count, 'GPU')}, "
+        f"epochs {_span(list(info.epochs_present))}, "
         f"{_iterations(info)}; {rep['fetch_records']} fetch and "
-        f"{rep['train_records']} training records from {read} {unit} "
+        f"{counted(rep['train_records'], 'training record')} from {counted(read, unit)} "
         f"-> {result['directory']}"
     )
     if rep["rejected"]:
         echo(
-            f"  skipped {rep['rejected']} bad {unit} (listed in {result['directory']}/rejects.csv):"
+            f"  skipped {counted(rep['rejected'], 'bad ' + unit)} "
+            f"(listed in {result['directory']}/rejects.csv):"
         )
         for reason, count in rep["skipped"].items():
             echo(f"    {count:>8}  {reason}")
     incomplete = rep["incomplete_iterations"]["count"]
     if incomplete:
-        echo(f"  {incomplete} iterations lack a record for some GPU; replays drop them")
+        lack = "lacks" if incomplete == 1 else "lack"
+        echo(
+            f"  {counted(incomplete, 'iteration')} {lack} a record for some GPU; replays drop them"
+        )
     if info.gpu_util:
         echo(f"  {_utilisation(info.gpu_util)}")
     for warning in rep.get("warnings", []):
@@ -347,8 +356,9 @@ def _utilisation(util: dict) -> str:
     )
     files = len(util["files"])
     return (
-        f"GPU utilisation: {util['samples']} samples of GPUs {_span(util['gpus'])} from "
-        f"{files} file{'s' if files != 1 else ''}; mean per epoch: {means or 'no sample in any'}"
+        f"GPU utilisation: {counted(util['samples'], 'sample')} of "
+        f"{'GPU' if len(util['gpus']) == 1 else 'GPUs'} {_span(util['gpus'])} from "
+        f"{counted(files, 'file')}; mean per epoch: {means or 'no sample in any'}"
     )
 
 
@@ -358,10 +368,11 @@ def _iterations(info) -> str:
     declared = info.declared_iterations_per_epoch or {}
     short = [e for e, n in present.items() if e in declared and n < declared[e]]
     full = sorted({n for e, n in present.items() if e not in short})
-    parts = [f"{'/'.join(str(n) for n in full)} iterations per epoch"] if full else []
-    parts += [f"epoch {e}: {present[e]} of {declared[e]} iterations" for e in short[:3]]
+    word = "iteration" if full == [1] else "iterations"
+    parts = [f"{'/'.join(str(n) for n in full)} {word} per epoch"] if full else []
+    parts += [f"epoch {e}: {present[e]} of {counted(declared[e], 'iteration')}" for e in short[:3]]
     if len(short) > 3:
-        parts.append(f"{len(short) - 3} more epochs incomplete")
+        parts.append(f"{counted(len(short) - 3, 'more epoch')} incomplete")
     return ", ".join(parts) or "0 iterations per epoch"
 
 

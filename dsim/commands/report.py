@@ -19,6 +19,24 @@ from dsim.options import parse_epochs_option, parse_policy_option
 
 IMAGE_FORMATS = ("png", "svg")
 
+HELP = """Write a self-contained HTML what-if report (opens offline; plotly.js embedded).
+
+RESULTS are results directories written by `dsim run` (or run directories
+inside one). The report holds the summary, the verdicts, the timelines, the
+delay distributions and, with the parsed traces at hand (--traces), whose
+loader was late. --out names the file; its directory must exist (--out -
+writes the page to stdout).
+
+\b
+Examples:
+  dsim report results/ --out report.html
+  dsim report results/ --run 'cpuDDP*' --policy avg/min --out cpu.html
+  dsim report results-a/ results-b/myrun --out both.html --timeline-run '*resnet*'
+  dsim report results/ --epochs all --warmup 0 --out all-epochs.html
+  dsim report results/ --out report.html --images png   # also report_images/*.png
+  dsim report results/ --out - | gzip > report.html.gz
+"""
+
 
 def __getattr__(name: str) -> Any:
     """``timeline_runs`` and ``predicted_gain`` lived here before ``dsim.app.report``;
@@ -108,7 +126,6 @@ def command(
     ] = False,
     quiet: Quiet = False,
 ) -> None:
-    """Write a self-contained HTML what-if report (opens offline; plotly.js embedded)."""
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
     from dsim.sanity import check_threshold
@@ -190,3 +207,6 @@ def command(
         folder = images_out()
         if folder is not None:
             typer.echo(f"wrote {len(outcome.figures)} {images.lower()} images to {folder}")
+
+
+command.__doc__ = HELP

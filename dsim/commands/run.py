@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.words import counted
 
 HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
 
@@ -26,18 +27,18 @@ trace and replay parameters are unchanged (--force recomputes), so an
 interrupted run resumes where it stopped. A second `dsim run` on the same
 RESULTS directory waits for the first to finish. --json prints the summary,
 verdicts and checks as one JSON object on stdout instead of the tables;
---fail-if METRIC[@FETCH/START]OP NUMBER (repeatable) exits with code 5 when
+--fail-if METRIC\\[@FETCH/START] OP NUMBER (repeatable) exits with code 5 when
 the condition holds for a run's measured row (or that policy's row).
 
 \b
 Examples:
   dsim run --conf configs/sim_conf.json
   dsim run myrun            # all 9 policies of traces/myrun
-  dsim run --conf sim_conf.json --epochs all --warmup 0 --threshold 0.05
-  dsim run --conf sim_conf.json --executor ray --ray-address 10.0.0.5:6379
+  dsim run --conf configs/sim_conf.json --epochs all --warmup 0 --threshold 0.05
+  dsim run --conf configs/sim_conf.json --executor ray --ray-address 10.0.0.5:6379
   dsim run -r 'cpuDDP*' -p avg/min -p min/min    # these policies (and actual/actual)
   dsim run myrun --model pipeline --workers 8     # as if the loader had 8 workers
-  dsim run --conf sim_conf.json --mlflow          # also log to MLflow (./mlruns)
+  dsim run --conf configs/sim_conf.json --mlflow          # also log to MLflow (./mlruns)
   dsim run myrun --json | jq '.verdicts[0].speedup'
   dsim run myrun --fail-if 'effective_delay_pct>10'   # a CI gate: exit 5 when it holds
 """
@@ -269,12 +270,13 @@ def command(
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
         err.print(
-            f"{run}: {sum(reasons.values())} incomplete iteration(s) not replayed ({detail})",
+            f"{run}: {counted(sum(reasons.values()), 'incomplete iteration')} not replayed "
+            f"({detail})",
             highlight=False,
         )
     how = f" on {outcome.executor}" if outcome.executor else ""
     err.print(
-        f"{outcome.computed} replay(s) computed{how}, {outcome.cached} reused, "
+        f"{counted(outcome.computed, 'replay')} computed{how}, {outcome.cached} reused, "
         f"in {outcome.seconds:.1f} s; results in {os.path.normpath(config.out)}",
         highlight=False,
     )

@@ -24,7 +24,7 @@ warm-up and threshold default to what `dsim run` recorded; options override them
 With --out the table is also written (atomically) as OUT/summary.<format>;
 --out - writes the one --format to stdout instead of the table. --json prints
 the summary, verdicts and checks as one JSON object on stdout, nothing else.
---fail-if METRIC[@FETCH/START]OP NUMBER (repeatable) exits with code 5 when
+--fail-if METRIC\\[@FETCH/START] OP NUMBER (repeatable) exits with code 5 when
 the condition holds for a run's measured row (or that policy's row).
 Only the replays each run's result.json lists are read, and only if they
 match it; stale replays of policies no longer configured are ignored.

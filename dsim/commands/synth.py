@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from dsim.words import counted
+
 
 def command(
     gpus: Annotated[int, typer.Option("--gpus", help="Number of GPUs (ranks).")],
@@ -97,4 +99,4 @@ def command(
                 params, out, progress=lambda done, total: bar.update(task, completed=done)
             )
     if not quiet:
-        typer.echo(f"wrote {path} ({params.lines:,} lines)")
+        typer.echo(f"wrote {path} ({counted(params.lines, 'line', sep=',')})")

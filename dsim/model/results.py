@@ -51,6 +51,7 @@ from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
 from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
 from dsim.model.runinfo import RunInfo, refuse_newer, written_version
 from dsim.replay.policies import Policy, parse_policy_label, policy_label
+from dsim.words import counted
 
 __all__ = [
     "RESULTS_FORMAT_VERSION",
@@ -343,7 +344,8 @@ class ResultsScan:
         for run in self.runs if runs is None else runs:
             if run.stale:
                 notes.append(
-                    f"ignored {len(run.stale)} stale replay(s) in {_shown(run.directory)}/ "
+                    f"ignored {counted(len(run.stale), 'stale replay')} in "
+                    f"{_shown(run.directory)}/ "
                     "not made by its last `dsim run`"
                 )
         return notes

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dsim.render.console import wrap_prose
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -27,26 +29,30 @@ def print_verdicts(
     ``headlines`` (results directory → the more accurate model's verdict,
     ``dsim.app.headline``)
     come first where given, with the original verdict's number one line below."""
-    from rich.console import Console
-    from rich.padding import Padding
-    from rich.text import Text
+    from dsim.render.console import stdout_console
 
-    console = console or Console()
+    console = console or stdout_console()
     blame = blame or {}
     headlines = headlines or {}
+
+    def say(text: str, indent: str = "", style: str = "") -> None:
+        # Wrapped here, not by rich, so that "18.0 %" and "GPU 2 27 %" stay whole.
+        for line in wrap_prose(text, console.width, indent):
+            console.print(line, highlight=False, markup=False, style=style, soft_wrap=True)
+
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
         head = headlines.get(v.results) if v.results is not None else None
         said = v if head is None else head
-        console.print(f"{prefix}{said.text}", highlight=False, markup=False, style="bold")
+        say(f"{prefix}{said.text}", style="bold")
         if head is not None:
             from dsim.verdict import original_line
 
-            console.print(Padding(Text(original_line(v)), (0, 0, 0, 2), expand=False))
+            say(original_line(v), "  ")
         for note in said.caveats:
-            console.print(Padding(Text(f"caveat: {note}"), (0, 0, 0, 2), expand=False))
+            say(f"caveat: {note}", "  ")
         for line in blame.get(v.run, ()):
-            console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+            say(line, "  ")
     if verdicts:
         console.print()
 
@@ -75,10 +81,11 @@ def print_comparison(comparison: Any, console: Console | None = None) -> None:
     """The before/after table (each side measured or predicted), the realised-gain sentence,
     and warnings."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from dsim.render.console import stdout_console
+
+    console = console or stdout_console()
     c = comparison
     labels = getattr(c, "before_label", "measured"), getattr(c, "after_label", "measured")
     sides = (

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dsim.render.columns import EFFECTIVE_CHANGE, EFFECTIVE_DELAY, METRICS, POLICY, SPEEDUP
+from dsim.render.console import wrap_prose
+from dsim.words import counted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,15 +141,15 @@ def _run_title(row: dict[str, Any]) -> str:
     """Run name, GPU count and iteration count (the same for every policy of a run)."""
     facts = []
     if not _missing(row.get("gpus")):
-        facts.append(f"{int(row['gpus'])} GPUs")
+        facts.append(counted(int(row["gpus"]), "GPU"))
     if not _missing(row.get("iterations")):
-        facts.append(f"{int(row['iterations'])} iterations")
+        facts.append(counted(int(row["iterations"]), "iteration"))
     model = row.get("replay_model")
     if not _missing(model) and model != "per-iteration":
         text = f"{model} model"
         if not _missing(row.get("loader_workers")):
             workers, prefetch = int(row["loader_workers"]), row.get("loader_prefetch_factor")
-            text += f", {workers} workers, prefetch {int(prefetch)}"
+            text += f", {counted(workers, 'worker')}, prefetch {int(prefetch)}"
             text += " (what-if)" if row.get("loader_changed") else _loader_origin(row)
         facts.append(text)
     return f"{row.get('run')}" + (f" ({', '.join(facts)})" if facts else "")
@@ -286,9 +288,9 @@ def print_summary(
 ) -> None:
     """Print the summary tables (or, for many runs, the overview) with the selection
     they were computed on as a caption."""
-    from rich.console import Console
+    from dsim.render.console import stdout_console
 
-    console = console or Console()
+    console = console or stdout_console()
     runs = len(_groups(summary))
     overview = runs > OVERVIEW_RUNS and not full
     if overview:
@@ -308,11 +310,11 @@ def print_summary(
             if overview
             else f" {BEST}: the largest speed-up of the run; {SLOWER}: slower than measured."
         )
-        console.print(
+        caption = (
             f"Mean ± sample std over epochs {first['selected_epochs']}, iterations > "
             f"{first['warmup']}; ms or s as the column says; eff. delay: share of iterations "
             f"with delay > {first['threshold_s']:g} s; speed-up and changes (eff. in "
-            "percentage points) against actual/actual, the measured run." + more,
-            style="dim",
-            highlight=False,
+            "percentage points) against actual/actual, the measured run." + more
         )
+        for line in wrap_prose(caption, console.width):
+            console.print(line, style="dim", highlight=False, markup=False, soft_wrap=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dsim.tuning import LOADER_WHATIF_ERROR, Band
+from dsim.words import counted
 
 if TYPE_CHECKING:
     from dsim.app.tune import Choice, TuneResult
@@ -42,11 +43,7 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
-def _count(n: int, noun: str) -> str:
-    """``1 batch``, ``16 batches``, ``4 worker processes``."""
-    if n == 1:
-        return f"{n} {noun}"
-    return f"{n} {noun}es" if noun.endswith(("ch", "s")) else f"{n} {noun}s"
+_count = counted  # ``1 batch``, ``16 batches``, ``4 worker processes``
 
 
 def cost_line(result: TuneResult, point: Point) -> str:
@@ -60,7 +57,7 @@ def cost_line(result: TuneResult, point: Point) -> str:
     else:
         procs = (
             f"{_count(point.workers, 'worker process')} per rank "
-            f"({point.workers * result.ranks} if all {result.ranks} ranks share one node)"
+            f"({point.workers * result.ranks} if all {_count(result.ranks, 'rank')} share one node)"
         )
     return f"  costs: {procs}; {memory_text(result, point)}"
 
@@ -94,12 +91,13 @@ def recommendation_lines(result: TuneResult) -> list[str]:
     m = result.measured
     lines = [
         f"{result.run}: use {_setting(choice.point)} "
-        f"(recorded: {m.workers} workers, prefetch {m.prefetch_factor})",
+        f"(recorded: {_count(m.workers, 'worker')}, prefetch {m.prefetch_factor})",
         f"  predicted iteration {_band_ms(choice.bands['iteration_s'])}, "
         f"stall {_band_ms(choice.bands['stall_s'])}, "
         f"{_speed(choice.bands['speedup'])} vs the recorded "
         f"{_ms(result.baseline.mean_iteration_s)}",
-        f"  95 % band: bootstrap over {result.iterations} iterations, widened by the pipeline "
+        f"  95 % band: bootstrap over {_count(result.iterations, 'iteration')}, widened by the "
+        "pipeline "
         f"model's validated loader error (±{LOADER_WHATIF_ERROR:.1%}, FIDELITY.md)",
         cost_line(result, choice.point),
         f"  {choice.flat.text}",

@@ -45,6 +45,7 @@ from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
 from dsim.sources.rawlog.logfile import MAX_LINE_BYTES, FileRecords, read_log
+from dsim.words import counted
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
 DUPLICATE_FETCH = "duplicate fetch record"
@@ -436,7 +437,8 @@ def _refuse_repeated_sessions(train, files) -> None:
         len(offenders) > 1
     )
     raise InputError(
-        f"GPU {g} logs {repeated} of its {total} iterations more than once (first copies at "
+        f"GPU {g} logs {repeated} of its {counted(total, 'iteration')} more than once (first "
+        f"copies at "
         f"{_where(train, rows[first], files)}, later ones at {_where(train, rows[~first], files)}"
         f"{others}): two jobs, or one started again, in one run; give each job its own log "
         "file or directory (the instrumentation appends: use a fresh log directory per run)",
@@ -538,10 +540,11 @@ def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
 def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
     first = sparse[0]
     ids = ", ".join(map(str, first["ids"])) + (", ..." if first["workers"] > 10 else "")
-    more = f" (and {len(sparse) - 1} more rank(s))" if len(sparse) > 1 else ""
+    more = f" (and {counted(len(sparse) - 1, 'more rank')})" if len(sparse) > 1 else ""
     return (
         f"worker ids of GPU {first['gpu']} are not 0..{first['workers'] - 1} but {ids}{more}; "
-        f"the pipeline model counts {first['workers']} workers there, not the highest id + 1 "
+        f"the pipeline model counts {counted(first['workers'], 'worker')} there, not the highest "
+        "id + 1 "
         "(run.json report.sparse_worker_ids)"
     )
 
@@ -744,7 +747,7 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
     if lines == 0:
         return "the input is empty"
     return (
-        f"{lines} lines read: {rejects.num_rows} rejected, "
+        f"{counted(lines, 'line')} read: {rejects.num_rows} rejected, "
         f"{counts.get('other_lines', 0)} unrecognised, {counts.get('blank_lines', 0)} blank"
     )
 

@@ -1,0 +1,68 @@
+"""Rough edges a careful user meets in the first minutes (issue #22, item 3).
+
+Each test runs the real CLI in a subprocess, as a user would, and failed
+before its fix: help that hid the ``--fail-if`` syntax and showed ``<bool>``
+after flags, a report command without examples, a report written into
+directories it silently created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_dsim
+
+WIDE = {"COLUMNS": "200"}
+
+
+@pytest.mark.parametrize("command", ["run", "summarize"])
+def test_help_shows_the_fail_if_syntax_and_flags_without_a_value(command: str) -> None:
+    proc = run_dsim(command, "--help", env=WIDE)
+    assert proc.returncode == 0, proc.stderr
+    assert "METRIC[@FETCH/START] OP NUMBER" in proc.stdout
+    assert "METRIC OP" not in proc.stdout
+    assert "<bool>" not in proc.stdout
+    assert "--quiet" in proc.stdout
+
+
+def test_every_help_shows_flags_as_flags() -> None:
+    for args in ([], ["parse"], ["report"], ["compare"], ["tune"], ["synth"]):
+        proc = run_dsim(*args, "--help", env=WIDE)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "<bool>" not in proc.stdout, args
+
+
+def test_report_help_has_examples() -> None:
+    proc = run_dsim("report", "--help", env=WIDE)
+    assert proc.returncode == 0, proc.stderr
+    assert "Examples:" in proc.stdout
+    assert "dsim report results/ --out report.html" in proc.stdout
+
+
+def test_report_refuses_a_missing_directory(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    out = tmp_path / "no" / "such" / "r.html"
+    proc = run_dsim("report", tmp_path / "results", "--out", out)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert f"directory {out.parent} does not exist" in proc.stderr
+    assert not (tmp_path / "no").exists()
+
+
+def test_parse_warns_when_almost_nothing_is_a_record(tmp_path: Path) -> None:
+    """Parsing a text that is no training log (the README) says so, naming the file and the
+    share of lines used; the exit stays 0, as for any log with lines dsim does not know."""
+    readme = Path(__file__).parents[1] / "README.md"
+    proc = run_dsim("parse", readme, "--out", tmp_path / "traces", "-q")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "non-blank lines" in x]
+    assert line.startswith(f"warning: {readme}: only ")
+    assert " %) are dsim records" in line
+
+
+def test_parse_of_a_real_log_does_not_warn(tmp_path: Path) -> None:
+    sample = Path(__file__).parents[1] / "traces" / "raw"
+    proc = run_dsim("parse", sample, "--out", tmp_path / "traces")
+    assert proc.returncode == 0, proc.stderr
+    assert "non-blank lines" not in proc.stderr
