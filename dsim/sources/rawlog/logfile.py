@@ -72,7 +72,7 @@ class _Columns:
         count = len(records["line"])
         if not self.columns:
             self.columns = {
-                k: np.empty(max(count, expected), _dtype(k, v)) for k, v in records.items()
+                k: np.empty(max(count, expected), narrow_dtype(k, v)) for k, v in records.items()
             }
         capacity = len(self.columns["line"])
         if self.rows + count > capacity:
@@ -95,12 +95,13 @@ class _Columns:
         return {k: v[: self.rows] for k, v in self.columns.items()}
 
 
-_PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
-_HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
+PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
+HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
 
 
-def _dtype(key: str, values: np.ndarray) -> np.dtype:
+def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
+    """The dtype a record column is kept in (counters int32, line numbers uint32)."""
     if key in _NARROW:
         return np.dtype(np.int32)
     if key == "line":
@@ -154,13 +155,13 @@ def read_log(
     def consume(block: bytes | memoryview) -> None:
         ends = np.frombuffer(block, dtype=np.uint8) == 10
         count = int(np.count_nonzero(ends))
-        if count <= _PIECE_LINES:
+        if count <= PIECE_LINES:
             consume_piece(block, np.flatnonzero(ends))
             return
         # Millions of tiny lines in one block (a text of newlines): the per-line arrays
-        # would take ~100 bytes a line, 400 MB a block; pieces of about _PIECE_LINES lines,
+        # would take ~100 bytes a line, 400 MB a block; pieces of about PIECE_LINES lines,
         # cut after a line end, keep them small.
-        step = max(len(block) * _PIECE_LINES // count, 1)
+        step = max(len(block) * PIECE_LINES // count, 1)
         start = 0
         while start < len(block):
             stop = min(start + step, len(block))
@@ -223,7 +224,12 @@ def read_log(
             while True:
                 # Each block gets its own buffer, the carried partial line copied to its
                 # front, and the file read straight behind it: no copy of the block itself.
-                buf = bytearray(len(carry) + block_bytes)
+                # A plain file's buffer is no larger than what is left of it (+1 to see its
+                # end): zero-filling 4 MiB for a 20 kB file cost more than parsing it.
+                room = block_bytes
+                if fmt is None and expected_size:
+                    room = min(block_bytes, max(expected_size - size, 0) + 1)
+                buf = bytearray(len(carry) + room)
                 buf[: len(carry)] = carry
                 view = memoryview(buf)
                 got = reader.readinto(view[len(carry) :])
@@ -234,8 +240,8 @@ def read_log(
                         carry = carry[cut + 1 :]
                     break
                 filled = len(carry) + got
-                if len(text_head) < _HEAD_BYTES:
-                    text_head += bytes(view[len(carry) : filled][: _HEAD_BYTES - len(text_head)])
+                if len(text_head) < HEAD_BYTES:
+                    text_head += bytes(view[len(carry) : filled][: HEAD_BYTES - len(text_head)])
                 if fmt is None:
                     digest.update(view[len(carry) : filled])
                     size += got

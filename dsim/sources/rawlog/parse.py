@@ -44,7 +44,8 @@ from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
-from dsim.sources.rawlog.logfile import MAX_LINE_BYTES, FileRecords, read_log
+from dsim.sources.rawlog.logfile import MAX_LINE_BYTES
+from dsim.sources.rawlog.smallfiles import read_logs
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
 DUPLICATE_FETCH = "duplicate fetch record"
@@ -93,10 +94,8 @@ def _collect(
     counts: dict[str, int] = {}
     sources = []
     loader: list[dict[str, Any]] = []
-    for index, path in enumerate(source.files):
-        records: FileRecords = read_log(
-            path, progress, max_duration=max_duration, max_line=max_line
-        )
+    read = read_logs(source.files, progress, max_duration=max_duration, max_line=max_line)
+    for index, (path, records) in enumerate(zip(source.files, read, strict=True)):
         sources.append({"path": str(path), "size": records.size, "sha256": records.sha256})
         if records.compression is not None:
             sources[-1]["compression"] = records.compression
