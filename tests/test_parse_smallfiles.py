@@ -102,3 +102,29 @@ def test_a_batch_holds_the_small_plain_files_only(run, tmp_path, monkeypatch):
             for key, values in mine.items():
                 assert values.dtype == theirs[key].dtype, key
                 np.testing.assert_array_equal(values, theirs[key])
+
+
+def test_cpu_times_in_some_files_only(run, tmp_path, monkeypatch):
+    """CPU times on one rank's fetch lines: kept, NaN elsewhere, whichever way files are read."""
+    where = tmp_path / "cpu"
+    where.mkdir()
+    for path in sorted(run.glob("*.log")):
+        text = path.read_bytes()
+        if path.name == "rank5.log":
+            lines = [
+                line + b" cpu 0.25 runq 0.01" if b"END FETCH" in line else line
+                for line in text.split(b"\n")
+            ]
+            text = b"\n".join(lines)
+        (where / path.name).write_bytes(text)
+    alone = _parse(where, monkeypatch, 1)
+    assert "cpu_s" in alone[0].column_names
+    cpu = alone[0]["cpu_s"].to_numpy()
+    assert (cpu == 0.25).sum() > 0 and np.isnan(cpu).sum() > 0
+    for limit in (3000, 1 << 22):
+        batched = _parse(where, monkeypatch, limit)
+        for got, want in zip(batched[:2], alone[:2], strict=True):
+            assert got.schema == want.schema
+            for name in want.column_names:  # NaN equal to NaN, unlike Table.equals
+                np.testing.assert_array_equal(got[name].to_numpy(), want[name].to_numpy())
+        assert batched[3] == alone[3]

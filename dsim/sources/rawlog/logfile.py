@@ -109,6 +109,24 @@ def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
     return values.dtype
 
 
+OPTIONAL = ("cpu_s", "runq_s")  # NaN on a line that does not carry them; most logs never do
+
+
+def absent_as_views(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` with each optional column that no record carries as a view of one NaN.
+
+    Why: two float columns of NaN are 16 bytes a record, a third of a
+    fetch record's size, kept until the tables are built, which leave them
+    out anyway (SPEC §2.1). A zero-stride view costs no memory; the records
+    read the same.
+    """
+    for key in OPTIONAL:
+        values = columns.get(key)
+        if values is not None and len(values) and np.isnan(values).all():
+            columns[key] = np.broadcast_to(np.float64(np.nan), len(values))
+    return columns
+
+
 def _read_head(handle, size: int) -> bytes:
     """Up to ``size`` bytes from the start (pipes may deliver fewer per read)."""
     head = b""
@@ -281,8 +299,8 @@ def read_log(
     counts.setdefault("lines", 0)
     return FileRecords(
         path=path,
-        fetch=fetch.result(),
-        train=train.result(),
+        fetch=absent_as_views(fetch.result()),
+        train=absent_as_views(train.result()),
         counts=counts,
         rejects=rejects,
         size=size,

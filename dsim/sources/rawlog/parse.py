@@ -44,7 +44,7 @@ from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
-from dsim.sources.rawlog.logfile import MAX_LINE_BYTES
+from dsim.sources.rawlog.logfile import MAX_LINE_BYTES, OPTIONAL
 from dsim.sources.rawlog.smallfiles import read_logs
 
 NO_RANK = "no GPU rank (line has no 'GPU:' and file name has no rank<N>)"
@@ -130,7 +130,19 @@ def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The records of all files, column by column, freeing each file's copy as it goes."""
     if len(parts) == 1:
         return parts[0]
-    return {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}
+    out = {}
+    for key in list(parts[0]):
+        columns = [p.pop(key) for p in parts]
+        if key in OPTIONAL and all(map(_nan_view, columns)):
+            out[key] = np.broadcast_to(np.float64(np.nan), sum(map(len, columns)))
+        else:
+            out[key] = np.concatenate(columns)
+    return out
+
+
+def _nan_view(values: np.ndarray) -> bool:
+    """Whether ``values`` is empty or ``logfile.absent_as_views``'s view of one NaN."""
+    return len(values) == 0 or (values.strides == (0,) and bool(np.isnan(values[0])))
 
 
 def _drop(columns: dict[str, np.ndarray], bad: np.ndarray) -> dict[str, np.ndarray]:

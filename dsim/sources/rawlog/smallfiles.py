@@ -6,8 +6,8 @@ size -- a fresh 4 MiB block buffer, and the grammar's vector steps
 (``dsim.sources.rawlog.fastpath``) run once or twice per file, each a few
 dozen NumPy calls whose cost does not depend on the number of lines. Here
 small plain files are read, each in one read sized to the file, into one
-buffer reused across files and batches; a batch of up to ``BLOCK_BYTES`` of
-text (and ``PIECE_LINES`` lines) is dissected in one grammar call, and its
+buffer reused across files and batches; a batch of up to ``BATCH_BYTES`` of
+text is dissected in one grammar call, and its
 records, rejects and loader lines are handed back per file with each file's
 own line numbers. The grammar reads each line on its own, so the records are
 those of reading the files one by one (tests compare both ways).
@@ -33,6 +33,9 @@ from dsim.io import compression
 from dsim.sources.rawlog import grammar, logfile
 from dsim.sources.rawlog.logfile import FileRecords, read_log
 
+BATCH_BYTES = 1 << 20  # text of small files dissected at once: its per-line arrays stay small
+_FULL = object()  # a file that does not fit in the batch being filled
+
 
 @dataclass
 class _Member:
@@ -47,7 +50,11 @@ class _Member:
 
 @dataclass
 class _Batch:
-    """Small files gathered into one reused buffer, parsed together when full."""
+    """Small files gathered into one reused buffer, parsed together when full.
+
+    A batch holds at most ``BATCH_BYTES`` of text and, but for its last file,
+    fewer than ``logfile.PIECE_LINES`` lines (one file holds at most that many).
+    """
 
     buffer: bytearray = field(default_factory=bytearray)
     filled: int = 0
@@ -55,14 +62,16 @@ class _Batch:
     members: list[_Member] = field(default_factory=list)
     lines: int = 0  # lines of its members
 
-    def room(self, size: int) -> memoryview:
-        """A view of at least ``size + 1`` bytes behind the filled part (grown, never shrunk)."""
-        need = self.filled + size + 1
-        if len(self.buffer) < need:
-            grown = bytearray(max(need, 2 * len(self.buffer)))
-            grown[: self.filled] = self.buffer[: self.filled]
-            self.buffer = grown
-        return memoryview(self.buffer)[self.filled :]
+    def room(self, size: int, limit: int) -> memoryview | None:
+        """A view of ``size + 1`` bytes behind the filled part, or ``None`` when the batch is full.
+
+        The buffer is allocated once, ``limit + 1`` bytes, and reused for every batch.
+        """
+        if self.filled + size + 1 > limit + 1:
+            return None
+        if len(self.buffer) < limit + 1:
+            self.buffer = bytearray(limit + 1)
+        return memoryview(self.buffer)[self.filled : self.filled + size + 1]
 
 
 def read_logs(
@@ -74,42 +83,47 @@ def read_logs(
 ) -> Iterator[FileRecords]:
     """The records of every file of ``paths``, in order, as ``read_log`` gives them.
 
-    Files smaller than ``logfile.BLOCK_BYTES`` are read in batches (see the
+    Files smaller than ``BATCH_BYTES`` (and ``logfile.BLOCK_BYTES``) are read in batches (see the
     module docstring). The counts of a batch (lines, blank lines, ...) are
     given with its first file and are empty for its other files: the run
     only ever adds them up.
     """
-    limit = logfile.BLOCK_BYTES  # looked up per call: tests shrink it to force blocks
+    # Looked up per call: tests shrink BLOCK_BYTES to force batches and blocks.
+    limit = min(logfile.BLOCK_BYTES, BATCH_BYTES)
     batch = _Batch()
     for path in paths:
-        text = _read_small(path, batch, limit, max_line)
-        if text is None:
+        read = _read_small(path, batch, limit, max_line)
+        if read is _FULL:
+            yield from _parse(batch, max_duration)
+            read = _read_small(path, batch, limit, max_line)
+        if read is None:
             yield from _parse(batch, max_duration)
             yield read_log(path, progress, max_duration=max_duration, max_line=max_line)
             continue
         if progress is not None:
             progress(batch.members[-1].size)
-        if batch.filled >= limit or batch.lines >= logfile.PIECE_LINES:
+        if batch.lines >= logfile.PIECE_LINES:
             yield from _parse(batch, max_duration)
     yield from _parse(batch, max_duration)
 
 
-def _read_small(path: Path, batch: _Batch, limit: int, max_line: int) -> bool | None:
-    """Append ``path`` to ``batch`` if it is a small plain log; ``None`` when it is not.
+def _read_small(path: Path, batch: _Batch, limit: int, max_line: int) -> object:
+    """Append ``path`` to ``batch`` if it is a small plain log.
 
-    A file that does not fit behind the batch's text flushes nothing here:
-    the caller parses the batch when it is full, so a batch holds at most
-    ``limit`` bytes plus one file.
+    ``None`` when it is not (``read_log`` reads it alone), ``_FULL`` when it
+    does not fit behind the batch's text (parse the batch, then try again).
     """
     try:
         with open(path, "rb", buffering=0) as handle:
             size = os.fstat(handle.fileno()).st_size
             if not 0 < size < limit:
                 return None
-            view = batch.room(size)
+            view = batch.room(size, limit)
+            if view is None:
+                return _FULL
             got = 0
             while got <= size:  # one read for a regular file; one more sees its end
-                n = handle.readinto(view[got : size + 1])
+                n = handle.readinto(view[got:])
                 if not n:
                     break
                 got += n
@@ -144,8 +158,12 @@ def _parse(batch: _Batch, max_duration: float) -> Iterator[FileRecords]:
     lines = grammar.lines_of(block, np.concatenate(batch.newlines))
     records = grammar.parse_lines(lines, 1, rejects, max_duration=max_duration)
     del lines
-    fetch = {k: v.astype(logfile.narrow_dtype(k, v), copy=False) for k, v in records.fetch.items()}
-    train = {k: v.astype(logfile.narrow_dtype(k, v), copy=False) for k, v in records.train.items()}
+    fetch, train = (
+        logfile.absent_as_views(
+            {k: v.astype(logfile.narrow_dtype(k, v), copy=False) for k, v in part.items()}
+        )
+        for part in (records.fetch, records.train)
+    )
     firsts = np.array([m.first_line for m in batch.members], dtype=np.int64)
     fetch_cut = [*np.searchsorted(fetch["line"], firsts).tolist(), len(fetch["line"])]
     train_cut = [*np.searchsorted(train["line"], firsts).tolist(), len(train["line"])]
