@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,13 +115,15 @@ def _read_small(path: Path, batch: _Batch, limit: int, max_line: int) -> object:
     does not fit behind the batch's text (parse the batch, then try again).
     """
     try:
+        # Looked at before opening: a FIFO opened and closed here would lose its writer.
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode) or not 0 < status.st_size < limit:
+            return None
+        size = status.st_size
+        view = batch.room(size, limit)
+        if view is None:
+            return _FULL
         with open(path, "rb", buffering=0) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if not 0 < size < limit:
-                return None
-            view = batch.room(size, limit)
-            if view is None:
-                return _FULL
             got = 0
             while got <= size:  # one read for a regular file; one more sees its end
                 n = handle.readinto(view[got:])
@@ -165,15 +168,14 @@ def _parse(batch: _Batch, max_duration: float) -> Iterator[FileRecords]:
         for part in (records.fetch, records.train)
     )
     firsts = np.array([m.first_line for m in batch.members], dtype=np.int64)
-    fetch_cut = [*np.searchsorted(fetch["line"], firsts).tolist(), len(fetch["line"])]
-    train_cut = [*np.searchsorted(train["line"], firsts).tolist(), len(train["line"])]
+    fetch_cut = _own_lines(fetch, firsts)
+    train_cut = _own_lines(train, firsts)
     loader = _by_member(records.loader, firsts)
     for i, member in enumerate(batch.members):
-        shift = member.first_line - 1
         yield FileRecords(
             path=member.path,
-            fetch=_rows(fetch, fetch_cut[i], fetch_cut[i + 1], shift),
-            train=_rows(train, train_cut[i], train_cut[i + 1], shift),
+            fetch={k: v[fetch_cut[i] : fetch_cut[i + 1]] for k, v in fetch.items()},
+            train={k: v[train_cut[i] : train_cut[i + 1]] for k, v in train.items()},
             counts=records.counts if i == 0 else {},
             rejects=_member_rejects(rejects, member),
             size=member.size,
@@ -188,11 +190,16 @@ def _parse(batch: _Batch, max_duration: float) -> Iterator[FileRecords]:
     batch.lines = 0
 
 
-def _rows(columns: dict[str, np.ndarray], lo: int, hi: int, shift: int) -> dict[str, np.ndarray]:
-    """One file's rows of the batch's columns, its line numbers its own."""
-    out = {k: v[lo:hi] for k, v in columns.items()}
-    out["line"] = out["line"] - out["line"].dtype.type(shift)
-    return out
+def _own_lines(columns: dict[str, np.ndarray], firsts: np.ndarray) -> list[int]:
+    """Renumber ``columns["line"]`` from batch lines to each file's own; where each file starts.
+
+    One subtraction over the batch: the files' rows are then plain slices, no array per file.
+    """
+    line = columns["line"]
+    cut = np.searchsorted(line, firsts)
+    counts = np.diff(np.append(cut, len(line)))
+    columns["line"] = line - np.repeat(firsts - 1, counts).astype(line.dtype)
+    return [*cut.tolist(), len(line)]
 
 
 def _by_member(loader: list[dict[str, int | None]], firsts: np.ndarray) -> list[list[dict]]:
