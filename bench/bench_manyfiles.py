@@ -5,7 +5,7 @@ the parse used to pay a fixed cost per file (issue 21, item 4). Two runs with
 the same lines -- 1024 files x 100 iterations and 8 files x 12,800 -- are
 parsed by each code tree: the fixed cost per file is the difference of
 their times over the difference of their file counts. The base tree (the
-code before the change, ``--base``, checked out with ``git worktree add``)
+code before the change, ``--base``, checked out with ``git worktree add`` and removed after)
 and this tree are measured alternately in the same run, each case in a fresh
 interpreter with Arrow on one thread:
 
@@ -94,7 +94,7 @@ def _run_dir(work: Path, files: int, iterations: int) -> Path:
 
 
 def _base_tree(work: Path, commit: str) -> Path:
-    """A checkout of ``commit`` beside the repository (``git worktree add``), made once."""
+    """A checkout of ``commit`` beside the repository (``git worktree add``), removed after."""
     tree = work / f"base-{commit}"
     if not (tree / "dsim").is_dir():
         subprocess.run(
@@ -196,7 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         trees = {"base": _base_tree(work, base), "new": REPO}
     cases = QUICK if args.quick else FULL
     print(f"== many files: parse_run, {' vs '.join(trees)} (base {base}), one Arrow thread ==")
-    res = measure(work, trees, cases, 1 if args.quick else args.repeats)
+    try:
+        res = measure(work, trees, cases, 1 if args.quick else args.repeats)
+    finally:  # leave no checkout registered in the repository
+        if "base" in trees:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["base"])],
+                check=False,
+                capture_output=True,
+            )
     res |= {"base": base, "cases": [list(c) for c in cases], "quick": args.quick}
     res["load"] = [round(x, 2) for x in os.getloadavg()]
     report(res)
