@@ -538,14 +538,32 @@ def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
     """
     if fetch.num_rows == 0:
         return []
-    gpu, worker = fetch["gpu"].to_numpy(), fetch["worker"].to_numpy()
-    pairs = np.unique(np.stack([gpu.astype(np.int64), worker.astype(np.int64)]), axis=1)
+    pairs = _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
     out = []
     for g in np.unique(pairs[0]):
         ids = pairs[1][pairs[0] == g]
         if ids[-1] != len(ids) - 1:
             out.append({"gpu": int(g), "workers": len(ids), "ids": [int(i) for i in ids[:10]]})
     return out
+
+
+def _distinct_pairs(gpu: np.ndarray, worker: np.ndarray) -> np.ndarray:
+    """The distinct (gpu, worker) pairs, sorted, as a 2 x n array.
+
+    One int64 key per row (``gpu * (max worker + 1) + worker``, both >= 0), sorted
+    in place: 8 bytes a fetch record at the parse's end, where ``np.unique(...,
+    axis=1)`` of the stacked columns took ~50 (the parse's peak at 1024 ranks).
+    """
+    span = int(worker.max()) + 1
+    key = gpu.astype(np.int64)
+    key *= span
+    key += worker
+    key.sort()
+    first = np.empty(len(key), dtype=bool)
+    first[:1] = True
+    np.not_equal(key[1:], key[:-1], out=first[1:])
+    distinct = key[first]
+    return np.stack([distinct // span, distinct % span])
 
 
 def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
