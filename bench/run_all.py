@@ -10,6 +10,9 @@ re-measurable by re-running one line. Sections:
 - ``replay``: bench_replay.py in a subprocess (real-sized 851 x 4 epoch vs the
   original pandas method, one-core throughput with growth exponents, memory,
   embedded Ray start-up and speedup);
+- ``manyfiles``: bench_manyfiles.py in a subprocess (1024 per-rank files x 100
+  iterations against 8 x 12,800, the code before the batched reader beside
+  this tree: fixed cost per file, lines/s, peak memory over the tables);
 - ``e2e``: bench_e2e.py in a subprocess (``dsim parse`` -> ``dsim run`` ->
   ``dsim summarize`` for 1, 10, 100 runs of 10,000 x 8, local and Ray).
 
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("parse", "replay", "e2e")
+SECTIONS = ("parse", "manyfiles", "replay", "e2e")
 LINEAR_MAX = 1.15  # a fitted exponent at or below this counts as linear growth
 
 
@@ -136,6 +139,13 @@ def run_replay(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     return run_script("bench_replay.py", extra, scratch / "replay.json")
 
 
+def run_manyfiles(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    extra = ["--work", str(args.work), "--repeats", str(args.repeats)]
+    if args.quick:
+        extra.append("--quick")  # small cases, this tree only
+    return run_script("bench_manyfiles.py", extra, scratch / "manyfiles.json")
+
+
 def run_e2e(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     extra = ["--work", str(args.work / "e2e"), "--repeats", str(args.repeats)]
     if args.quick:
@@ -197,6 +207,25 @@ def target_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "",
             LINEAR_MAX,
             "exp",
+        )
+    many = res.get("manyfiles")
+    if many:
+        files = many["cases"][0][0]
+        quick = many["quick"]  # cases smaller than the targets': shown, not judged
+        add(
+            f"parse fixed cost per file ({files} vs {many['cases'][1][0]} files)",
+            many["fixed_ms_per_file"]["new"],
+            "ms",
+            None if quick else 0.5,
+            "info" if quick else "max",
+        )
+        row = next(r for r in many["rows"] if r["tree"] == "new" and r["files"] == files)
+        add(
+            f"parse traced peak / tables ({files} files)",
+            row["traced_ratio"],
+            "x",
+            None if quick else 2.5,
+            "info" if quick else "max",
         )
     replay = res.get("replay")
     if replay:
@@ -347,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if section == "parse":
                     res["parse"] = run_parse(args)
+                elif section == "manyfiles":
+                    res["manyfiles"] = run_manyfiles(args, scratch)
                 elif section == "replay":
                     res["replay"] = run_replay(args, scratch)
                 else:

@@ -344,7 +344,7 @@ def test_blocks_of_many_tiny_lines_parse_in_pieces_to_the_same_records(tmp_path,
     path.write_bytes(text)
     whole = read_log(path)
     for piece, block in ((7, 1 << 20), (100, 4096)):
-        monkeypatch.setattr(logfile, "_PIECE_LINES", piece)
+        monkeypatch.setattr(logfile, "PIECE_LINES", piece)
         got = read_log(path, block_bytes=block)
         for part in ("fetch", "train"):
             for key, want in getattr(whole, part).items():
@@ -354,6 +354,6 @@ def test_blocks_of_many_tiny_lines_parse_in_pieces_to_the_same_records(tmp_path,
     assert whole.rejects.table().num_rows > 0 and whole.counts["blank_lines"] > 0
     path.write_bytes(b"\n" * 5000 + b"y" * 3000 + b"\n" + b"\n" * 10)
     for piece in (1000, 7):
-        monkeypatch.setattr(logfile, "_PIECE_LINES", piece)
+        monkeypatch.setattr(logfile, "PIECE_LINES", piece)
         with pytest.raises(InputError, match=rf"{path.name}:5001: line longer than 2999"):
             read_log(path, max_line=2999)

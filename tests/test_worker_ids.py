@@ -32,3 +32,15 @@ def test_parse_reports_sparse_worker_ids(tmp_path):
     ) in parsed.report["warnings"]
     dense = parse_run(run_of(tmp_path, {"dense.log": [x.replace("id: 7", "id: 1") for x in lines]}))
     assert "sparse_worker_ids" not in dense.report
+
+
+def test_distinct_pairs_as_numpy_unique_finds_them():
+    """The parse's (gpu, worker) pairs by one sorted int64 key: what np.unique(axis=1) gives."""
+    from dsim.sources.rawlog.parse import _distinct_pairs
+
+    rng = np.random.default_rng(7)
+    for n, ranks, workers in ((1, 1, 1), (7, 3, 2), (5000, 1024, 8), (3000, 40, 999_999)):
+        gpu = rng.integers(0, ranks, n).astype(np.int32)
+        worker = rng.integers(0, workers, n).astype(np.int32)
+        want = np.unique(np.stack([gpu.astype(np.int64), worker.astype(np.int64)]), axis=1)
+        np.testing.assert_array_equal(_distinct_pairs(gpu, worker), want)

@@ -34,7 +34,7 @@ MAX_LINE_BYTES = 1 << 20  # the longest line read (bytes before its \n); real li
 # Counters and indices fit 32 bits (the grammar allows at most 9 digits); halving
 # them keeps the records of a long run close to the size of its tables.
 _NARROW = ("gpu", "worker", "idx", "epoch", "iteration", "total")
-_SPARE = 1.05  # columns are sized for the whole file from the records per byte so far, plus this
+SPARE = 1.05  # columns are sized for the whole file from the records per byte so far, plus this
 
 
 @dataclass
@@ -53,7 +53,7 @@ class FileRecords:
     loader: list[dict[str, int | None]] = field(default_factory=list)
 
 
-class _Columns:
+class Columns:
     """Record columns that grow block by block in place, with room to spare at the end.
 
     Appending every block's records to arrays sized for the whole file (from
@@ -62,17 +62,23 @@ class _Columns:
     long-lived arrays left between the blocks' freed temporaries, which would
     keep the allocator from reusing or returning that memory. Spare room that
     is never written is never touched, so it costs address space, not memory.
+    The run's records are gathered from its files the same way
+    (``dsim.sources.rawlog.parse``). An optional column appended only as
+    ``absent_as_views``'s view of one NaN stays such a view (no memory).
     """
 
     def __init__(self) -> None:
         self.columns: dict[str, np.ndarray] = {}
+        self.absent: set[str] = set()  # optional columns no record carried so far
         self.rows = 0
 
     def append(self, records: dict[str, np.ndarray], expected: int) -> None:
         count = len(records["line"])
         if not self.columns:
+            self.absent = {k for k in OPTIONAL if k in records and _nan_view(records[k])}
             self.columns = {
-                k: np.empty(max(count, expected), _dtype(k, v)) for k, v in records.items()
+                k: np.empty(0 if k in self.absent else max(count, expected), narrow_dtype(k, v))
+                for k, v in records.items()
             }
         capacity = len(self.columns["line"])
         if self.rows + count > capacity:
@@ -82,30 +88,73 @@ class _Columns:
         if count and records["line"][-1] > _LINE_MAX and lines.dtype != np.int64:
             self.columns["line"] = lines.astype(np.int64)  # a file of over 4 G lines
         for key, values in records.items():
+            if key in self.absent:
+                if _nan_view(values):
+                    continue
+                self._materialize(key)
             self.columns[key][self.rows : end] = values
         self.rows = end
 
+    def adopt(self, records: dict[str, np.ndarray]) -> None:
+        """Hold ``records`` as they are, when nothing else will be appended (no copy)."""
+        assert not self.columns, "adopt replaces nothing"
+        self.columns, self.rows = dict(records), len(records["line"])
+
+    def _materialize(self, key: str) -> None:
+        """An optional column met with values: NaN for the rows before, room as the others."""
+        column = np.empty(len(self.columns["line"]), np.float64)
+        column[: self.rows] = np.nan
+        self.columns[key] = column
+        self.absent.discard(key)
+
     def _resize(self, capacity: int) -> None:
         for key, old in self.columns.items():
+            if key in self.absent:
+                continue
             new = np.empty(capacity, old.dtype)
             new[: self.rows] = old[: self.rows]
             self.columns[key] = new
 
     def result(self) -> dict[str, np.ndarray]:
-        return {k: v[: self.rows] for k, v in self.columns.items()}
+        nan = np.broadcast_to(np.float64(np.nan), self.rows)
+        return {k: nan if k in self.absent else v[: self.rows] for k, v in self.columns.items()}
 
 
-_PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
-_HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
+def _nan_view(values: np.ndarray) -> bool:
+    """Whether ``values`` is empty or ``absent_as_views``'s view of one NaN."""
+    return len(values) == 0 or (values.strides == (0,) and bool(np.isnan(values[0])))
+
+
+PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
+HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
 
 
-def _dtype(key: str, values: np.ndarray) -> np.dtype:
+def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
+    """The dtype a record column is kept in (counters int32, line numbers uint32)."""
     if key in _NARROW:
         return np.dtype(np.int32)
     if key == "line":
         return np.dtype(np.uint32)
     return values.dtype
+
+
+OPTIONAL = ("cpu_s", "runq_s")  # NaN on a line that does not carry them; most logs never do
+
+
+def absent_as_views(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``columns`` with each optional column that no record carries as a view of one NaN.
+
+    Why: two float columns of NaN are 16 bytes a record, a third of a
+    fetch record's size, kept until the tables are built, which leave them
+    out anyway (SPEC §2.1). A zero-stride view costs no memory; the records
+    read the same.
+    """
+    for key in OPTIONAL:
+        values = columns.get(key)
+        if values is not None and len(values) and np.isnan(values).all():
+            columns[key] = np.broadcast_to(np.float64(np.nan), len(values))
+    return columns
 
 
 def _read_head(handle, size: int) -> bytes:
@@ -135,7 +184,7 @@ def read_log(
     """
     digest = hashlib.sha256()
     rejects = grammar.Rejects()
-    fetch, train = _Columns(), _Columns()
+    fetch, train = Columns(), Columns()
     counts: dict[str, int] = {}
     loader: list[dict[str, int | None]] = []
     size = 0
@@ -154,13 +203,13 @@ def read_log(
     def consume(block: bytes | memoryview) -> None:
         ends = np.frombuffer(block, dtype=np.uint8) == 10
         count = int(np.count_nonzero(ends))
-        if count <= _PIECE_LINES:
+        if count <= PIECE_LINES:
             consume_piece(block, np.flatnonzero(ends))
             return
         # Millions of tiny lines in one block (a text of newlines): the per-line arrays
-        # would take ~100 bytes a line, 400 MB a block; pieces of about _PIECE_LINES lines,
+        # would take ~100 bytes a line, 400 MB a block; pieces of about PIECE_LINES lines,
         # cut after a line end, keep them small.
-        step = max(len(block) * _PIECE_LINES // count, 1)
+        step = max(len(block) * PIECE_LINES // count, 1)
         start = 0
         while start < len(block):
             stop = min(start + step, len(block))
@@ -185,7 +234,7 @@ def read_log(
         records = grammar.parse_lines(lines, next_line, rejects, max_duration=max_duration)
         consumed += len(block)
         at = size if fmt is not None else consumed  # how far into the file as stored
-        scale = max(expected_size, at) / max(at, 1) * _SPARE
+        scale = max(expected_size, at) / max(at, 1) * SPARE
         for part, columns in ((records.fetch, fetch), (records.train, train)):
             columns.append(part, int((columns.rows + len(part["line"])) * scale) + 1)
         for key, value in records.counts.items():
@@ -223,7 +272,12 @@ def read_log(
             while True:
                 # Each block gets its own buffer, the carried partial line copied to its
                 # front, and the file read straight behind it: no copy of the block itself.
-                buf = bytearray(len(carry) + block_bytes)
+                # A plain file's buffer is no larger than what is left of it (+1 to see its
+                # end): zero-filling 4 MiB for a 20 kB file cost more than parsing it.
+                room = block_bytes
+                if fmt is None and expected_size:
+                    room = min(block_bytes, max(expected_size - size, 0) + 1)
+                buf = bytearray(len(carry) + room)
                 buf[: len(carry)] = carry
                 view = memoryview(buf)
                 got = reader.readinto(view[len(carry) :])
@@ -234,8 +288,8 @@ def read_log(
                         carry = carry[cut + 1 :]
                     break
                 filled = len(carry) + got
-                if len(text_head) < _HEAD_BYTES:
-                    text_head += bytes(view[len(carry) : filled][: _HEAD_BYTES - len(text_head)])
+                if len(text_head) < HEAD_BYTES:
+                    text_head += bytes(view[len(carry) : filled][: HEAD_BYTES - len(text_head)])
                 if fmt is None:
                     digest.update(view[len(carry) : filled])
                     size += got
@@ -275,8 +329,8 @@ def read_log(
     counts.setdefault("lines", 0)
     return FileRecords(
         path=path,
-        fetch=fetch.result(),
-        train=train.result(),
+        fetch=absent_as_views(fetch.result()),
+        train=absent_as_views(train.result()),
         counts=counts,
         rejects=rejects,
         size=size,
