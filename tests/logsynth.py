@@ -198,6 +198,20 @@ def write_log(spec: LogSpec, seed: int, directory: Path) -> WrittenLog:
     train: list = []
     counts = {"start": 0, "other": 0, "blank": 0}
     rank_streams: list[list[list[tuple[int, str]]]] = []
+    # One job's pace, shared by its ranks: DDP ranks fetch and train together, so a
+    # rank's timeline follows these ticks (its own clocks may run ahead, never behind).
+    # Without it, ranks drifted apart like two jobs logged into one run (which dsim
+    # refuses). Its own generator, so the lines' other random choices stay as they were.
+    pace = random.Random(f"{seed}/pace")
+    ticks: list[list[int]] = []
+    epoch_ticks_start = [base]
+    for total in spec.iterations:
+        offsets, now = [], 0
+        for _ in range(total):
+            now += int(pace.expovariate(1 / 0.05) * NS)
+            offsets.append(epoch_ticks_start[-1] + now)
+        ticks.append(offsets)
+        epoch_ticks_start.append(epoch_ticks_start[-1] + now + NS)
 
     for rank in range(spec.gpus):
         rank_start = base + rng.randrange(NS // 10)  # DDP ranks start together
@@ -215,7 +229,7 @@ def write_log(spec: LogSpec, seed: int, directory: Path) -> WrittenLog:
             worker_clocks = [_Clock(rng, epoch_start) for _ in range(spec.workers)]
             for i in range(total):
                 worker = rng.randrange(spec.workers)
-                end_ns, end_digits = worker_clocks[worker].after(0, 0.05 * spec.workers)
+                end_ns, end_digits = worker_clocks[worker].after(ticks[e][i], 0.01)
                 fetch_s = _value(rng)
                 fetch.append((epoch, i, rank, worker, end_ns, fetch_s))
                 line = _fetch_line(
@@ -252,7 +266,7 @@ def write_log(spec: LogSpec, seed: int, directory: Path) -> WrittenLog:
                     counts["blank"] += 1
             epoch_end = max(train_clock.now, *(c.now for c in worker_clocks))
             # The next epoch's loader starts once this epoch's last iteration has run.
-            epoch_start = epoch_end + EPOCH_GAP_NS
+            epoch_start = max(epoch_end + EPOCH_GAP_NS, epoch_ticks_start[e + 1])
             for n, (_, start_ns, text) in enumerate(held):
                 loop.append((epoch_end + n if late else start_ns, text))
         rank_streams.append([*worker_streams, loop])

@@ -77,6 +77,7 @@ def test_api_and_cli_write_and_read_the_same_results(sample: Path) -> None:
         k: v for k, v in compared.record().items() if k != "warnings"
     }
     assert repr(compared).startswith(f"Comparison({trace.name} → {trace.name}: Iterations ")
+    (sample / "page").mkdir()  # like the CLI, the API does not create a missing directory
     page = dsim.report(sample / "api", out=sample / "page" / "r.html", traces=sample / "traces")
     assert page == sample / "page" / "r.html" and page.read_text().startswith("<!DOCTYPE html>")
 

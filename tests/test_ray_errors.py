@@ -135,8 +135,14 @@ def test_too_many_cpus_for_the_embedded_ray_is_one_line_at_once(workdir: Path) -
     )
     assert time.monotonic() - began < 20
     line = _one_error_line(proc)
-    assert f"num_cpus {10**9} is more than the embedded Ray can start" in line
+    limit = ray_connect.max_embedded_cpus()
+    assert f"--num-cpus must be an integer from 1 to {limit}" in line, line
+    assert proc.returncode == 2
     assert not (workdir / "res").exists() or not any((workdir / "res").glob("*/*.parquet"))
+    # The same bound guards the Ray start itself (the Python API, a config read elsewhere).
+    with pytest.raises(UsageError, match=f"num_cpus {10**9} is more than the embedded Ray"):
+        ray_connect.check_embedded_cpus(10**9)
+    ray_connect.check_embedded_cpus(limit)
 
 
 def test_a_failed_embedded_start_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
