@@ -211,3 +211,8 @@ def test_a_wandering_straggler_that_one_rank_leads_is_named() -> None:
         "Straggler: mostly GPU 3's loader — it finished its fetch last in 54 % of iterations "
         "(below the 60 % of a fixed one); then GPU 1 27 %, GPU 0 10 %, GPU 2 9 %."
     )
+    # the report's subtitle says the same, in its short form
+    from dsim.render.figures.attribution import straggler_text
+
+    subtitle = straggler_text(attribution_table([a]))
+    assert subtitle == "mostly GPU 3: last in 54 % (below the 60 % of a fixed straggler)"

@@ -1,6 +1,6 @@
 """dsim.execute.ray_watch without Ray: the head check, the fd-2 capture, the bounded call.
 
-The real head-node kill is tests/test_ray_cluster.py (opt-in: DSIM_RAY_HEAD_KILL=1).
+The real head-node kill is tests/test_ray_cluster.py (DSIM_RAY_HEAD_KILL=0 skips it).
 """
 
 from __future__ import annotations

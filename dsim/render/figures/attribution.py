@@ -92,7 +92,7 @@ def straggler_text(table: pd.DataFrame) -> str:
         share, bar = percent_text(_rank_shares(table)[gpu]), f"{FIXED_STRAGGLER_SHARE:.0f} %"
         if first["straggler"] == FIXED:
             return f"fixed straggler: GPU {gpu} (last in {share} ≥ {bar})"
-        return f"the straggler wanders: GPU {gpu} last most often ({share} < {bar})"
+        return f"mostly GPU {gpu}: last in {share} (below the {bar} of a fixed straggler)"
     return "no rank alone finished its fetch last"
 
 
