@@ -9,6 +9,7 @@ that every section ran end to end and produced its table and JSON.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def test_run_all_quick(tmp_path: Path) -> None:
     assert any(f.startswith("e2e growth exponent") for f in figures)
     # the quick many-files case is smaller than the target's: shown, never judged "NO"
     many = [row for row in res["targets"] if row["figure"].startswith("parse fixed cost per file")]
-    assert len(many) == 1 and many[0]["met"] is None and many[0]["value"] > 0
+    # (its value is a difference of two timings: on a loaded machine it may come out < 0)
+    assert len(many) == 1 and many[0]["met"] is None and math.isfinite(many[0]["value"])
 
 
 def test_bench_pipeline_quick(tmp_path: Path) -> None:

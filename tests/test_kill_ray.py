@@ -185,7 +185,7 @@ def test_sigterm_during_a_ray_run_ends_with_143_and_one_line(tmp_path: Path) -> 
     import random
 
     rng = random.Random(20)
-    write_synthetic(tmp_path / "traces", RUN, iterations=2000)
+    write_synthetic(tmp_path / "traces", RUN, gpus=8, iterations=100_000)  # tasks run ~1 s
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     for name in ("RAY_ADDRESS", "DSIM_DEBUG"):
         env.pop(name, None)

@@ -443,7 +443,11 @@ def _init(ray: Any, **options: Any) -> None:
     finally:
         if replace is not None:
             utils.set_sigterm_handler = replace
-    if ours and not processes.handles(signal.SIGTERM):
+    if ours:
+        # Always, not only when Python's record of the handler changed: Ray 2.10's core
+        # installs absl's failure handlers and, removing them, leaves SIGTERM at the
+        # kernel's default while Python still names dsim's handler (killed by the signal,
+        # exit -15, no message); signal.signal sets it with the kernel again.
         processes.install_handlers()
 
 
