@@ -53,9 +53,15 @@ def _leave(code: int) -> None:
     import sys
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter's own exit does first: wake idle executor threads, then join
+    # every non-daemon thread (joining an idle pool worker before waking it would hang).
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # pragma: no cover - every CPython dsim supports has it
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: the code is chosen

@@ -111,6 +111,9 @@ def test_leave_runs_exit_handlers_and_keeps_the_exit_code() -> None:
         "from dsim.__main__ import _leave\n"
         "atexit.register(lambda: print('handler ran', flush=True))\n"
         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(1)  # kept: an idle pool worker, never shut down\n"
+        "pool.submit(int)\n"
         "print('partial line', end='')\n"
         "_leave(7)\n"
     )
