@@ -217,6 +217,18 @@ def test_trainer_stretch_keeps_the_body_and_falls_with_the_demand() -> None:
     )
 
 
+def test_trainer_stretch_follows_the_curve_outside_the_body() -> None:
+    """Start-up and drain rows: the calibrated curve at their own demand, never above ρ."""
+    demand = np.array([3.0, 2.0, 2.0, 2.0, 1.0, 0.5])
+    body = np.array([False, True, True, True, False, False])
+    rho = cpu_share.trainer_stretch(4.0, demand, body, (2, 0.5))
+    np.testing.assert_allclose(rho[1:4], 4.0)  # the body keeps its proportional share
+    # 1 + a u / (1 - u) at u = d / K: u = 0.5 -> 1.5; u = 0.25 -> 1 + 0.5/3; u >= 1 -> capped at ρ.
+    np.testing.assert_allclose(rho[[0, 4, 5]], [4.0, 1.5, 1.0 + 0.5 / 3.0])
+    # Without the curve the edge rows take the proportional share, as before.
+    np.testing.assert_allclose(cpu_share.trainer_stretch(4.0, demand, body)[[4, 5]], [2.5, 1.75])
+
+
 def test_the_drain_at_a_segment_end_runs_faster(tmp_path: Path) -> None:
     """The last P·W iterations: workers idle, the trainers get the cores (SPEC §4.2 "The drain").
 

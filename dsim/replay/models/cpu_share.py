@@ -196,26 +196,47 @@ def overlap_rate(
     return out
 
 
-def trainer_stretch(rho: float, demand: np.ndarray, body: np.ndarray) -> np.ndarray:
-    """ρ_k = 1 + (ρ − 1) d_k / d̄: the stretch of iteration k's training CPU on one node.
+def trainer_stretch(
+    rho: float,
+    demand: np.ndarray,
+    body: np.ndarray,
+    curve: tuple[int, float] | None = None,
+) -> np.ndarray:
+    """ρ_k: the stretch of iteration k's training CPU on one node, from its demand d_k.
 
     Why: the fixed point gives one stretch ρ for the body of a segment, where
     every worker has indices to build. When the sampler runs out, the last
     P·W batches finish and the workers go idle: the node's CPU demand falls
     and the training processes get the cores (the 8-worker re-runs' last 16
     iterations ran 2-3x faster than their body though their fetches took as
-    long). The excess stretch ρ − 1 is taken proportional to the node's
-    demand ``demand`` (d_k, CPU seconds per second in iteration k), scaled so
-    that it is ρ − 1 at the body's mean demand d̄ (rows ``body``; every row if
-    none is marked). No constant is fitted: where d̄ is not positive or d_k is
-    unknown the stretch stays ρ.
+    long). In the body the excess stretch ρ − 1 is taken proportional to the
+    demand (d_k, CPU seconds per second), scaled so that it is ρ − 1 at the
+    body's mean demand d̄ (rows ``body``; every row if none is marked).
+
+    Outside the body (a segment's start-up and drain rows), with ``curve`` =
+    (K cores, a), ρ_k is the calibrated processor-sharing curve at the
+    iteration's own demand, ``stretch(d_k / K, a)``, never above ρ: the drain
+    runs at the low demand of the trainers alone, where the curve is flat
+    (an 8-worker re-run's drain measured 1.87, the curve 1.54 at its demand;
+    a share proportional to the demand stayed near ρ). The body keeps the
+    proportional share: its per-iteration demand is noisy, and near the
+    curve's pole at u = 1 one busy iteration would get an unbounded stretch
+    (tried: worker what-ifs off by up to 10x). No constant is fitted: where
+    d̄ is not positive or d_k is unknown the stretch stays ρ.
     """
     demand = np.asarray(demand, dtype=np.float64)
-    mask = np.asarray(body, dtype=bool) & np.isfinite(demand)
+    body = np.asarray(body, dtype=bool)
+    known = np.isfinite(demand)
+    mask = body & known
     if not mask.any():
-        mask = np.isfinite(demand)
+        mask = known
     ref = float(demand[mask].mean()) if mask.any() else 0.0
     if not ref > 0.0:
         return np.full(demand.shape, float(rho))
-    scale = np.where(np.isfinite(demand), demand / ref, 1.0)
-    return 1.0 + (float(rho) - 1.0) * scale
+    out = 1.0 + (float(rho) - 1.0) * np.where(known, demand / ref, 1.0)
+    if curve is not None and curve[0] > 0:
+        cores, a = curve
+        edge = ~body & known
+        u = np.clip(demand[edge] / cores, 0.0, U_MAX_MEASURED)
+        out[edge] = np.minimum(1.0 + a * u / (1.0 - u), float(rho))
+    return out

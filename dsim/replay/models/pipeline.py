@@ -189,7 +189,8 @@ def trainer_stretches(
     a training process its c_t over its iteration; their sum over the node
     during iteration k's span (from the node's earliest end of iteration
     k − 1 to its latest end of k) is the demand d_k, and
-    ``cpu_share.trainer_stretch`` turns it into ρ_k. Fetches keep ρ*: a
+    ``cpu_share.trainer_stretch`` turns it into ρ_k (the body's share of ρ*,
+    the calibrated curve at the start-up and drain rows). Fetches keep ρ*: a
     fetch lives across many iterations, and the last ones measured as long as
     the body's. Repeated ``TRAINER_PASSES`` times with the new iteration ends.
     """
@@ -230,7 +231,9 @@ def trainer_stretches(
                 load.train_cpu[:, cols].sum(axis=1), length,
                 out=np.zeros(n), where=length > 0,
             )  # fmt: skip
-            rho_t[:, cols] = cpu_share.trainer_stretch(rho, demand + trainers, body)[:, None]
+            rho_t[:, cols] = cpu_share.trainer_stretch(
+                rho, demand + trainers, body, (load.cores, cpu.a)
+            )[:, None]
     return rho_t
 
 
