@@ -292,3 +292,23 @@ def test_drain_section_is_generated_from_the_rows() -> None:
     assert "| cpu (cpu) | workers 2 -> 8 | 16 | 56.5 | 25.6 | 55.6 | 42.2 |" in text
     assert "align min" not in text
     assert drain_section(rows.drop(columns=["drain_ms_measured"])) == []
+
+
+def test_overall_targets_judge_the_effective_delay_share_too() -> None:
+    """The issue's alignment target has two parts: iteration time and the effective-delay share."""
+    from validation.report import overall_section
+
+    frame = pd.DataFrame(
+        {
+            "kind": ["align"] * 4,
+            "target_cell": ["a", "b", "c", "d"],
+            "target_iteration_pipeline": ["met"] * 4,
+            "iteration_ms_err_pipeline": [1.0, -2.0, 3.0, 0.5],
+            "target_share_pipeline": ["met", "met", "met", "missed"],
+            "target_loader_pipeline": [None] * 4,
+        }
+    )
+    text = "\n".join(overall_section(frame))
+    assert "pipeline, alignment what-ifs: 4/4 cells (100 %)" in text
+    assert "pipeline, alignment (effective-delay share) what-ifs: 3/4 cells (75 %)" in text
+    assert "target ≥ 90 %: missed" in text

@@ -184,7 +184,11 @@ def overall_section(frame: pd.DataFrame) -> list[str]:
     """The issue's overall targets, judged per model from the rows above."""
     lines = ["Issue #18's overall targets:", ""]
     for model, label in MODELS:
-        for target, what in (("iteration", "alignment"), ("loader", "loader")):
+        for target, what in (
+            ("iteration", "alignment"),
+            ("share", "alignment (effective-delay share)"),
+            ("loader", "loader"),
+        ):
             met, total = _count(frame, f"target_{target}_{model}")
             if not total:
                 continue
