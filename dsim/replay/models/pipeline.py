@@ -398,6 +398,11 @@ def _mean_iteration(
     The first P*W batches of a segment are sent with the epoch's iterator and
     built while the loop waits for the first one; their iterations say
     nothing about the rate at which the cores keep up (T in u = C / (K T)).
+    So are the measured run's own first P_m*W_m: their calibrated latencies
+    carry the measured start-up, where P_m*W_m batches were built at once.
+    Leaving only the what-if's P*W out let an 8-worker run's 16-batch
+    start-up inflate T of a 2-worker what-if, lower u and ρ*, and predict
+    its body below the cores' bound C / K (FIDELITY.md: -18 % to -32 %).
     """
     from dsim.replay.models.pipeline_kernel import replay_pipeline
 
@@ -410,7 +415,7 @@ def _mean_iteration(
     c = prepared.calibration
     w = c.workers if workers is None else int(workers)
     p = c.prefetch if prefetch is None else int(prefetch)
-    startup = max(w * p, 1)
+    startup = max(w * p, c.workers * c.prefetch, 1)
     steady = np.ones(len(times), dtype=bool)
     for lo, hi in prepared.inputs.segments:
         steady[lo : min(lo + startup, hi)] = False
