@@ -310,3 +310,27 @@ def test_fewer_workers_from_a_many_worker_run_respect_the_cores(tmp_path: Path) 
     bound = cpu.demand_s / cpu.load.cores
     body = replay.iteration_s[16:-4]  # past the measured 16-batch start-up, before the drain
     assert body.mean() > 1.1 * bound
+
+
+def test_the_drain_hands_batches_over_faster_and_only_there() -> None:
+    """In the last P·W rows the hand-over shrinks with the trainers' stretch, never grows."""
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched, drain_rows
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    n, g = 6, 2
+    ones = np.ones((n, g))
+    inputs = PipelineInputs(
+        np.array([[0, n]]), np.arange(n), ones, ones, ones, ones, ones, np.zeros((n, g), int)
+    )
+    hand = np.full((n, g), 0.010)
+    calibration = Calibration(2, 1, *(np.zeros((n, g)),) * 2, hand, *(np.zeros((n, g)),) * 3)
+    load = cpu_share.CpuLoad(ones, ones, ones, ones, 2, 2, False, True)
+    prepared = PreparedPipeline(inputs, calibration, CpuState(load, 4.0, 1.0, 0.5, 1.0))
+    drain = drain_rows(inputs.segments, n, 2)
+    np.testing.assert_array_equal(drain, [False] * 4 + [True] * 2)
+    rho_t = np.array([[4.0], [4.0], [5.0], [3.0], [2.0], [6.0]]).repeat(g, axis=1)
+    got = _stretched(prepared, 4.0, rho_t, drain).calibration.hand[:, 0]
+    # Body rows keep the calibrated hand-over (even where ρ_t < ρ*); the drain's
+    # shrinks by ρ_t / ρ* and never grows above it.
+    np.testing.assert_allclose(got, [0.010, 0.010, 0.010, 0.010, 0.005, 0.010])
+    np.testing.assert_array_equal(_stretched(prepared, 4.0, rho_t).calibration.hand, hand)

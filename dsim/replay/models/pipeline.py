@@ -144,7 +144,10 @@ def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
 
 
 def _stretched(
-    prepared: PreparedPipeline, rho: float, trainer_rho: np.ndarray | None = None
+    prepared: PreparedPipeline,
+    rho: float,
+    trainer_rho: np.ndarray | None = None,
+    drain: np.ndarray | None = None,
 ) -> PreparedPipeline:
     """The run with every CPU second taking ``rho`` wall seconds instead of ρ_m.
 
@@ -153,6 +156,10 @@ def _stretched(
     process's CPU time c_t (ρ_t − ρ_m): it competes for the same cores.
     ``trainer_rho`` ([N, G]) gives each iteration's ρ_t where the node's
     demand varies along the run (``trainer_stretches``); without it ρ_t = ρ.
+    In the ``drain`` rows ([N] bool: each segment's last P·W) the hand-over
+    of a ready batch shrinks by min(1, ρ_t / ρ): there the loop only takes
+    built batches off the queue, work of the training process that speeds
+    up with it (SPEC §4.2, "The drain").
     """
     cpu = prepared.cpu
     assert cpu is not None
@@ -166,7 +173,26 @@ def _stretched(
         prepared.calibration,
         after=prepared.calibration.after + cpu.load.train_cpu * trainer_delta,
     )
+    if trainer_rho is not None and drain is not None and drain.any() and rho > 0:
+        ratio = np.where(drain[:, None], np.minimum(trainer_rho / rho, 1.0), 1.0)
+        calibration = replace(calibration, hand=calibration.hand * ratio)
     return PreparedPipeline(inputs, calibration, None)
+
+
+def drain_rows(segments: np.ndarray, n: int, startup: int) -> np.ndarray:
+    """[N] bool: each segment's last ``startup`` (= P·W) rows, where no fetch starts any more."""
+    drain = np.zeros(n, dtype=bool)
+    for lo, hi in segments:
+        drain[max(hi - startup, lo) : hi] = True
+    return drain
+
+
+def _loader_window(prepared: PreparedPipeline, workers: int | None, prefetch: int | None) -> int:
+    """P·W of the replay (at least 1): the batches in flight, its start-up and drain length."""
+    c = prepared.calibration
+    w = c.workers if workers is None else int(workers)
+    p = c.prefetch if prefetch is None else int(prefetch)
+    return max(w * p, 1)
 
 
 #: Passes of the trainers' per-iteration stretch (each replays once more; the
@@ -201,9 +227,8 @@ def trainer_stretches(
     assert cpu is not None
     load = cpu.load
     n, g = prepared.inputs.fetch.shape
-    c = prepared.calibration
-    startup = max((c.workers if workers is None else int(workers)) * (
-        c.prefetch if prefetch is None else int(prefetch)), 1)  # fmt: skip
+    startup = _loader_window(prepared, workers, prefetch)
+    drain = drain_rows(prepared.inputs.segments, n, startup)
     body = np.zeros(n, dtype=bool)
     first = np.zeros(n, dtype=bool)
     for lo, hi in prepared.inputs.segments:
@@ -212,7 +237,7 @@ def trainer_stretches(
     nodes = np.arange(g) // max(load.ranks_per_node, 1)
     rho_t = np.full((n, g), float(rho))
     for _ in range(TRAINER_PASSES):
-        stretched = _stretched(prepared, rho, rho_t)
+        stretched = _stretched(prepared, rho, rho_t, drain)
         out = replay_pipeline(
             stretched.inputs,
             stretched.calibration,
@@ -455,4 +480,6 @@ def contended(
     else:
         rho = solve_contention(prepared, policy, workers, prefetch).rho
     rho_t = trainer_stretches(prepared, policy, workers, prefetch, rho)
-    return _stretched(prepared, rho, rho_t), kernel_policy(prepared, policy)
+    n = prepared.inputs.fetch.shape[0]
+    drain = drain_rows(prepared.inputs.segments, n, _loader_window(prepared, workers, prefetch))
+    return _stretched(prepared, rho, rho_t, drain), kernel_policy(prepared, policy)
