@@ -463,7 +463,7 @@ def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead
     plain = DataLoader(Squares(6), batch_size=2, collate_fn=tuple_collate)
     loader = instrument_loader(
         plain, log_dir=tmp_path, rank=1, timer=timer, epoch=lambda: next(epochs),
-        local_world_size=3,
+        settings={"local_world_size": 3, "batch_size": 5},
     )  # fmt: skip
     steps = []
     for _ in range(2):
@@ -483,7 +483,8 @@ def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead
     assert [(r["epoch"], r["it"], r["total"]) for r in trains] == [
         (e, str(i), "3") for e in ("7", "8") for i in range(3)
     ]
-    assert len(fetches) == 6 and [r["local_world_size"] for r in loaders] == ["3", "3"]
+    assert len(fetches) == 6 and len(loaders) == 2
+    assert {(r["local_world_size"], r["batch_size"]) for r in loaders} == {("3", "5")}
     # Iteration k (k >= 1) holds the step on batch k-1, taken while batch k was asked for.
     assert all(float(r["time"]) >= 0.02 for r in trains if r["it"] != "0")
     loader._dsim_finish()  # nothing running: a no-op

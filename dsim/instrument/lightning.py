@@ -82,7 +82,7 @@ class _Instrumenter:
             logger=self.logger,
             timer=timer,
             epoch=lambda: int(trainer.current_epoch),
-            local_world_size=int(trainer.num_devices),
+            settings={"local_world_size": int(trainer.num_devices)},
         )
 
 

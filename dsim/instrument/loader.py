@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -180,7 +180,7 @@ def _instrumented_loader_class() -> type:
             _dsim_rank = 0
             _dsim_timer: TrainingTimer | None = None
             _dsim_epoch: Callable[[], int] | None = None
-            _dsim_node_ranks: int | None = None
+            _dsim_settings: dict[str, int | None] = {}  # noqa: RUF012 (replaced, never mutated)
             _dsim_running: Iterator[Any] | None = None
 
             @property
@@ -210,7 +210,7 @@ def _instrumented_loader_class() -> type:
                 iterator = super().__iter__()
                 if self._dsim_sink is not None:
                     sink, rank = self._dsim_sink, self._dsim_rank
-                    settings = _settings(self, self._dsim_node_ranks)
+                    settings = {**_settings(self), **self._dsim_settings}
 
                     def log(nbytes: int | None) -> None:
                         line = loader_line(time.time(), rank, {**settings, "batch_bytes": nbytes})
@@ -233,7 +233,7 @@ class _Iterates:
         return self.make()
 
 
-def _settings(loader: Any, node_ranks: int | None = None) -> dict[str, object]:
+def _settings(loader: Any) -> dict[str, object]:
     workers = int(loader.num_workers)
     return {
         "num_workers": workers,
@@ -242,7 +242,7 @@ def _settings(loader: Any, node_ranks: int | None = None) -> dict[str, object]:
         "persistent_workers": bool(loader.persistent_workers),
         "pin_memory": bool(loader.pin_memory),
         "cores": usable_cores(),
-        "local_world_size": node_ranks if node_ranks is not None else local_world_size(),
+        "local_world_size": local_world_size(),
     }
 
 
@@ -254,7 +254,7 @@ def instrument_loader(
     logger: logging.Logger | str | None = None,
     timer: TrainingTimer | None = None,
     epoch: Callable[[], int] | None = None,
-    local_world_size: int | None = None,
+    settings: Mapping[str, int | None] | None = None,
 ) -> Any:
     """Return a DataLoader that yields what ``loader`` yields and logs one fetch line per batch.
 
@@ -269,9 +269,10 @@ def instrument_loader(
     ``dsim.instrument.huggingface``), ``timer`` and ``epoch`` make the loader
     write the training lines as well: each iterator it hands out is
     ``timer.iterate(…, epoch=epoch())``, so an iteration ends when the loop
-    asks for the next batch, whoever the loop is. ``local_world_size``
-    (ranks on the node) replaces ``$LOCAL_WORLD_SIZE`` in the loader line,
-    for launchers that do not set it.
+    asks for the next batch, whoever the loop is. ``settings`` gives the
+    loader line what the loader cannot tell: ``local_world_size`` (ranks on
+    the node) for launchers that do not set ``$LOCAL_WORLD_SIZE``,
+    ``batch_size`` behind a framework's sharding batch sampler.
     """
     if (timer is None) != (epoch is None):
         raise UsageError("give both timer= and epoch=, or neither")
@@ -319,5 +320,5 @@ def instrument_loader(
     instrumented = _instrumented_loader_class()(dataset, **kwargs)
     instrumented._dsim_sink, instrumented._dsim_rank = sink, rank
     instrumented._dsim_timer, instrumented._dsim_epoch = timer, epoch
-    instrumented._dsim_node_ranks = local_world_size
+    instrumented._dsim_settings = dict(settings or {})
     return instrumented
