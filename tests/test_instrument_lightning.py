@@ -47,3 +47,13 @@ def test_the_callback_refuses_two_destinations_or_none() -> None:
         DsimCallback()
     with pytest.raises(UsageError, match="exactly one"):
         DsimCallback(log_dir="x", logger="y")
+
+
+def test_pytorch_lightning_users_get_a_callback_of_their_package() -> None:
+    require("pytorch_lightning")
+    import pytorch_lightning
+
+    from dsim.instrument.lightning import callback_class
+
+    callback = callback_class("pytorch_lightning")(log_dir="x")
+    assert isinstance(callback, pytorch_lightning.Callback)

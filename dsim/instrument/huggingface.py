@@ -20,9 +20,9 @@ accumulation stay accelerate's. The Trainer needs no subclass and no
 ``get_train_dataloader`` override: it hands the prepared loader it is about
 to iterate to ``on_train_begin``, where the callback instruments that object.
 
-accelerate reads one batch ahead (to know the last one), so iteration i's
-logged wait is what held the loop before its step, and its time spans the
-step computed meanwhile (SPEC §1.10). transformers and accelerate are
+accelerate reads one batch ahead (to know the last one), so iteration i is
+the wait for batch i and then the step on batch i−1, which that wait gates
+(docs/SPEC.md §1.10). transformers and accelerate are
 imported only when this module is, never by ``import dsim``.
 """
 

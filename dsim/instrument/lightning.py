@@ -15,9 +15,10 @@ Lightning reloads them (``reload_dataloaders_every_n_epochs``). Each is
 replaced by ``instrument_loader``'s loader with a ``TrainingTimer``: the
 same fetch, training and loader lines as a hand-written loop, and an
 iteration ends when Lightning asks for the next batch. Lightning reads one
-batch ahead (to know the last one), so the wait logged for iteration i is
-the wait that actually held the loop before its step, and the iteration's
-time spans the step the loop computed meanwhile (SPEC §1.10).
+batch ahead (to know the last one), so iteration i is the wait for batch i
+and then the step on batch i−1, which that wait gates; the last step starts
+without a request, so ``on_train_batch_start`` ends the epoch's last
+iteration there (docs/SPEC.md §1.10).
 
 Lightning is imported when the callback class is first used, never by
 ``import dsim``; ``lightning`` is preferred, ``pytorch_lightning`` used when
