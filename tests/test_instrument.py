@@ -447,6 +447,66 @@ def test_timer_logs_each_finished_iteration_syncs_once_and_skips_a_broken_one(
     assert {r["thr"] is not None for r in trains} == {True}  # batch size taken from the loader
 
 
+def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead(
+    torch, tmp_path: Path
+) -> None:
+    """Framework loops (Lightning, accelerate) ask for batch k+1 before step k, and
+    Lightning never asks past the last batch: iteration k then ends where batch k+1 is
+    asked for, the last one where ``_dsim_finish`` is called, each epoch numbered by
+    ``epoch()`` when the epoch's iterator is made."""
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    epochs = iter([7, 8])
+    timer = TrainingTimer(log_dir=tmp_path, rank=1, batch_size=2)
+    plain = DataLoader(Squares(6), batch_size=2, collate_fn=tuple_collate)
+    loader = instrument_loader(
+        plain, log_dir=tmp_path, rank=1, timer=timer, epoch=lambda: next(epochs),
+        settings={"local_world_size": 3, "batch_size": 5},
+    )  # fmt: skip
+    steps = []
+    for _ in range(2):
+        batches = iter(loader)
+        ahead = next(batches)
+        for k in range(3):
+            if k < 2:
+                current, ahead = ahead, next(batches)
+            else:
+                current = ahead
+                loader._dsim_finish()  # where Lightning's last step starts
+            time.sleep(0.02)  # the step
+            steps.append(current)
+    assert all(map(same, steps, list(plain) * 2))
+    loaders: list[dict[str, str]] = []
+    fetches, trains = read_log(tmp_path / "rank1.log", loaders)
+    assert [(r["epoch"], r["it"], r["total"]) for r in trains] == [
+        (e, str(i), "3") for e in ("7", "8") for i in range(3)
+    ]
+    assert len(fetches) == 6 and len(loaders) == 2
+    assert {(r["local_world_size"], r["batch_size"]) for r in loaders} == {("3", "5")}
+    # Iteration k (k >= 1) holds the step on batch k-1, taken while batch k was asked for.
+    assert all(float(r["time"]) >= 0.02 for r in trains if r["it"] != "0")
+    loader._dsim_finish()  # nothing running: a no-op
+    with pytest.raises(UsageError, match="both timer= and epoch="):
+        instrument_loader(plain, log_dir=tmp_path, timer=timer)
+
+
+def test_a_loader_rebuilt_from_the_instrumented_ones_attributes_still_collates(
+    torch, tmp_path: Path
+) -> None:
+    """accelerate's skip_first_batches (on resume) and Lightning rebuild a loader from its
+    attributes: its untagged samples must still be collated with the user's collate_fn."""
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import instrument_loader
+
+    plain = DataLoader(Squares(4), batch_size=2, collate_fn=tuple_collate)
+    loader = instrument_loader(plain, log_dir=tmp_path, rank=0)
+    rebuilt = DataLoader(loader.dataset, batch_size=2, collate_fn=loader.collate_fn)
+    assert all(map(same, plain, rebuilt))
+
+
 def test_rank_comes_from_the_environment_and_logger_output_works(
     torch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

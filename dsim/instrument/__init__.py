@@ -12,6 +12,10 @@
 Each rank appends to ``logs/myrun/rank<N>.log``: one fetch line per batch from
 the DataLoader worker that built it, one training line per iteration.
 PyTorch is imported only when a loader is instrumented; dsim never needs it.
+Loops a framework runs: ``dsim.instrument.lightning.DsimCallback`` (Lightning),
+``dsim.instrument.huggingface.DsimTrainerCallback`` and ``instrument_accelerate``
+(transformers, accelerate); not imported here, so ``import dsim.instrument``
+imports no framework.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,6 +28,7 @@ from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
+from dsim.instrument.timer import TrainingTimer
 
 
 class _Tagged(NamedTuple):
@@ -37,13 +39,26 @@ class _Tagged(NamedTuple):
 
 
 class _Collated(NamedTuple):
-    """A batch already collated in the worker; ``_unwrap`` hands it on unchanged."""
+    """A batch already collated in the worker; ``_Unwrap`` hands it on unchanged."""
 
     value: Any
 
 
-def _unwrap(data: Any) -> Any:
-    return data.value if isinstance(data, _Collated) else data
+class _Unwrap:
+    """The instrumented loader's ``collate_fn``: a worker's ``_Collated`` batch passes unchanged.
+
+    Anything else is collated with the user's ``collate_fn``: frameworks that
+    rebuild a loader from its attributes (accelerate's ``skip_first_batches``
+    on resume, Lightning re-instantiating a loader) build one with a plain
+    sampler, whose untagged samples must still become the user's batches
+    (then without fetch lines) rather than a list of samples.
+    """
+
+    def __init__(self, collate_fn: Any):
+        self.collate_fn = collate_fn
+
+    def __call__(self, data: Any) -> Any:
+        return data.value if isinstance(data, _Collated) else self.collate_fn(data)
 
 
 class _TaggingSampler:
@@ -163,15 +178,39 @@ def _instrumented_loader_class() -> type:
 
             _dsim_sink: LineSink | None = None
             _dsim_rank = 0
+            _dsim_timer: TrainingTimer | None = None
+            _dsim_epoch: Callable[[], int] | None = None
+            _dsim_settings: dict[str, int | None] = {}  # noqa: RUF012 (replaced, never mutated)
+            _dsim_running: Iterator[Any] | None = None
 
             @property
             def _index_sampler(self):
                 return _TaggingSampler(super()._index_sampler)
 
             def __iter__(self):
+                if self._dsim_timer is None or self._dsim_epoch is None:
+                    return self._dsim_iter()
+                # Iterated lazily by the timer, so that starting the workers counts as
+                # waiting for the first batch, as with ``timer.iterate(loader)``.
+                epoch, total = self._dsim_epoch(), len(self)
+                running = self._dsim_timer.iterate(_Iterates(self._dsim_iter), epoch, total)
+                self._dsim_running = running
+                return running
+
+            def _dsim_finish(self) -> None:
+                """Log the epoch's last iteration now: for loops that never ask past the
+                last batch (Lightning knows the length), called when the loop would have
+                asked. The timer's next step finds the sampler exhausted and ends.
+                """
+                running, self._dsim_running = self._dsim_running, None
+                if running is not None:
+                    next(running, None)
+
+            def _dsim_iter(self):
                 iterator = super().__iter__()
                 if self._dsim_sink is not None:
-                    sink, rank, settings = self._dsim_sink, self._dsim_rank, _settings(self)
+                    sink, rank = self._dsim_sink, self._dsim_rank
+                    settings = {**_settings(self), **self._dsim_settings}
 
                     def log(nbytes: int | None) -> None:
                         line = loader_line(time.time(), rank, {**settings, "batch_bytes": nbytes})
@@ -182,6 +221,16 @@ def _instrumented_loader_class() -> type:
 
         _loader_class = InstrumentedDataLoader
     return _loader_class
+
+
+class _Iterates:
+    """An iterable whose iterator is ``make()``: lets ``TrainingTimer.iterate`` create it."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.make()
 
 
 def _settings(loader: Any) -> dict[str, object]:
@@ -203,6 +252,9 @@ def instrument_loader(
     rank: int | None = None,
     *,
     logger: logging.Logger | str | None = None,
+    timer: TrainingTimer | None = None,
+    epoch: Callable[[], int] | None = None,
+    settings: Mapping[str, int | None] | None = None,
 ) -> Any:
     """Return a DataLoader that yields what ``loader`` yields and logs one fetch line per batch.
 
@@ -211,7 +263,19 @@ def instrument_loader(
     loader shares ``loader``'s sampler object, so ``sampler.set_epoch`` and
     ``loader.sampler.set_epoch`` keep working. Build it before iterating: with
     ``persistent_workers`` the workers are started by the first epoch.
+
+    For training loops that are not the caller's own (Lightning, the Hugging
+    Face Trainer, accelerate: ``dsim.instrument.lightning``,
+    ``dsim.instrument.huggingface``), ``timer`` and ``epoch`` make the loader
+    write the training lines as well: each iterator it hands out is
+    ``timer.iterate(…, epoch=epoch())``, so an iteration ends when the loop
+    asks for the next batch, whoever the loop is. ``settings`` gives the
+    loader line what the loader cannot tell: ``local_world_size`` (ranks on
+    the node) for launchers that do not set ``$LOCAL_WORLD_SIZE``,
+    ``batch_size`` behind a framework's sharding batch sampler.
     """
+    if (timer is None) != (epoch is None):
+        raise UsageError("give both timer= and epoch=, or neither")
     from torch.utils.data import BatchSampler, IterableDataset
 
     if isinstance(loader.dataset, IterableDataset):
@@ -228,7 +292,7 @@ def instrument_loader(
 
     kwargs: dict[str, Any] = {
         "num_workers": loader.num_workers,
-        "collate_fn": _unwrap,
+        "collate_fn": _Unwrap(loader.collate_fn),
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
         "worker_init_fn": loader.worker_init_fn,
@@ -255,4 +319,6 @@ def instrument_loader(
         kwargs["batch_sampler"] = batch_sampler
     instrumented = _instrumented_loader_class()(dataset, **kwargs)
     instrumented._dsim_sink, instrumented._dsim_rank = sink, rank
+    instrumented._dsim_timer, instrumented._dsim_epoch = timer, epoch
+    instrumented._dsim_settings = dict(settings or {})
     return instrumented

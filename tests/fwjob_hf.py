@@ -1,0 +1,98 @@
+"""A tiny Hugging Face DDP job (2 CPU ranks under torchrun, gloo on loopback) logged by dsim.
+
+Run by tests/test_instrument_hf.py as ``torchrun --nproc_per_node 2 fwjob_hf.py
+MODE LOG_ROOT ITERATIONS`` with MODE ``trainer`` (transformers.Trainer with
+DsimTrainerCallback, logs in LOG_ROOT/trainer), ``accelerate`` (a plain
+accelerate loop with instrument_accelerate, LOG_ROOT/accelerate) or ``both``.
+The model and data are plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+BATCH, EPOCHS, RANKS, WORKERS = 8, 2, 2, 2
+
+
+class Samples(Dataset):
+    """Random features; rank 1's samples take longer to read (a slow loader to find)."""
+
+    def __init__(self, size: int, rank: int):
+        self.rank = rank
+        self.x = torch.randn(size, 16, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        time.sleep(0.001 * (1 + 2 * self.rank))
+        return {"x": self.x[index], "labels": self.x[index].sum(0, keepdim=True)}
+
+
+class Model(torch.nn.Module):
+    """Returns its loss, as the Trainer expects of a model given labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(16, 1)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
+
+
+def trainer(log_dir: str, data: Dataset) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    from dsim.instrument.huggingface import DsimTrainerCallback
+
+    args = TrainingArguments(
+        output_dir=os.path.join(log_dir, "..", "..", "hf-output"),
+        per_device_train_batch_size=BATCH,
+        num_train_epochs=EPOCHS,
+        dataloader_num_workers=WORKERS,
+        use_cpu=True,
+        ddp_backend="gloo",
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    callback = DsimTrainerCallback(log_dir=log_dir)
+    Trainer(Model(), args, train_dataset=data, callbacks=[callback]).train()
+
+
+def accelerate(log_dir: str, data: Dataset) -> None:
+    from accelerate import Accelerator
+
+    from dsim.instrument.huggingface import instrument_accelerate
+
+    accelerator = Accelerator(cpu=True)
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=WORKERS)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    loader = instrument_accelerate(loader, log_dir=log_dir)
+    for _ in range(EPOCHS):
+        for batch in loader:
+            loss = model(**batch)["loss"]
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def main(mode: str, log_dir: str, iterations: int) -> None:
+    torch.set_num_threads(1)
+    data = Samples(iterations * BATCH * RANKS, int(os.environ["RANK"]))
+    if mode in ("trainer", "both"):
+        trainer(os.path.join(log_dir, "trainer"), data)
+    if mode in ("accelerate", "both"):
+        accelerate(os.path.join(log_dir, "accelerate"), data)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
