@@ -27,6 +27,7 @@ from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
+from dsim.instrument.stages import timed_build
 
 
 class _Tagged(NamedTuple):
@@ -83,13 +84,20 @@ class TimedDataset:
     """
 
     def __init__(
-        self, dataset: Any, collate_fn: Any, sink: LineSink, rank: int, auto_collation: bool
+        self,
+        dataset: Any,
+        collate_fn: Any,
+        sink: LineSink,
+        rank: int,
+        auto_collation: bool,
+        stages: bool = False,
     ):
         self._dsim_dataset = dataset
         self._dsim_collate = collate_fn
         self._dsim_sink = sink
         self._dsim_rank = rank
         self._dsim_auto = auto_collation
+        self._dsim_stages = stages  # time reads and collation apart (dsim.instrument.stages)
 
     @property
     def wrapped(self) -> Any:
@@ -130,18 +138,31 @@ class TimedDataset:
         cpu0, runq0 = thread_times()  # this thread builds the whole batch
         start = time.perf_counter()
         index = tagged.index
-        samples = self._read(index) if self._dsim_auto else self._dsim_dataset[index]
-        batch = self._dsim_collate(samples)
+        if self._dsim_stages:
+            batch, stages = timed_build(lambda: self._samples(index), self._dsim_collate)
+        else:
+            batch, stages = self._dsim_collate(self._samples(index)), None
         seconds = time.perf_counter() - start
         cpu1, runq1 = thread_times()
         wall_end = time.time()
         runq = None if runq0 is None or runq1 is None else runq1 - runq0
         self._dsim_sink.write(
             fetch_line(
-                wall_end, self._dsim_rank, _worker_id(), seconds, tagged.batch, cpu1 - cpu0, runq
+                wall_end,
+                self._dsim_rank,
+                _worker_id(),
+                seconds,
+                tagged.batch,
+                cpu1 - cpu0,
+                runq,
+                stages,
             )
         )
         return _Collated(batch)
+
+    def _samples(self, index: Any) -> Any:
+        """The batch's samples: read as torch would, or the whole batch without auto-collation."""
+        return self._read(index) if self._dsim_auto else self._dsim_dataset[index]
 
 
 _loader_class: type | None = None
@@ -203,6 +224,7 @@ def instrument_loader(
     rank: int | None = None,
     *,
     logger: logging.Logger | str | None = None,
+    stages: bool = False,
 ) -> Any:
     """Return a DataLoader that yields what ``loader`` yields and logs one fetch line per batch.
 
@@ -211,6 +233,8 @@ def instrument_loader(
     loader shares ``loader``'s sampler object, so ``sampler.set_epoch`` and
     ``loader.sampler.set_epoch`` keep working. Build it before iterating: with
     ``persistent_workers`` the workers are started by the first epoch.
+    ``stages=True`` also times the sample reads and the collation of each
+    batch apart (wall and CPU seconds, SPEC §1.2; ``dsim.instrument.stages``).
     """
     from torch.utils.data import BatchSampler, IterableDataset
 
@@ -224,7 +248,7 @@ def instrument_loader(
     rank = resolve_rank(rank)
     sink = make_sink(log_dir, rank, logger)
     auto = loader.batch_sampler is not None
-    dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto)
+    dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto, stages)
 
     kwargs: dict[str, Any] = {
         "num_workers": loader.num_workers,
