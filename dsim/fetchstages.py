@@ -8,8 +8,8 @@ augmenting) and of the ``collate_fn`` (SPEC §1.2, §2.1). Per rank, each
 stage's share of the fetch time, and the share of the stage's wall time its
 thread spent on a core, say which stage dominates and whether it computes
 (CPU-bound: more workers or cheaper transforms help only with idle cores)
-or waits (I/O, a lock, a busy core). The rest of the fetch (neither stage)
-is dsim's own bookkeeping, microseconds.
+or waits (I/O, a lock, a busy core). The two stages add up to the fetch
+(dsim's own bookkeeping, microseconds, falls into them).
 
 Pure functions over the fetch table; nothing is said of a run whose logs
 carry no stages.

@@ -21,7 +21,7 @@ from test_attribution import FETCH, STALL, WORKERS, _tables
 from dsim.attribution import attribute, attribution_table, describe
 from dsim.fetchstages import STAGE_COLUMNS, describe_stages, stage_shares
 from dsim.instrument import fetch_line
-from dsim.instrument.stages import Stages, timed_build
+from dsim.instrument.stages import Stages, read_then_collate
 from dsim.model.tables import RunTables, write_run
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.sources.rawlog import grammar
@@ -34,7 +34,7 @@ def _burn(seconds: float) -> None:
         pass
 
 
-def test_timed_build_splits_wall_and_cpu_between_reads_and_collation() -> None:
+def test_stages_split_wall_and_cpu_between_reads_and_collation_and_add_up() -> None:
     def read() -> list[int]:
         time.sleep(0.05)  # waits: wall time, almost no CPU
         return [1, 2, 3]
@@ -43,10 +43,15 @@ def test_timed_build_splits_wall_and_cpu_between_reads_and_collation() -> None:
         _burn(0.03)  # computes: CPU time
         return sum(samples)
 
-    batch, stages = timed_build(read, collate)
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    batch, mid = read_then_collate(read, collate)
+    end, cpu_end = time.perf_counter(), time.thread_time()
+    stages = Stages.between(start, cpu_start, mid, end, cpu_end)
     assert batch == 6
     assert stages.read >= 0.05 and stages.read_cpu < 0.02
     assert stages.collate_cpu >= 0.03 and stages.collate >= stages.collate_cpu - 1e-3
+    assert stages.read + stages.collate == pytest.approx(end - start, abs=1e-12)
+    assert stages.read_cpu + stages.collate_cpu == pytest.approx(cpu_end - cpu_start, abs=1e-12)
 
 
 def test_a_stage_line_parses_to_its_values_and_a_plain_one_has_none() -> None:
@@ -190,7 +195,8 @@ def test_a_real_loader_records_stages_that_parse_and_add_up(tmp_path: Path) -> N
     assert len(fetch) == 4
     assert (fetch.read_s >= 4 * 0.004).all() and (fetch.read_cpu_s < fetch.read_s).all()
     assert (fetch.collate_cpu_s >= 0.006).all()
-    assert (fetch.read_s + fetch.collate_s <= fetch.fetch_s + 1e-6).all()
-    assert (fetch.read_cpu_s + fetch.collate_cpu_s <= fetch.cpu_s + 1e-6).all()
+    # The stages split the fetch's own span: they add up to it (9 printed decimals each).
+    assert np.allclose(fetch.read_s + fetch.collate_s, fetch.fetch_s, rtol=0, atol=2e-9)
+    assert np.allclose(fetch.read_cpu_s + fetch.collate_cpu_s, fetch.cpu_s, rtol=0, atol=2e-9)
     (share,) = stage_shares(tables[True].fetch)
-    assert share.gpu == 0 and share.read_pct + share.collate_pct <= 100.0
+    assert share.gpu == 0 and share.read_pct + share.collate_pct == pytest.approx(100.0)

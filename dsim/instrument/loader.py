@@ -27,7 +27,7 @@ from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
-from dsim.instrument.stages import timed_build
+from dsim.instrument.stages import Stages, read_then_collate
 
 
 class _Tagged(NamedTuple):
@@ -139,11 +139,13 @@ class TimedDataset:
         start = time.perf_counter()
         index = tagged.index
         if self._dsim_stages:
-            batch, stages = timed_build(lambda: self._samples(index), self._dsim_collate)
+            batch, mid = read_then_collate(lambda: self._samples(index), self._dsim_collate)
         else:
-            batch, stages = self._dsim_collate(self._samples(index)), None
-        seconds = time.perf_counter() - start
+            batch, mid = self._dsim_collate(self._samples(index)), None
+        end = time.perf_counter()
+        seconds = end - start
         cpu1, runq1 = thread_times()
+        stages = None if mid is None else Stages.between(start, cpu0, mid, end, cpu1)
         wall_end = time.time()
         runq = None if runq0 is None or runq1 is None else runq1 - runq0
         self._dsim_sink.write(

@@ -14,8 +14,10 @@ only where its accelerator check (made in the main process when the
 iterator is built) passes; the worker cannot know the copy's time, nor
 whether there is one.
 
-Costs four clock reads per batch beside the four the fetch already takes,
-and a longer line (``bench/bench_instrument.py --stages``).
+The stages share the fetch's own clock readings at its start and end, so
+they add up to the fetch exactly (wall: ``read + collate = at_time``; CPU:
+``read_cpu + collate_cpu = cpu``), and cost one more reading of each clock
+per batch, between the two calls (``bench/bench_instrument.py --stages``).
 """
 
 from __future__ import annotations
@@ -33,17 +35,19 @@ class Stages(NamedTuple):
     collate: float
     collate_cpu: float
 
+    @classmethod
+    def between(
+        cls, start: float, cpu_start: float, mid: tuple[float, float], end: float, cpu_end: float
+    ) -> Stages:
+        """The stages of a fetch timed from (``start``, ``cpu_start``) to (``end``,
+        ``cpu_end``) whose reads ended at ``mid`` (wall, CPU; ``read_then_collate``)."""
+        return cls(mid[0] - start, mid[1] - cpu_start, end - mid[0], cpu_end - mid[1])
 
-def timed_build(read: Callable[[], Any], collate: Callable[[Any], Any]) -> tuple[Any, Stages]:
-    """``collate(read())`` and how long each call took (wall, and this thread's CPU).
 
-    The clocks are read between the two calls only once each, so the stages
-    add up to the span they cover without a gap between them.
-    """
-    clock, cpu = time.perf_counter, time.thread_time
-    t0, c0 = clock(), cpu()
+def read_then_collate(
+    read: Callable[[], Any], collate: Callable[[Any], Any]
+) -> tuple[Any, tuple[float, float]]:
+    """``collate(read())``, and when the reads ended on the wall and this thread's CPU clock."""
     samples = read()
-    t1, c1 = clock(), cpu()
-    batch = collate(samples)
-    t2, c2 = clock(), cpu()
-    return batch, Stages(t1 - t0, c1 - c0, t2 - t1, c2 - c1)
+    mid = (time.perf_counter(), time.thread_time())
+    return collate(samples), mid
