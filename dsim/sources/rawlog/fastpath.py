@@ -394,11 +394,16 @@ def _suffix(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: bytes):
 
 
 def _optional_values(raw, tok, present: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """An optional number's values at ``rows``; NaN where the line does not carry it."""
-    out = np.full(len(rows), np.nan)
+    """An optional number's values at ``rows``; NaN where the line does not carry it.
+
+    When no line carries it (most logs), one read-only view of a NaN: no memory
+    and no fill for columns that ``logfile.Columns`` then leaves out anyway.
+    """
     here = present[rows]
-    if here.any():
-        out[here] = _float_values(raw, *tok, rows[here])
+    if not here.any():
+        return np.broadcast_to(np.float64(np.nan), len(rows))
+    out = np.full(len(rows), np.nan)
+    out[here] = _float_values(raw, *tok, rows[here])
     return out
 
 
