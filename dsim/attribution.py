@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from dsim.fetchstages import STAGE_COLUMNS, StageShare, describe_stages
 from dsim.replay.arrays import IterationArrays
 
 FIXED_STRAGGLER_SHARE = 60.0  # % of iterations one rank must be last in to be "fixed"
@@ -96,6 +97,8 @@ class Attribution:
     straggler: str  # FIXED, WANDERING or NONE
     straggler_gpu: int | None  # the rank last most often (None when no rank ever was)
     workers: list[WorkerShare]  # largest excess share first
+    # per rank, what its fetches spent their time on (empty: the logs carry no stages)
+    stages: tuple[StageShare, ...] = ()
 
     def top_workers(self, k: int = TOP_WORKERS) -> list[WorkerShare]:
         return [w for w in self.workers if w.excess_s > 0][:k]
@@ -276,13 +279,18 @@ def attribution_table(
 
     Rank-level shares and the run's straggler repeat on every worker row of
     their rank / run, so that the table stays one flat, filterable frame.
+    The stage columns (``dsim.fetchstages.STAGE_COLUMNS``) follow only when
+    some run's logs carry a fetch's stages (NaN for a rank without them).
     ``selections`` gives each run's (selected epochs "1,2", warm-up), as in
     the summary.
     """
     rows: list[dict[str, Any]] = []
     selections = selections or [("", 0)] * len(attributions)
+    with_stages = any(a.stages for a in attributions)
+    no_stages = dict.fromkeys(STAGE_COLUMNS, np.nan)
     for a, (epochs, warmup) in zip(attributions, selections, strict=True):
         by_gpu = {r.gpu: r for r in a.ranks}
+        stages = {s.gpu: s.row() for s in a.stages}
         for w in a.workers:
             rank = by_gpu[w.gpu]
             rows.append(
@@ -301,9 +309,11 @@ def attribution_table(
                     "iterations": a.iterations,
                     "selected_epochs": epochs,
                     "warmup": warmup,
+                    **(stages.get(w.gpu, no_stages) if with_stages else {}),
                 }
             )
-    frame = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    columns = ATTRIBUTION_COLUMNS + (list(STAGE_COLUMNS) if with_stages else [])
+    frame = pd.DataFrame(rows, columns=columns)
     frame["straggler_gpu"] = frame["straggler_gpu"].astype("Int64")
     return frame
 
@@ -398,4 +408,23 @@ def describe(table: pd.DataFrame, top: int = TOP_WORKERS) -> list[str]:
         lines.append(
             f"Slowest workers (share of fetch time above the iteration's median): {named}."
         )
-    return lines
+    stage = _stage_line(table, first)
+    return lines + ([stage] if stage else [])
+
+
+def _stage_line(table: pd.DataFrame, first: Any) -> str | None:
+    """What the slow rank's fetches spent their time on, when the logs carry stages.
+
+    The slow rank is the straggler (the rank last most often); without one,
+    the rank whose fetches took longest on average.
+    """
+    if STAGE_COLUMNS[0] not in table.columns or table[STAGE_COLUMNS[0]].isna().all():
+        return None
+    if not pd.isna(first["straggler_gpu"]):
+        gpu, why = int(first["straggler_gpu"]), " (the straggler)"
+    else:
+        weighted = (table["fetch_s_mean"] * table["fetches"]).groupby(table["gpu"]).sum()
+        gpu = int(weighted.div(table.groupby("gpu")["fetches"].sum()).idxmax())
+        why = " (slowest fetches)" if table["gpu"].nunique() > 1 else ""
+    row = table[table["gpu"] == gpu].iloc[0]
+    return describe_stages(gpu, row, why)

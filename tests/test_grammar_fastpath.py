@@ -62,9 +62,17 @@ def timestamps(draw: st.DrawFn) -> str:
 @st.composite
 def fetch_lines(draw: st.DrawFn) -> str:
     gpu, worker = draw(st.integers(0, 999999)), draw(st.integers(0, 999999))
+    tail = ""
+    if draw(st.booleans()):  # dsim.instrument's optional CPU times and stages (SPEC §1.2)
+        if draw(st.booleans()):
+            tail += f" cpu {draw(number)}" + (
+                f" runq {draw(number)}" if draw(st.booleans()) else ""
+            )
+        if draw(st.booleans()):
+            tail += "".join(f" {name} {draw(number)}" for name in grammar.STAGE_FIELDS)
     return (
         f"{draw(timestamps())} DEBUG:\tGPU: {gpu} worker_id: {worker}, END FETCH at_time "
-        f"{draw(number)} data idx{draw(digits)}"
+        f"{draw(number)} data idx{draw(digits)}{tail}"
     )
 
 
@@ -250,6 +258,37 @@ def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> 
     assert "--max-duration" in grammar.BAD_CPU
     # dsim.instrument's own spelling is canonical: the fast path takes it whole.
     canonical = _block([lines[1], lines[2], lines[4]], "\n")
+    _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(3), grammar.MAX_DURATION_S)
+    assert len(rest) == 0
+
+
+def test_stage_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> None:
+    stages = " read 0.040000000 read_cpu 0.038000000 collate 0.002000000 collate_cpu 0.001500000"
+    lines = [
+        OLD_FETCH,
+        OLD_FETCH.replace("idx0", "idx1 cpu 0.031000000 runq 0.002500000" + stages),
+        OLD_FETCH.replace("idx0", "idx2 cpu 0.5" + stages),
+        OLD_FETCH.replace("idx0", "idx3" + stages),  # stages without CPU times
+        OLD_FETCH.replace("idx0", "idx4 cpu 0.5" + stages.replace("0.002000000", "-1")),
+        OLD_FETCH.replace("idx0", "idx5 cpu 0.5" + stages.replace("0.038000000", "x")),
+        OLD_FETCH.replace("idx0", "idx6 cpu 0.5" + stages.split(" collate ")[0]),  # cut short
+        OLD_FETCH.replace("idx0", "idx7 cpu 0.5" + stages + " more"),
+    ]
+    records = _assert_same(_block(lines, "\n"))
+    fetch = records.fetch
+    assert list(fetch["idx"]) == [0, 1, 2, 3]
+    assert np.array_equal(fetch["read_s"], [np.nan, 0.04, 0.04, 0.04], equal_nan=True)
+    assert np.array_equal(fetch["read_cpu_s"], [np.nan, 0.038, 0.038, 0.038], equal_nan=True)
+    assert np.array_equal(fetch["collate_s"], [np.nan, 0.002, 0.002, 0.002], equal_nan=True)
+    assert np.array_equal(fetch["collate_cpu_s"], [np.nan, 0.0015, 0.0015, 0.0015], equal_nan=True)
+    assert np.array_equal(fetch["cpu_s"], [np.nan, 0.031, 0.5, np.nan], equal_nan=True)
+    _, rejects = _parse(_block(lines, "\n"), fast=True)
+    assert (
+        rejects.column("reason").to_pylist()
+        == [grammar.BAD_STAGE] * 2 + [grammar.MALFORMED_FETCH] * 2
+    )
+    # dsim.instrument's own spelling is canonical: the fast path takes it whole.
+    canonical = _block(lines[1:4], "\n")
     _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(3), grammar.MAX_DURATION_S)
     assert len(rest) == 0
 

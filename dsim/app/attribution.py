@@ -12,6 +12,7 @@ to show who was last over time.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,7 @@ from dsim.attribution import (
 )
 from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
+from dsim.fetchstages import stage_shares
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
 from dsim.model.runinfo import RUN_FILE, RunInfo
@@ -77,6 +79,11 @@ def _attribution(
     arrays = build_iteration_arrays(tables.fetch, tables.train)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
     attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
+    fetch = tables.fetch
+    selected = selection_mask(
+        fetch["epoch"].to_numpy(), fetch["iteration"].to_numpy(), epochs, warmup
+    )
+    attribution = replace(attribution, stages=tuple(stage_shares(fetch, selected)))
     return attribution, last_over_time(arrays, mask)
 
 

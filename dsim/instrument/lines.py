@@ -41,6 +41,7 @@ def fetch_line(
     batch: int,
     cpu: float | None = None,
     runq: float | None = None,
+    stages: tuple[float, float, float, float] | None = None,
 ) -> str:
     """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
 
@@ -48,10 +49,19 @@ def fetch_line(
     which the grammar does not accept. ``cpu`` (seconds the worker's thread
     ran on a core for this batch) and ``runq`` (seconds it waited for one)
     follow as ``cpu X runq Y`` when known (SPEC §1.1); ``runq`` only with ``cpu``.
+    ``stages`` (wall and CPU seconds of the sample reads, then of the
+    collation, ``dsim.instrument.stages``) come last, as
+    ``read R read_cpu C collate L collate_cpu D`` (SPEC §1.2).
     """
     tail = ""
     if cpu is not None:
         tail = f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
+    if stages is not None:
+        read, read_cpu, collate, collate_cpu = stages
+        tail += (
+            f" read {read:.9f} read_cpu {read_cpu:.9f}"
+            f" collate {collate:.9f} collate_cpu {collate_cpu:.9f}"
+        )
     return (
         f"{format_timestamp(wall_end)} DEBUG:\tGPU: {rank} worker_id: {worker}, "
         f"END FETCH at_time {seconds:.9f} data idx{batch}{tail}\n"

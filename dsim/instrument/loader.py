@@ -28,6 +28,7 @@ from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
+from dsim.instrument.stages import Stages, read_then_collate
 from dsim.instrument.timer import TrainingTimer
 
 
@@ -98,13 +99,20 @@ class TimedDataset:
     """
 
     def __init__(
-        self, dataset: Any, collate_fn: Any, sink: LineSink, rank: int, auto_collation: bool
+        self,
+        dataset: Any,
+        collate_fn: Any,
+        sink: LineSink,
+        rank: int,
+        auto_collation: bool,
+        stages: bool = False,
     ):
         self._dsim_dataset = dataset
         self._dsim_collate = collate_fn
         self._dsim_sink = sink
         self._dsim_rank = rank
         self._dsim_auto = auto_collation
+        self._dsim_stages = stages  # time reads and collation apart (dsim.instrument.stages)
 
     @property
     def wrapped(self) -> Any:
@@ -145,18 +153,33 @@ class TimedDataset:
         cpu0, runq0 = thread_times()  # this thread builds the whole batch
         start = time.perf_counter()
         index = tagged.index
-        samples = self._read(index) if self._dsim_auto else self._dsim_dataset[index]
-        batch = self._dsim_collate(samples)
-        seconds = time.perf_counter() - start
+        if self._dsim_stages:
+            batch, mid = read_then_collate(lambda: self._samples(index), self._dsim_collate)
+        else:
+            batch, mid = self._dsim_collate(self._samples(index)), None
+        end = time.perf_counter()
+        seconds = end - start
         cpu1, runq1 = thread_times()
+        stages = None if mid is None else Stages.between(start, cpu0, mid, end, cpu1)
         wall_end = time.time()
         runq = None if runq0 is None or runq1 is None else runq1 - runq0
         self._dsim_sink.write(
             fetch_line(
-                wall_end, self._dsim_rank, _worker_id(), seconds, tagged.batch, cpu1 - cpu0, runq
+                wall_end,
+                self._dsim_rank,
+                _worker_id(),
+                seconds,
+                tagged.batch,
+                cpu1 - cpu0,
+                runq,
+                stages,
             )
         )
         return _Collated(batch)
+
+    def _samples(self, index: Any) -> Any:
+        """The batch's samples: read as torch would, or the whole batch without auto-collation."""
+        return self._read(index) if self._dsim_auto else self._dsim_dataset[index]
 
 
 _loader_class: type | None = None
@@ -255,6 +278,7 @@ def instrument_loader(
     timer: TrainingTimer | None = None,
     epoch: Callable[[], int] | None = None,
     settings: Mapping[str, int | None] | None = None,
+    stages: bool = False,
 ) -> Any:
     """Return a DataLoader that yields what ``loader`` yields and logs one fetch line per batch.
 
@@ -273,6 +297,9 @@ def instrument_loader(
     loader line what the loader cannot tell: ``local_world_size`` (ranks on
     the node) for launchers that do not set ``$LOCAL_WORLD_SIZE``,
     ``batch_size`` behind a framework's sharding batch sampler.
+
+    ``stages=True`` also times the sample reads and the collation of each
+    batch apart (wall and CPU seconds, SPEC §1.2; ``dsim.instrument.stages``).
     """
     if (timer is None) != (epoch is None):
         raise UsageError("give both timer= and epoch=, or neither")
@@ -288,7 +315,7 @@ def instrument_loader(
     rank = resolve_rank(rank)
     sink = make_sink(log_dir, rank, logger)
     auto = loader.batch_sampler is not None
-    dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto)
+    dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto, stages)
 
     kwargs: dict[str, Any] = {
         "num_workers": loader.num_workers,

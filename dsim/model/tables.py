@@ -84,11 +84,15 @@ TRAIN_SCHEMA = pa.schema(
 # Optional float64 columns of both tables, present only when the logs carry CPU times
 # (SPEC §2.1): the training process's or the batch's CPU seconds and run-queue wait.
 CPU_COLUMNS = ("cpu_s", "runq_s")
+# Optional float64 columns of the fetch table, present only when the logs carry a fetch's
+# stages (SPEC §2.1): wall and CPU seconds of the sample reads and of the collation.
+STAGE_COLUMNS = ("read_s", "read_cpu_s", "collate_s", "collate_cpu_s")
+OPTIONAL_COLUMNS = CPU_COLUMNS + STAGE_COLUMNS
 
 
 def with_cpu(schema: pa.Schema, columns) -> pa.Schema:
-    """``schema`` plus those of ``CPU_COLUMNS`` named in ``columns``, in that order."""
-    for name in CPU_COLUMNS:
+    """``schema`` plus those of ``OPTIONAL_COLUMNS`` named in ``columns``, in that order."""
+    for name in OPTIONAL_COLUMNS:
         if name in columns:
             schema = schema.append(pa.field(name, pa.float64(), nullable=True))
     return schema

@@ -36,7 +36,12 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 _POW10_U = _POW10.astype(np.uint64)
 _POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
 _EXACT = 1 << 53  # integers below this are exact doubles
-_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s")
+_STAGE_KEYS = ("read_s", "read_cpu_s", "collate_s", "collate_cpu_s")  # as the general path
+_STAGE_LABELS = (b" read ", b" read_cpu ", b" collate ", b" collate_cpu ")
+_FETCH_KEYS = (
+    *("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s"),
+    *_STAGE_KEYS,
+)
 _TRAIN_KEYS = (  # as the general path
     *("gpu", "epoch", "iteration", "total", "start"),
     *("iteration_s", "stall_s", "throughput", "cpu_s", "runq_s"),
@@ -336,22 +341,39 @@ def _cut_fetch(
     q = p + 9 + idx_len
     # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end. Logs
     # without them (every log before CPU times) skip the look: this is the hot path.
+    # Then, with instrument_loader(stages=True), `` read R read_cpu C collate L collate_cpu D``.
     cpu_ok = runq_ok = np.zeros(len(q), dtype=bool)
     cpu_tok = runq_tok = None
+    stage_ok, stage_toks = np.zeros(len(q), dtype=bool), []
     if (q != end).any():
         cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
         runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
-        runq_ok &= cpu_ok & (q_runq == end)
-        cpu_ok &= (q_cpu == end) | runq_ok
-    ok &= (idx_len >= 1) & (idx_len <= 9) & ((q == end) | cpu_ok)
+        runq_ok &= cpu_ok
+        tail = np.where(runq_ok, q_runq, np.where(cpu_ok, q_cpu, q))  # where the stages start
+        if (tail != end).any():  # logs without stages skip the look
+            s, stage_ok = tail, np.ones(len(q), dtype=bool)
+            for label in _STAGE_LABELS:  # each step reads a bounded span: stays inside _REACH
+                here, tok, s = _suffix(words, raw, s, label)
+                stage_ok &= here
+                stage_toks.append(tok)
+            stage_ok &= s == end
+        runq_ok &= (q_runq == end) | stage_ok
+        cpu_ok &= (q_cpu == end) | runq_ok | (stage_ok & (tail == q_cpu))
+    ok &= (idx_len >= 1) & (idx_len <= 9) & ((q == end) | cpu_ok | stage_ok)
     rows = np.flatnonzero(ok)
     fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
     good = bounds.fetch_ok(fetch_s, max_duration)  # the general path names the reason otherwise
-    cpu_s = _optional_values(raw, cpu_tok, cpu_ok, rows)
-    runq_s = _optional_values(raw, runq_tok, runq_ok, rows)
-    good &= _seconds_ok(cpu_s, max_duration) & _seconds_ok(runq_s, max_duration)
+    optional = {
+        "cpu_s": _optional_values(raw, cpu_tok, cpu_ok, rows),
+        "runq_s": _optional_values(raw, runq_tok, runq_ok, rows),
+    }
+    for key, tok in zip(_STAGE_KEYS, stage_toks or [None] * 4, strict=True):
+        optional[key] = _optional_values(raw, tok, stage_ok, rows)
+    for values in optional.values():
+        good &= _seconds_ok(values, max_duration)
     if not good.all():
-        rows, fetch_s, cpu_s, runq_s = rows[good], fetch_s[good], cpu_s[good], runq_s[good]
+        rows, fetch_s = rows[good], fetch_s[good]
+        optional = {k: v[good] for k, v in optional.items()}
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
     return ok, {
@@ -359,8 +381,7 @@ def _cut_fetch(
         "worker": _taken(worker, rows),
         "idx": _taken(idx, rows),
         "fetch_s": fetch_s,
-        "cpu_s": cpu_s,
-        "runq_s": runq_s,
+        **optional,
     }
 
 
@@ -373,11 +394,16 @@ def _suffix(words: np.ndarray, raw: np.ndarray, p: np.ndarray, label: bytes):
 
 
 def _optional_values(raw, tok, present: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """An optional number's values at ``rows``; NaN where the line does not carry it."""
-    out = np.full(len(rows), np.nan)
+    """An optional number's values at ``rows``; NaN where the line does not carry it.
+
+    When no line carries it (most logs), one read-only view of a NaN: no memory
+    and no fill for columns that ``logfile.Columns`` then leaves out anyway.
+    """
     here = present[rows]
-    if here.any():
-        out[here] = _float_values(raw, *tok, rows[here])
+    if not here.any():
+        return np.broadcast_to(np.float64(np.nan), len(rows))
+    out = np.full(len(rows), np.nan)
+    out[here] = _float_values(raw, *tok, rows[here])
     return out
 
 

@@ -44,8 +44,14 @@ FETCH_PATTERN = (
     r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>" + _RANK + r")\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
     r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})"
     # dsim >= 0.x appends the batch's CPU seconds and run-queue wait (SPEC §1.1)
-    r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?\s*$"
+    r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?"
+    # with instrument_loader(stages=True), the stages' wall and CPU seconds (SPEC §1.2)
+    r"(?:\s+read\s+(?P<read>" + _NUM + r")\s+read_cpu\s+(?P<read_cpu>" + _NUM + r")"
+    r"\s+collate\s+(?P<collate>" + _NUM + r")\s+collate_cpu\s+(?P<collate_cpu>" + _NUM + r"))?"
+    r"\s*$"
 )
+# The fetch record's optional stage columns, in the line's order (SPEC §2.1).
+STAGE_FIELDS = ("read", "read_cpu", "collate", "collate_cpu")
 TRAIN_PATTERN = (
     r"^.*?"
     + _TS
@@ -97,6 +103,7 @@ NEGATIVE_FETCH = "negative fetch duration"
 NON_NUMERIC_TRAIN = "non-numeric training value"
 NON_FINITE = "non-finite value"
 BAD_CPU = "invalid CPU time (not a number of seconds from 0 to --max-duration)"
+BAD_STAGE = "invalid stage time (not a number of seconds from 0 to --max-duration)"
 NEGATIVE_TRAIN = "negative training value"
 STALL_OVER_TIME = "training stall longer than the iteration time"
 ITERATION_RANGE = "iteration index not below iterations per epoch"
@@ -424,12 +431,16 @@ def _fetch_records(
     huge = finite & (fetch_s > max_duration)
     cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
     runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
+    stages, stage_bad = {}, np.zeros(len(numbers), dtype=bool)
+    for name in STAGE_FIELDS:
+        stages[f"{name}_s"], bad_here = _optional_seconds(parts.field(name), max_duration)
+        stage_bad |= bad_here
     gpu, gpu_bad = _ranks(parts.field("gpu"))
     bad, reason = _reasons(
         [(~ts_ok, BAD_TIMESTAMP), (gpu_bad, BAD_RANK), (~num_ok, NON_NUMERIC_FETCH),
          (num_ok & ~finite, NON_FINITE),
          (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
-         (cpu_bad | runq_bad, BAD_CPU)]
+         (cpu_bad | runq_bad, BAD_CPU), (stage_bad, BAD_STAGE)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad
@@ -443,6 +454,7 @@ def _fetch_records(
         "fetch_s": fetch_s[keep],
         "cpu_s": cpu_s[keep],
         "runq_s": runq_s[keep],
+        **{name: values[keep] for name, values in stages.items()},
     }
 
 

@@ -75,7 +75,7 @@ class Columns:
     def append(self, records: dict[str, np.ndarray], expected: int) -> None:
         count = len(records["line"])
         if not self.columns:
-            self.absent = {k for k in OPTIONAL if k in records and _nan_view(records[k])}
+            self.absent = {k for k in OPTIONAL if k in records and _all_nan(records[k])}
             self.columns = {
                 k: np.empty(0 if k in self.absent else max(count, expected), narrow_dtype(k, v))
                 for k, v in records.items()
@@ -89,7 +89,7 @@ class Columns:
             self.columns["line"] = lines.astype(np.int64)  # a file of over 4 G lines
         for key, values in records.items():
             if key in self.absent:
-                if _nan_view(values):
+                if _all_nan(values):
                     continue
                 self._materialize(key)
             self.columns[key][self.rows : end] = values
@@ -125,6 +125,11 @@ def _nan_view(values: np.ndarray) -> bool:
     return len(values) == 0 or (values.strides == (0,) and bool(np.isnan(values[0])))
 
 
+def _all_nan(values: np.ndarray) -> bool:
+    """Whether an optional column holds no value: nothing to keep (most logs carry none)."""
+    return _nan_view(values) or bool(np.isnan(values).all())
+
+
 PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
 HEAD_BYTES = 4096  # text bytes looked at to tell a binary file from a log
 _LINE_MAX = np.iinfo(np.uint32).max  # line numbers are uint32 up to here, then int64
@@ -139,7 +144,8 @@ def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
     return values.dtype
 
 
-OPTIONAL = ("cpu_s", "runq_s")  # NaN on a line that does not carry them; most logs never do
+# NaN on a line that does not carry them; most logs never do (SPEC §1.2: CPU times, stages)
+OPTIONAL = ("cpu_s", "runq_s", "read_s", "read_cpu_s", "collate_s", "collate_cpu_s")
 
 
 def absent_as_views(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

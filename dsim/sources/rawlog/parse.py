@@ -38,7 +38,13 @@ from dsim.errors import InputError
 from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
-from dsim.model.tables import CPU_COLUMNS, FETCH_SCHEMA, TRAIN_SCHEMA, RunTables, with_cpu
+from dsim.model.tables import (
+    FETCH_SCHEMA,
+    OPTIONAL_COLUMNS,
+    TRAIN_SCHEMA,
+    RunTables,
+    with_cpu,
+)
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
@@ -669,13 +675,14 @@ def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
 
 
 def _cpu_columns(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str, pa.Array]:
-    """``cpu_s`` / ``runq_s`` of the records, each only if some line carried it (SPEC §2.1).
+    """``cpu_s`` / ``runq_s`` (and a fetch's stages, ``read_s`` ...) of the records, each
+    only if some line carried it (SPEC §2.1).
 
     Logs without CPU times give no such columns, so their tables stay byte for
     byte what older dsim versions wrote; a line without the field gives NaN.
     """
     out = {}
-    for name in CPU_COLUMNS:
+    for name in OPTIONAL_COLUMNS:
         values = records.pop(name, None)
         if values is not None and not np.isnan(values).all():
             out[name] = pa.array(values[sort], pa.float64())
