@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from dsim.app.parse import with_clocks_set
 from dsim.errors import InputError, UsageError
@@ -79,6 +80,7 @@ class Watch:
         self._let_go: Counter[int] = Counter()  # training records no longer held, per rank
         self._last: Snapshot | None = None
         self._parse_error: InputError | None = None
+        self._origin_ns: int | None = None  # the first fetch start seen (see _compute)
         self._dir = tempfile.TemporaryDirectory(prefix="dsim-watch-")
 
     def __enter__(self) -> Watch:
@@ -105,7 +107,9 @@ class Watch:
             if len(held) > MAX_HELD_LINES:
                 del held[: len(held) - MAX_HELD_LINES]
         if self._last is not None and not new:
-            return replace(self._last, files=self.follower.stats.files)
+            if self._last.files != self.follower.stats.files:
+                self._last = replace(self._last, files=self.follower.stats.files)
+            return self._last
         self._last = self._compute()
         return self._last
 
@@ -120,6 +124,7 @@ class Watch:
         try:
             parsed = get_source("rawlog").parse(RunSource(self.name, files), keep_lines=True)
         except InputError as exc:
+            exc = self._named_for_user(exc)
             self._parse_error = exc
             if "no fetch or training records" in exc.reason:
                 return self._snapshot(None, NO_RECORDS)
@@ -133,7 +138,12 @@ class Watch:
         ranks = rank_progress(gpu, epoch, iteration, self._let_go)
         if tables.train.num_rows == 0 or tables.fetch.num_rows == 0:
             return self._snapshot(_progress_only(self, ranks), NO_COMPLETE)
-        arrays = build_iteration_arrays(tables.fetch, tables.train)
+        # Times relative to the first fetch ever seen, as in `dsim run` of the whole logs:
+        # the same iterations then round the same way (bit for bit).
+        starts = tables.fetch.column("start").cast(pa.timestamp("ns")).cast(pa.int64())
+        first = int(np.asarray(starts.to_numpy()).min())
+        self._origin_ns = first if self._origin_ns is None else min(self._origin_ns, first)
+        arrays = build_iteration_arrays(tables.fetch, tables.train, origin_ns=self._origin_ns)
         view = live_window(
             self.name,
             arrays,
@@ -152,6 +162,14 @@ class Watch:
                 view, f"no complete iteration past the warm-up (iteration > {self.warmup}) yet"
             )
         return self._snapshot(view, None)
+
+    def _named_for_user(self, exc: InputError) -> InputError:
+        """The parser's error about a held copy, said of the log it came from (its line
+        numbers count from the first line held, so they are left out)."""
+        if exc.path is None or exc.path.parent != Path(self._dir.name):
+            return exc
+        real = self.path / exc.path.name if self.path.is_dir() else self.path
+        return InputError(exc.reason, real)
 
     def _write_held(self) -> tuple[Path, ...]:
         """What is held, one file per log in the temporary directory; their paths, by name."""

@@ -81,9 +81,11 @@ def command(
             console = stdout_console()
             console.print(render.renderable(snapshot, console.width))
             return
+        console = stdout_console()
+        if not console.is_terminal:  # piped or redirected: each new snapshot in turn
+            _print_changes(watch, console, interval)
         from rich.live import Live
 
-        console = stdout_console()
         first = render.renderable(watch.look(), console.width, interval_s=interval)
         with Live(first, console=console, auto_refresh=False, screen=False) as live:
             while True:
@@ -93,6 +95,23 @@ def command(
                     render.renderable(snapshot, console.width, interval_s=interval),
                     refresh=True,
                 )
+
+
+def _print_changes(watch, console, interval: float) -> None:
+    """Without a terminal to redraw (``dsim watch LOGDIR | tee``): print a snapshot when
+    it changes, one after another, until interrupted."""
+    from dsim.render import live as render
+
+    last = None
+    while True:
+        snapshot = watch.look()
+        if snapshot is not last:  # a look with nothing new gives back the same snapshot
+            if last is not None:
+                console.print()
+            console.print(render.renderable(snapshot, console.width, interval_s=interval))
+            console.file.flush()
+            last = snapshot
+        time.sleep(interval)
 
 
 command.__doc__ = HELP
