@@ -102,16 +102,20 @@ def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
     assert {r.gpu: r.last_pct for r in view.attribution.ranks} == last_pct.to_dict()
 
 
-def test_once_prints_the_view_and_json(tmp_path: Path, dsim_cli) -> None:
-    done = dsim_cli("watch", SAMPLE, "--once", "--window", "50", env={"COLUMNS": "100"})
+def test_once_prints_the_readmes_capture_and_json(dsim_cli) -> None:
+    """The README's live-view capture is what `dsim watch --once` prints in 80 columns."""
+    done = dsim_cli("watch", SAMPLE.relative_to(REPO), "--once", cwd=REPO, env={"COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
-    assert "Last 50 complete iterations (epoch 1 iteration 250 to epoch 1 iteration 299" in (
-        done.stdout.replace("\n", " ")
-    )
-    assert "Straggler" in done.stdout and "min/min" in done.stdout
-    doc = json.loads(dsim_cli("watch", SAMPLE, "--once", "--json").stdout)
-    assert doc["window"]["iterations"] == 100 and len(doc["window"]["policies"]) == 9
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = f"$ dsim watch {SAMPLE.relative_to(REPO)} --once\n"
+    shown = readme[readme.index(command) + len(command) :]
+    assert done.stdout == shown[: shown.index("```")]
+    doc = json.loads(dsim_cli("watch", SAMPLE, "--once", "--json", "--window", "50").stdout)
+    window = doc["window"]
+    assert (window["iterations"], len(window["policies"])) == (50, 9)
+    assert window["first"] == {"epoch": 1, "iteration": 250}
     assert [r["iterations"] for r in doc["ranks"]] == [600] * 4
+    assert window["straggler"]["kind"] in ("fixed", "wandering")
 
 
 def test_missing_or_empty_logdir_is_one_line_and_exit_3(tmp_path: Path, dsim_cli) -> None:
@@ -121,7 +125,12 @@ def test_missing_or_empty_logdir_is_one_line_and_exit_3(tmp_path: Path, dsim_cli
     (tmp_path / "empty").mkdir()
     empty = dsim_cli("watch", tmp_path / "empty")
     assert empty.returncode == 3 and len(empty.stderr.strip().splitlines()) == 1
-    assert "no log files to follow" in empty.stderr
+    assert "no log files" in empty.stderr
+    for run in ("a", "b"):  # a tree of two runs: watch one
+        (tmp_path / "tree" / run).mkdir(parents=True)
+        (tmp_path / "tree" / run / "rank0.log").write_text("")
+    tree = dsim_cli("watch", tmp_path / "tree", "--once")
+    assert tree.returncode == 2 and "holds 2 runs" in tree.stderr
     bad = dsim_cli("watch", SAMPLE, "--json")
     assert bad.returncode == 2 and "--once" in bad.stderr
 

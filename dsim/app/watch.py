@@ -70,10 +70,9 @@ class Watch:
     ) -> None:
         if window < 1:
             raise UsageError(f"--window {window}: the window needs at least 1 iteration")
-        self.path = Path(path)
+        self.name, self.path = _the_run(Path(path))
         self.follower = LogFollower(self.path)
         self.follower.check()
-        self.name = _run_name(self.path)
         self.window, self.warmup, self.threshold_s = window, warmup, threshold_s
         self.policies = tuple(policies)
         self._held: dict[str, list[bytes]] = {}
@@ -120,6 +119,7 @@ class Watch:
         files = self._write_held()
         self._parse_error = None
         if not files:
+            self._parse_error = InputError(f"{NO_RECORDS} (its logs are empty)", self.path)
             return self._snapshot(None, NO_RECORDS)
         try:
             parsed = get_source("rawlog").parse(RunSource(self.name, files), keep_lines=True)
@@ -237,8 +237,9 @@ def _progress_only(watch: Watch, ranks: list[RankProgress]) -> LiveWindow:
     )
 
 
-def _run_name(path: Path) -> str:
-    """The run's name as ``dsim parse`` would give it; a tree of several runs is refused."""
+def _the_run(path: Path) -> tuple[str, Path]:
+    """The run's name as ``dsim parse`` gives it, and the directory (or file) to follow:
+    a tree holding one run is that run; a tree of several runs is refused."""
     runs = get_source("rawlog").discover([path])
     if len(runs) != 1:
         where = ", ".join(str(r.files[0].parent) for r in runs[:3])
@@ -246,4 +247,7 @@ def _run_name(path: Path) -> str:
             f"{path} holds {len(runs)} runs ({where}{', ...' if len(runs) > 3 else ''}); "
             "dsim watch follows one: give its directory"
         )
-    return runs[0].name
+    run = runs[0]
+    if path.is_dir() and run.files and run.files[0].parent != path:
+        return run.name, run.files[0].parent
+    return run.name, path

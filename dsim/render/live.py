@@ -56,8 +56,8 @@ def renderable(snapshot: Snapshot, width: int, *, interval_s: float | None = Non
 
     parts: list[Any] = []
     every = f", every {interval_s:g} s" if interval_s is not None else ""
-    head = f"dsim watch {snapshot.run}: {counted(snapshot.files, 'log file')} followed{every}"
-    parts.append(Text(head, style="bold"))
+    head = f"{snapshot.run}: {counted(snapshot.files, 'log file')} followed{every}"
+    parts.extend(Text(line, style="bold") for line in wrap_prose(head, width))
     view = snapshot.view
     if view is not None and view.ranks:
         ranks = Table(box=None, pad_edge=False, show_edge=False)
@@ -65,9 +65,12 @@ def renderable(snapshot: Snapshot, width: int, *, interval_s: float | None = Non
             ranks.add_column(name, justify="right" if name != "last logged" else "left")
         for r in view.ranks:
             ranks.add_row(str(r.gpu), str(r.iterations), _where((r.epoch, r.iteration)))
-        parts.append(ranks)
+        parts.extend([Text(""), ranks])
     if snapshot.waiting is not None:
-        parts.append(Text(f"waiting: {snapshot.waiting}", style="yellow"))
+        parts.append(Text(""))
+        parts.extend(
+            Text(line, style="yellow") for line in wrap_prose(f"waiting: {snapshot.waiting}", width)
+        )
     if view is not None and view.rows:
         parts.extend(_window(view, width))
     return Group(*parts)
@@ -77,7 +80,7 @@ def _window(view: LiveWindow, width: int) -> list[Any]:
     from rich.table import Table
     from rich.text import Text
 
-    out: list[Any] = []
+    out: list[Any] = [Text("")]
     title = (
         f"Last {counted(view.iterations, 'complete iteration')} "
         f"({_where(view.first)} to {_where(view.last)}; window {view.window}, "
@@ -98,7 +101,7 @@ def _window(view: LiveWindow, width: int) -> list[Any]:
             _pct(row["effective_delay_pct"]),
             "-" if not math.isfinite(speedup) else f"{speedup:.2f}×",
         )
-    out.append(table)
+    out.extend([table, Text("")])
     prose = [*view.straggler_lines]
     if view.verdict is not None:
         prose.insert(0, view.verdict.text)
