@@ -84,7 +84,9 @@ def test_compressed_rotations_are_not_read(tmp_path: Path) -> None:
 def test_a_long_log_is_caught_up_from_its_end_at_a_line_start(tmp_path: Path) -> None:
     lines = [_line(i) for i in range(100)]
     (tmp_path / "rank0.log").write_bytes(b"".join(lines))
-    got = LogFollower(tmp_path, catch_up=len(lines[-1]) * 10 + 5).poll()["rank0.log"]
+    got = LogFollower(tmp_path, min_catch_up=0, catch_up=len(lines[-1]) * 10 + 5).poll()[
+        "rank0.log"
+    ]
     assert got == lines[-10:]  # the first, partial line of the catch-up skipped
 
 
@@ -93,7 +95,7 @@ def test_catch_up_reaches_into_the_previous_rotation(tmp_path: Path) -> None:
     (tmp_path / "rank0.log.1").write_bytes(b"".join(old))
     (tmp_path / "rank0.log").write_bytes(b"".join(new))
     budget = len(b"".join(new)) + 2 * len(old[0]) + 3  # 3 bytes into old line 7
-    got = LogFollower(tmp_path, catch_up=budget).poll()["rank0.log"]
+    got = LogFollower(tmp_path, min_catch_up=0, catch_up=budget).poll()["rank0.log"]
     assert got == old[-2:] + new
 
 
@@ -114,3 +116,24 @@ def test_a_single_log_file_is_followed_with_its_rotations(tmp_path: Path) -> Non
     (tmp_path / "output.log").write_bytes(_line(1))
     (tmp_path / "other.log").write_bytes(_line(2))
     assert LogFollower(tmp_path / "output.log").poll() == {"output.log": [_line(0), _line(1)]}
+
+
+def test_the_catch_up_is_shared_between_the_logs(tmp_path: Path) -> None:
+    lines = [_line(i) for i in range(100, 200)]  # all of one length
+    for rank in range(4):
+        (tmp_path / f"rank{rank}.log").write_bytes(b"".join(lines))
+    got = LogFollower(tmp_path, min_catch_up=0, catch_up=4 * (len(lines[0]) * 10 + 5)).poll()
+    assert sorted(got) == [f"rank{r}.log" for r in range(4)]
+    assert all(found == lines[-10:] for found in got.values())
+
+
+def test_the_lines_held_are_bounded_all_logs_together(tmp_path: Path, monkeypatch) -> None:
+    from dsim.app import watch
+
+    monkeypatch.setattr(watch, "MAX_HELD_LINES", 20)
+    monkeypatch.setattr(watch, "MIN_HELD_LINES", 3)
+    for rank in range(4):  # no record: nothing is ever let go for a window
+        (tmp_path / f"rank{rank}.log").write_bytes(b"starting\n" * 50)
+    with watch.Watch(tmp_path) as w:
+        w.look()
+        assert [len(held) for held in w._held.values()] == [5] * 4

@@ -11,8 +11,9 @@ log under the log's own name (a rank in a file name still names the rank).
 What is held stays bounded: after each look, lines older than the window
 and as many complete iterations again (at least ``MARGIN`` iterations) are
 let go (the fetch epochs of the window's iterations depend only on the
-training lines just before them, SPEC §1.4), and no log holds more than
-``MAX_HELD_LINES`` lines. The training records let go are still counted in
+training lines just before them, SPEC §1.4), and the logs together hold
+at most ``MAX_HELD_LINES`` lines (each its even share, at least
+``MIN_HELD_LINES``). The training records let go are still counted in
 each rank's progress.
 """
 
@@ -47,8 +48,10 @@ from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
 #: Complete iterations held before the window, at least (see the module docstring).
 MARGIN = 50
-#: Lines held per log at most, whatever the window (about 200 MB at 200 bytes a line).
-MAX_HELD_LINES = 1_000_000
+#: Lines held at most, all logs together, whatever the window (about 400 MB at 200 bytes a
+#: line): each log keeps its even share, at least ``MIN_HELD_LINES``.
+MAX_HELD_LINES = 2_000_000
+MIN_HELD_LINES = 20_000
 NO_RECORDS = "no fetch or training records yet"
 NO_COMPLETE = "no complete iteration yet (every rank must log its fetch and training line)"
 
@@ -101,10 +104,11 @@ class Watch:
         new came)."""
         new = self.follower.poll()
         for log, lines in new.items():
-            held = self._held.setdefault(log, [])
-            held.extend(lines)
-            if len(held) > MAX_HELD_LINES:
-                del held[: len(held) - MAX_HELD_LINES]
+            self._held.setdefault(log, []).extend(lines)
+        cap = max(MAX_HELD_LINES // max(len(self._held), 1), MIN_HELD_LINES)
+        for held in self._held.values():
+            if len(held) > cap:
+                del held[: len(held) - cap]
         if self._last is not None and not new:
             if self._last.files != self.follower.stats.files:
                 self._last = replace(self._last, files=self.follower.stats.files)

@@ -34,7 +34,9 @@ _ROW_KEYS = (
 
 
 def _where(at: tuple[int, int] | None) -> str:
-    return "-" if at is None else f"epoch {at[0]} iteration {at[1]}"
+    if at is None or at[0] < 0:  # a rank whose records are no longer held
+        return "-"
+    return f"epoch {at[0]} iteration {at[1]}"
 
 
 def _ms(seconds: float) -> str:

@@ -17,9 +17,10 @@ Files are followed by inode, not by name, so that rotation loses nothing:
   than a live view needs, and are not read;
 * files that appear later (a rank starting late) are read from their start.
 
-At the first look a log that already holds more than ``catch_up`` bytes is
-read from that many bytes before its end (its first, partial line skipped):
-a live view needs the recent iterations, not hours of history.
+At the first look the logs together are read from at most ``catch_up`` bytes
+before their ends, shared evenly between the logs but at least
+``MIN_CATCH_UP_BYTES`` each (a log's first, partial line skipped): a live
+view needs the recent iterations, not hours of history.
 
 I/O only; what the lines hold is the parser's business.
 """
@@ -34,8 +35,10 @@ from pathlib import Path
 from dsim.errors import InputError
 from dsim.sources.rawlog.discover import LOG_GLOB, is_log_name, log_base, log_files
 
-#: At the first look, at most this many bytes of each log (from its end) are read.
-CATCH_UP_BYTES = 64 * 1024 * 1024
+#: At the first look, at most this many bytes of all logs together (from their ends) ...
+CATCH_UP_BYTES = 256 * 1024 * 1024
+#: ... but at least this many of each log.
+MIN_CATCH_UP_BYTES = 4 * 1024 * 1024
 #: At most this many bytes are read from one file in one look (the rest at the next).
 READ_BYTES = 64 * 1024 * 1024
 #: An unfinished line longer than this is dropped (SPEC §1.2's default line bound).
@@ -73,6 +76,7 @@ class LogFollower:
 
     path: Path
     catch_up: int = CATCH_UP_BYTES
+    min_catch_up: int = MIN_CATCH_UP_BYTES
     read_bytes: int = READ_BYTES
     stats: FollowStats = field(default_factory=FollowStats)
     _files: dict[tuple[int, int], _FileState] = field(default_factory=dict)
@@ -136,14 +140,15 @@ class LogFollower:
         return found
 
     def _catch_up_budget(self, paths: tuple[Path, ...]) -> dict[Path, int]:
-        """At the first look: where each file starts so that each log gives ``catch_up``
-        bytes at most, from its newest file back."""
+        """At the first look: where each file starts so that each log gives its share of
+        ``catch_up`` bytes at most, from its newest file back."""
         by_log: dict[str, list[Path]] = {}
         for path in paths:
             by_log.setdefault(log_base(path), []).append(path)
         start: dict[Path, int] = {}
+        share = max(self.catch_up // max(len(by_log), 1), self.min_catch_up)
         for files in by_log.values():
-            left = self.catch_up
+            left = share
             for path in reversed(files):  # newest first
                 try:
                     size = os.stat(path).st_size
