@@ -79,6 +79,8 @@ def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
                 if k == pieces // 2:  # logrotate moves every log aside, then the job reopens
                     (logs / name).rename(logs / f"{name}.1")
             snapshot = watch.look()
+            # Every piece but the last ends inside a line: never a record, nor a reject.
+            assert watch.report["rejected"] == 0 and watch.report["other_lines"] == 0
             if snapshot.view is not None and snapshot.view.rows:  # never past what all logged
                 last_logged = min((r.epoch, r.iteration) for r in snapshot.view.ranks)
                 assert snapshot.view.last <= last_logged
@@ -100,6 +102,18 @@ def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
             assert _same(row[key], theirs[key]), (row["fetch_align"], row["start_align"], key)
     assert view.attribution.straggler_gpu == straggler
     assert {r.gpu: r.last_pct for r in view.attribution.ranks} == last_pct.to_dict()
+
+
+def test_the_view_waits_for_an_iteration_past_the_warm_up(tmp_path: Path) -> None:
+    for log in sorted(SAMPLE.glob("*.log")):
+        text = log.read_bytes()
+        (tmp_path / log.name).write_bytes(text[: len(text) // 60])  # iterations 0 to ~8
+    with Watch(tmp_path) as watch:
+        snapshot = watch.look()
+        assert snapshot.waiting == "no complete iteration past the warm-up (iteration > 10) yet"
+        assert snapshot.view.complete > 0 and not snapshot.view.rows
+    with Watch(tmp_path, warmup=0) as watch:
+        assert watch.look().view.rows
 
 
 def test_once_prints_the_readmes_capture_and_json(dsim_cli) -> None:

@@ -54,6 +54,7 @@ MAX_HELD_LINES = 2_000_000
 MIN_HELD_LINES = 20_000
 NO_RECORDS = "no fetch or training records yet"
 NO_COMPLETE = "no complete iteration yet (every rank must log its fetch and training line)"
+NO_FETCHES = "no fetch records yet (the window replays dsim.instrument's fetch lines)"
 
 
 class Watch:
@@ -83,6 +84,7 @@ class Watch:
         self._last: Snapshot | None = None
         self._parse_error: InputError | None = None
         self._origin_ns: int | None = None  # the first fetch start seen (see _compute)
+        self.report: dict = {}  # the parse report of the lines held at the last parse
         self._dir = tempfile.TemporaryDirectory(prefix="dsim-watch-")
 
     def __enter__(self) -> Watch:
@@ -133,6 +135,7 @@ class Watch:
             if "no fetch or training records" in exc.reason:
                 return self._snapshot(None, NO_RECORDS)
             return self._snapshot(None, f"the lines read so far cannot be replayed: {exc.reason}")
+        self.report = parsed.report
         tables = with_clocks_set(parsed.tables)
         tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
         train = tables.train
@@ -140,7 +143,9 @@ class Watch:
         epoch = np.asarray(train.column("epoch").to_numpy(), dtype=np.int64)
         iteration = np.asarray(train.column("iteration").to_numpy(), dtype=np.int64)
         ranks = rank_progress(gpu, epoch, iteration, self._let_go)
-        if tables.train.num_rows == 0 or tables.fetch.num_rows == 0:
+        if tables.fetch.num_rows == 0:
+            return self._snapshot(_progress_only(self, ranks), NO_FETCHES)
+        if tables.train.num_rows == 0:
             return self._snapshot(_progress_only(self, ranks), NO_COMPLETE)
         # Times relative to the first fetch ever seen, as in `dsim run` of the whole logs:
         # the same iterations then round the same way (bit for bit).
