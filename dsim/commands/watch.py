@@ -41,7 +41,7 @@ def command(
     ],
     window: Annotated[
         int,
-        typer.Option("--window", "-w", min=1, help="Complete iterations in the window."),
+        typer.Option("--window", min=1, help="Complete iterations in the window."),
     ] = 100,
     interval: Annotated[
         float,
