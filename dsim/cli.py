@@ -31,6 +31,7 @@ from dsim.commands import run as run_cmd
 from dsim.commands import summarize as summarize_cmd
 from dsim.commands import synth as synth_cmd
 from dsim.commands import tune as tune_cmd
+from dsim.commands import watch as watch_cmd
 from dsim.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
@@ -113,6 +114,7 @@ app.command("report", cls=_Command)(report_cmd.command)
 app.command("compare", cls=_Command)(compare_cmd.command)
 app.command("synth", cls=_Command)(synth_cmd.command)
 app.command("tune", cls=_Command)(tune_cmd.command)
+app.command("watch", cls=_Command)(watch_cmd.command)
 
 
 def _debugging(argv: list[str]) -> bool:

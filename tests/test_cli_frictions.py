@@ -27,7 +27,7 @@ def test_help_shows_the_fail_if_syntax_and_flags_without_a_value(command: str) -
 
 
 def test_every_help_shows_flags_as_flags() -> None:
-    for args in ([], ["parse"], ["report"], ["compare"], ["tune"], ["synth"]):
+    for args in ([], ["parse"], ["report"], ["compare"], ["tune"], ["synth"], ["watch"]):
         proc = run_dsim(*args, "--help", env=WIDE)
         assert proc.returncode == 0, (args, proc.stderr)
         assert "<bool>" not in proc.stdout, args

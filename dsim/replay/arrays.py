@@ -142,7 +142,7 @@ def _scatter(values: np.ndarray, flat: np.ndarray, n: int, g: int) -> np.ndarray
 
 
 def build_iteration_arrays(
-    fetch: pa.Table, train: pa.Table, *, require_fetch: bool = True
+    fetch: pa.Table, train: pa.Table, *, require_fetch: bool = True, origin_ns: int | None = None
 ) -> IterationArrays:
     """Pivot the fetch and training tables of one run into ``IterationArrays``.
 
@@ -151,6 +151,8 @@ def build_iteration_arrays(
     ``require_fetch=False`` (the ``stall-only`` model, docs/SPEC.md §4.3) keeps
     every iteration with a training record for every GPU; a cell without a
     fetch record then holds NaN start and duration and worker -1.
+    ``origin_ns`` (default: the first fetch start) fixes the origin of the times, so
+    that part of a run (``dsim watch``'s window) rounds exactly as the whole run does.
     """
     f_epoch = _column(fetch, "epoch", "fetch", np.int32)
     f_iter = _column(fetch, "iteration", "fetch", np.int32)
@@ -188,7 +190,9 @@ def build_iteration_arrays(
     }
     dropped = {reason: count for reason, count in dropped.items() if count}
 
-    if len(f_start):
+    if origin_ns is not None:
+        origin_ns = int(origin_ns)
+    elif len(f_start):
         origin_ns = int(f_start.min())
     else:  # no fetch record (a profiled run): the first arrival keeps arrivals precise
         origin_ns = int(t_start.min()) if len(t_start) and not require_fetch else 0

@@ -97,8 +97,12 @@ def log_files(paths: list[Path]) -> tuple[Path, ...]:
     return tuple(p for _, p in keyed)
 
 
-def _is_log_name(name: str) -> bool:
+def is_log_name(name: str) -> bool:
+    """``*.log``, or a rotated or compressed file of one (``rank0.log.1``, ``rank0.log.2.gz``)."""
     return _LOG_NAME.match(name) is not None
+
+
+_is_log_name = is_log_name
 
 
 def rank_from_file_name(path: Path) -> int | None:

@@ -1,0 +1,240 @@
+"""dsim watch: a job's logs read while they grow give `dsim run`'s numbers for the same window.
+
+The shipped sample's raw logs are written out piece by piece (cut in the
+middle of lines, the logs rotated halfway) while ``Watch`` looks at them; a
+real DDP job (examples/ddp_cpu.py, needs torch) is watched by ``dsim watch
+--once`` in a subprocess while it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsim.app.watch import Watch
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "traces" / "raw" / "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
+EXAMPLE = REPO / "examples" / "ddp_cpu.py"
+COMPARED = (
+    "iterations",
+    "iteration_s_mean",
+    "iteration_s_std",
+    "stall_s_mean",
+    "stall_s_std",
+    "delay_s_mean",
+    "delay_s_std",
+    "effective_delay_pct",
+    "speedup",
+    "stall_change_s",
+    "effective_delay_change_pts",
+)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) if isinstance(a, float) and math.isnan(a) else a == b
+
+
+def _dsim_run_rows(logs: Path, tmp: Path, epoch: int, warmup: int) -> dict:
+    """`dsim run`'s summary rows (by policy) and straggler for one epoch past ``warmup``."""
+    import dsim
+
+    trace = dsim.parse(logs, out=tmp / "traces", quiet=True)
+    results = dsim.run(trace, out=tmp / "results", epochs=[epoch], warmup=warmup, quiet=True)
+    rows = {(r["fetch_align"], r["start_align"]): r for r in results.summary.to_dict("records")}
+    import pandas as pd
+
+    blame = pd.read_parquet(tmp / "results" / "attribution.parquet")
+    return rows, int(blame["straggler_gpu"].iloc[0]), blame.groupby("gpu")["gpu_last_pct"].first()
+
+
+def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
+    logs = tmp_path / "logs" / SAMPLE.name
+    logs.mkdir(parents=True)
+    texts = {p.name: p.read_bytes() for p in sorted(SAMPLE.glob("*.log"))}
+    for name in texts:
+        (logs / name).touch()  # the job opens its logs before it writes a line
+    pieces = 9
+    with Watch(logs, window=20) as watch:
+        for k in range(1, pieces + 1):
+            for name, text in texts.items():
+                lo, hi = len(text) * (k - 1) // pieces, len(text) * k // pieces
+                hi = hi if k == pieces else hi - 17  # most pieces end inside a line
+                lo = lo if k == 1 else len(text) * (k - 1) // pieces - 17
+                if k == pieces // 2 + 1:  # the job ends its line in the file it had open
+                    end = text.index(b"\n", lo) + 1
+                    with open(logs / f"{name}.1", "ab") as handle:
+                        handle.write(text[lo:end])
+                    lo = end
+                with open(logs / name, "ab") as handle:
+                    handle.write(text[lo:hi])
+                if k == pieces // 2:  # logrotate moves every log aside, then the job reopens
+                    (logs / name).rename(logs / f"{name}.1")
+            snapshot = watch.look()
+            # Every piece but the last ends inside a line: never a record, nor a reject.
+            assert watch.report["rejected"] == 0 and watch.report["other_lines"] == 0
+            if snapshot.view is not None and snapshot.view.rows:  # never past what all logged
+                last_logged = min((r.epoch, r.iteration) for r in snapshot.view.ranks)
+                assert snapshot.view.last <= last_logged
+        held = sum(len(lines) for lines in watch._held.values())
+    assert held < sum(t.count(b"\n") for t in texts.values()) / 4  # old lines were let go
+    view = snapshot.view
+    assert snapshot.waiting is None and snapshot.files == 8
+    assert [(r.gpu, r.iterations, r.epoch, r.iteration) for r in view.ranks] == [
+        (g, 600, 1, 299) for g in range(4)
+    ]
+    assert (view.first, view.last, view.iterations) == ((1, 280), (1, 299), 20)
+
+    # `dsim run` on the whole logs, selecting the same 20 iterations (epoch 1, > 279).
+    rows, straggler, last_pct = _dsim_run_rows(SAMPLE, tmp_path, epoch=1, warmup=279)
+    assert len(view.rows) == len(rows) == 9
+    for row in view.rows:
+        theirs = rows[(row["fetch_align"], row["start_align"])]
+        for key in COMPARED:
+            assert _same(row[key], theirs[key]), (row["fetch_align"], row["start_align"], key)
+    assert view.attribution.straggler_gpu == straggler
+    assert {r.gpu: r.last_pct for r in view.attribution.ranks} == last_pct.to_dict()
+
+
+def test_the_view_waits_for_an_iteration_past_the_warm_up(tmp_path: Path) -> None:
+    for log in sorted(SAMPLE.glob("*.log")):
+        text = log.read_bytes()
+        (tmp_path / log.name).write_bytes(text[: len(text) // 60])  # iterations 0 to ~8
+    with Watch(tmp_path) as watch:
+        snapshot = watch.look()
+        assert snapshot.waiting == "no complete iteration past the warm-up (iteration > 10) yet"
+        assert snapshot.view.complete > 0 and not snapshot.view.rows
+    with Watch(tmp_path, warmup=0) as watch:
+        assert watch.look().view.rows
+
+
+def test_once_prints_the_readmes_capture_and_json(dsim_cli) -> None:
+    """The README's live-view capture is what `dsim watch --once` prints in 80 columns."""
+    done = dsim_cli("watch", SAMPLE.relative_to(REPO), "--once", cwd=REPO, env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = f"$ dsim watch {SAMPLE.relative_to(REPO)} --once\n"
+    shown = readme[readme.index(command) + len(command) :]
+    assert done.stdout == shown[: shown.index("```")]
+    doc = json.loads(dsim_cli("watch", SAMPLE, "--once", "--json", "--window", "50").stdout)
+    window = doc["window"]
+    assert (window["iterations"], len(window["policies"])) == (50, 9)
+    assert window["first"] == {"epoch": 1, "iteration": 250}
+    assert [r["iterations"] for r in doc["ranks"]] == [600] * 4
+    assert window["straggler"]["kind"] in ("fixed", "wandering")
+
+
+def test_missing_or_empty_logdir_is_one_line_and_exit_3(tmp_path: Path, dsim_cli) -> None:
+    gone = dsim_cli("watch", tmp_path / "nothing", "--once")
+    assert gone.returncode == 3
+    assert gone.stderr.strip() == f"dsim: error: {tmp_path / 'nothing'}: no such file or directory"
+    (tmp_path / "empty").mkdir()
+    empty = dsim_cli("watch", tmp_path / "empty")
+    assert empty.returncode == 3 and len(empty.stderr.strip().splitlines()) == 1
+    assert "no log files" in empty.stderr
+    for run in ("a", "b"):  # a tree of two runs: watch one
+        (tmp_path / "tree" / run).mkdir(parents=True)
+        (tmp_path / "tree" / run / "rank0.log").write_text("")
+    tree = dsim_cli("watch", tmp_path / "tree", "--once")
+    assert tree.returncode == 2 and "holds 2 runs" in tree.stderr
+    bad = dsim_cli("watch", SAMPLE, "--json")
+    assert bad.returncode == 2 and "--once" in bad.stderr
+
+
+def test_logs_without_records_are_exit_3_with_once(tmp_path: Path, dsim_cli) -> None:
+    (tmp_path / "rank0.log").write_text("starting...\nloading data\n")
+    done = dsim_cli("watch", tmp_path, "--once")
+    assert done.returncode == 3
+    assert "no fetch or training records" in done.stderr and "dsim-watch-" not in done.stderr
+
+
+def test_ctrl_c_stops_the_live_view_with_130(tmp_path: Path) -> None:
+    """Piped, the live view prints each new snapshot; SIGINT ends it as every command ends."""
+    env = {**os.environ, "COLUMNS": "100"}
+    env.pop("DSIM_DEBUG", None)
+    out = tmp_path / "out.txt"
+    with open(out, "w") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsim", "watch", str(SAMPLE), "--interval", "0.2"],
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "Straggler" not in out.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert out.read_text().count("Straggler") == 1  # nothing new came: printed once
+    assert proc.returncode == 130 and err.strip() == "dsim: interrupted"
+
+
+@pytest.mark.torch
+def test_a_real_ddp_job_watched_while_it_trains(tmp_path: Path, dsim_cli) -> None:
+    pytest.importorskip("torch")
+    name = "watched"
+    args = ["--ranks", "2", "--epochs", "2", "--iterations", "30", "--batch-size", "8"]
+    args += ["--workers", "1", "--skew", "1.0", "--step-ms", "60", "--name", name]
+    env = {**os.environ}
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    job = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *args, "--out", str(tmp_path / "logs")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    logs = tmp_path / "logs" / name
+    seen_running = []
+    try:
+        while job.poll() is None:
+            time.sleep(0.3)
+            if not logs.is_dir() or not any(logs.glob("*.log")):
+                continue
+            done = dsim_cli("watch", logs, "--once", "--json", "--window", "5", "--warmup", "0")
+            if done.returncode == 3 and "no fetch or training records" in done.stderr:
+                continue  # the job has created its files, not yet written a record
+            assert done.returncode == 0, done.stderr
+            doc = json.loads(done.stdout)
+            if doc["window"] is not None and job.poll() is None:
+                seen_running.append(doc)
+                last = (doc["window"]["last"]["epoch"], doc["window"]["last"]["iteration"])
+                assert all(last <= (r["epoch"], r["iteration"]) for r in doc["ranks"])
+                assert doc["window"]["straggler"]["gpu"] in (0, 1, None)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err
+    assert seen_running, "the job ended before dsim watch saw a complete window"
+    # ... and at least once before its last iteration: a view of the job while it trained.
+    assert any(d["window"]["last"] != {"epoch": 1, "iteration": 29} for d in seen_running)
+
+    # Finished: the last 19 iterations are epoch 1's past warm-up 10, dsim run's selection.
+    done = dsim_cli("watch", logs, "--once", "--json", "--window", "19")
+    assert done.returncode == 0, done.stderr
+    window = json.loads(done.stdout)["window"]
+    assert (window["first"], window["last"]) == (
+        {"epoch": 1, "iteration": 11},
+        {"epoch": 1, "iteration": 29},
+    )
+    rows, straggler, _ = _dsim_run_rows(logs, tmp_path, epoch=1, warmup=10)
+    for row in window["policies"]:
+        theirs = rows[(row["fetch_align"], row["start_align"])]
+        for key in COMPARED:
+            value = math.nan if row[key] is None else row[key]
+            assert _same(value, theirs[key]), (row["fetch_align"], row["start_align"], key)
+    assert window["straggler"]["gpu"] == straggler
