@@ -41,6 +41,7 @@ def fetch_line(
     batch: int,
     cpu: float | None = None,
     runq: float | None = None,
+    stream: int | None = None,
 ) -> str:
     """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
 
@@ -48,10 +49,12 @@ def fetch_line(
     which the grammar does not accept. ``cpu`` (seconds the worker's thread
     ran on a core for this batch) and ``runq`` (seconds it waited for one)
     follow as ``cpu X runq Y`` when known (SPEC §1.1); ``runq`` only with ``cpu``.
+    ``stream`` (a batch of an IterableDataset: the how-many-th this worker built
+    in the epoch, 0-based) comes first, as ``stream K`` (SPEC §1.2).
     """
-    tail = ""
+    tail = "" if stream is None else f" stream {stream}"
     if cpu is not None:
-        tail = f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
+        tail += f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
     return (
         f"{format_timestamp(wall_end)} DEBUG:\tGPU: {rank} worker_id: {worker}, "
         f"END FETCH at_time {seconds:.9f} data idx{batch}{tail}\n"

@@ -86,11 +86,19 @@ TRAIN_SCHEMA = pa.schema(
 CPU_COLUMNS = ("cpu_s", "runq_s")
 
 
+# Optional int32 column of the fetch table, present only when the logs come from an
+# IterableDataset (SPEC §2.1): the batch's position in its worker's stream.
+STREAM_COLUMN = "stream"
+
+
 def with_cpu(schema: pa.Schema, columns) -> pa.Schema:
-    """``schema`` plus those of ``CPU_COLUMNS`` named in ``columns``, in that order."""
+    """``schema`` plus those of ``CPU_COLUMNS`` named in ``columns``, in that order, then
+    ``STREAM_COLUMN`` when named (the optional columns; tables without them keep their bytes)."""
     for name in CPU_COLUMNS:
         if name in columns:
             schema = schema.append(pa.field(name, pa.float64(), nullable=True))
+    if STREAM_COLUMN in columns:
+        schema = schema.append(pa.field(STREAM_COLUMN, pa.int32(), nullable=True))
     return schema
 
 

@@ -36,7 +36,9 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 _POW10_U = _POW10.astype(np.uint64)
 _POW10_F = 10.0 ** np.arange(23)  # exact doubles up to 10^22
 _EXACT = 1 << 53  # integers below this are exact doubles
-_FETCH_KEYS = ("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s")
+_FETCH_KEYS = (
+    *("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s", "stream"),
+)
 _TRAIN_KEYS = (  # as the general path
     *("gpu", "epoch", "iteration", "total", "start"),
     *("iteration_s", "stall_s", "throughput", "cpu_s", "runq_s"),
@@ -361,6 +363,8 @@ def _cut_fetch(
         "fetch_s": fetch_s,
         "cpu_s": cpu_s,
         "runq_s": runq_s,
+        # ``stream`` (an IterableDataset's batch, SPEC §1.2) is left to the general path
+        "stream": np.broadcast_to(np.float64(np.nan), len(rows)),
     }
 
 

@@ -139,7 +139,8 @@ def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
     return values.dtype
 
 
-OPTIONAL = ("cpu_s", "runq_s")  # NaN on a line that does not carry them; most logs never do
+# NaN on a line that does not carry them; most logs never do
+OPTIONAL = ("cpu_s", "runq_s", "stream")
 
 
 def absent_as_views(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
