@@ -332,7 +332,7 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
             f"  note: {counted(rep['stream_fetches'], 'fetch record')} from an IterableDataset "
             "(stream positions): replays align fetches and change the prefetch factor, but "
             "cannot change the worker count (no sampler maps batches to workers; "
-            "docs/SPEC.md §4.2)"
+            "see --workers in `dsim run --help`)"
         )
     if kineto:
         echo(

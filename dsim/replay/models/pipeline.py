@@ -295,7 +295,7 @@ def stream_workers_refusal(measured: int, asked: int, run: str | None = None) ->
         f"(its fetch lines carry stream positions); each worker read its own shard of the "
         f"stream and no sampler maps batches to workers, so dsim cannot tell which batches, "
         f"of what duration, {asked} workers would build; alignments and --prefetch-factor "
-        f"are replayed (docs/SPEC.md §4.2)"
+        f"are replayed (see --workers in `dsim run --help`)"
     )
 
 
