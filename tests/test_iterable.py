@@ -143,6 +143,18 @@ def test_pipeline_refuses_other_worker_counts_and_keeps_measured_workers(tmp_pat
     assert STREAM_NOTE not in verdict(rows, trace=trace).caveats  # per-iteration: no mapping used
 
 
+def test_tune_sweeps_only_the_prefetch_factor_of_an_iterable_run(tmp_path: Path) -> None:
+    from dsim.app.tune import STREAM_CAVEAT, tune_run
+
+    _stream_log(tmp_path / "logs" / "s" / "rank0.log")
+    _parse(tmp_path / "logs" / "s", tmp_path / "traces", "s")
+    result = tune_run(tmp_path / "traces" / "s", prefetch=[1, 2], alignment=False)
+    assert {(p.workers, p.prefetch) for p in result.alone} == {(2, 1), (2, 2)}
+    assert STREAM_CAVEAT in result.caveats
+    with pytest.raises(UsageError, match="--workers 4: run s read an IterableDataset"):
+        tune_run(tmp_path / "traces" / "s", workers=[2, 4], alignment=False)
+
+
 # ------------------------------------------------------------------ with PyTorch
 
 
