@@ -39,7 +39,11 @@ def test_stream_position_round_trips_and_old_lines_parse_as_before() -> None:
     old = fetch_line(WALL, 1, 3, 0.25, 17, 0.125)
     assert "stream" not in old
     text = stream + bare + old
-    for fast in (True, False):  # the fast path leaves stream lines to the general grammar
+    from dsim.sources.rawlog.fastpath import fast_records
+
+    lines = grammar.lines_of(text.encode())
+    assert len(fast_records(lines, np.arange(1, 4), 86_400.0)[2]) == 0  # all cut by position
+    for fast in (True, False):  # both paths give the same records
         records = _records(text, fast)
         assert records["idx"].tolist() == [17, 17, 17]
         assert records["worker"].tolist() == [3, 3, 3]
@@ -47,11 +51,13 @@ def test_stream_position_round_trips_and_old_lines_parse_as_before() -> None:
         np.testing.assert_array_equal(records["cpu_s"], [0.125, np.nan, 0.125])
         np.testing.assert_array_equal(records["fetch_s"], [0.25, 0.25, 0.25])
     assert np.isnan(_records(old * 3, True)["stream"]).all()
-    # A stream field in the wrong place, or not a count, is a malformed fetch line.
-    rejects = grammar.Rejects()
+    # A stream field in the wrong place, or not a count of 1 to 9 digits, is malformed.
     bad = old.replace(" cpu", " stream x cpu") + stream.replace(" stream 5", " stream -5")
-    grammar.parse_lines(grammar.lines_of(bad.encode()), 1, rejects, fast=False)
-    assert set(rejects.table()["reason"].to_pylist()) == {grammar.MALFORMED_FETCH}
+    bad += bare.replace("stream 0", "stream 1234567890") + old.replace("\n", " stream 1\n")
+    for fast in (True, False):
+        rejects = grammar.Rejects()
+        grammar.parse_lines(grammar.lines_of(bad.encode()), 1, rejects, fast=fast)
+        assert rejects.table()["reason"].to_pylist() == [grammar.MALFORMED_FETCH] * 4
 
 
 def _stream_log(path: Path, iterations: int = 40, marked: bool = True) -> None:

@@ -336,11 +336,17 @@ def _cut_fetch(
     ok &= tok_ok & _lit(words, p, b" data idx")
     idx, idx_len = _digits(words, p + 9, 2)
     q = p + 9 + idx_len
-    # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end. Logs
-    # without them (every log before CPU times) skip the look: this is the hot path.
-    cpu_ok = runq_ok = np.zeros(len(q), dtype=bool)
-    cpu_tok = runq_tok = None
+    # Optionally `` stream K`` (an IterableDataset's batch), `` cpu C`` and then `` runq Q``
+    # (SPEC §1.2), then the line's end. Logs without them (every log before CPU times)
+    # skip the look: this is the hot path.
+    cpu_ok = runq_ok = has_stream = np.zeros(len(q), dtype=bool)
+    cpu_tok = runq_tok = stream = None
     if (q != end).any():
+        has_stream = _lit(words, q, b" stream ") & (q < end)
+        if has_stream.any():
+            stream, stream_len = _digits(words, q + 8, 2)
+            has_stream &= (stream_len >= 1) & (stream_len <= 9)
+            q = np.where(has_stream, q + 8 + stream_len, q)
         cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
         runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
         runq_ok &= cpu_ok & (q_runq == end)
@@ -356,6 +362,10 @@ def _cut_fetch(
         rows, fetch_s, cpu_s, runq_s = rows[good], fetch_s[good], cpu_s[good], runq_s[good]
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
+    if stream is None or not has_stream[rows].any():  # absent: one NaN's view (no memory)
+        positions = np.broadcast_to(np.float64(np.nan), len(rows))
+    else:
+        positions = np.where(has_stream[rows], stream[rows].astype(np.float64), np.nan)
     return ok, {
         "gpu": _taken(gpu, rows),
         "worker": _taken(worker, rows),
@@ -363,8 +373,7 @@ def _cut_fetch(
         "fetch_s": fetch_s,
         "cpu_s": cpu_s,
         "runq_s": runq_s,
-        # ``stream`` (an IterableDataset's batch, SPEC §1.2) is left to the general path
-        "stream": np.broadcast_to(np.float64(np.nan), len(rows)),
+        "stream": positions,
     }
 
 
