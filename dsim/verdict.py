@@ -31,7 +31,8 @@ Rules (docs/SPEC.md §5.1):
   loader change alone (the what-if's ``actual/actual`` row), the alignment
   alone (the same policy at the measured loader settings, when those rows are
   given) and both;
-* caveats: a loader what-if asking for more worker processes than the cores
+* caveats: a pipeline verdict on an IterableDataset's run (``STREAM_NOTE``);
+  a loader what-if asking for more worker processes than the cores
   the run recorded (``run.json`` loader ``cores``, ``local_world_size``), and a
   selection of fewer than ``FEW_ITERATIONS`` iterations, where the speed-up is
   shown with its 95 % interval (mean ± 1.96 standard errors of both means, from
@@ -313,6 +314,8 @@ def verdict(
     interval = _interval(rows, best, base_iter, after_iter)
     parts = _split(rows, measured_rows, policy, base_iter) if loader is not None else (None, None)
     notes = _caveats(rows, best, trace)
+    if model == PIPELINE_MODEL and _streamed(trace):
+        notes.append(STREAM_NOTE)
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         how_much = f"{speedup:.2f}× faster"
@@ -457,6 +460,20 @@ def _interval(
     rel = 1.96 * math.sqrt((after_cv**2 + base_cv**2) / int(n))
     speedup = base_iter / after_iter
     return speedup * max(1 - rel, 0.0), speedup * (1 + rel)
+
+
+#: Caveat of a pipeline verdict on a run whose batches came from an IterableDataset (SPEC §4.2).
+STREAM_NOTE = (
+    "batches came from an IterableDataset: each stays on the worker that built it "
+    "(no sampler maps batches to workers), so prefetch what-ifs are replayed and other "
+    "worker counts are not"
+)
+
+
+def _streamed(trace: Mapping[str, Any] | None) -> bool:
+    """Whether the run's fetch lines carried stream positions (``run.json`` report)."""
+    report = (trace or {}).get("report")
+    return isinstance(report, Mapping) and bool(report.get("stream_fetches"))
 
 
 def _caveats(

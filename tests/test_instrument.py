@@ -557,16 +557,11 @@ def test_spawned_workers_and_attribute_passthrough(torch, tmp_path: Path) -> Non
 
 
 def test_refuses_what_it_cannot_time(torch, tmp_path: Path) -> None:
-    from torch.utils.data import DataLoader, IterableDataset
+    from torch.utils.data import DataLoader
 
     from dsim.instrument import TrainingTimer, instrument_loader
 
-    class Stream(IterableDataset):
-        def __iter__(self):
-            return iter(range(3))
-
-    with pytest.raises(UsageError, match="map-style"):
-        instrument_loader(DataLoader(Stream()), log_dir=tmp_path)
+    # IterableDatasets are instrumented since #23 (tests/test_iterable.py).
     once = instrument_loader(DataLoader(Squares(2)), log_dir=tmp_path)
     with pytest.raises(UsageError, match="already"):
         instrument_loader(once, log_dir=tmp_path)

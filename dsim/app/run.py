@@ -147,12 +147,16 @@ def variant_directory(name: str, model: ReplayModel, loader: dict[str, Any] | No
 
 
 def _loader_plan(
-    model: ReplayModel, arrays: IterationArrays, params: ReplayParams
+    model: ReplayModel, arrays: IterationArrays, params: ReplayParams, name: str | None = None
 ) -> tuple[ReplayParams, dict[str, Any] | None]:
     """This run's parameters with its loader what-if made concrete, and its record."""
     if not model.uses_loader:
         return params, None
     measured = arrays.loader or LoaderSettings.implied(arrays.worker)
+    if model.name == "pipeline":  # an IterableDataset's run keeps its worker count (§4.2)
+        from dsim.replay.models.pipeline import check_stream_workers
+
+        check_stream_workers(arrays, params.workers, name)
     workers = measured.workers if params.workers is None else params.workers
     prefetch = (
         measured.prefetch_factor if params.prefetch_factor is None else params.prefetch_factor
@@ -235,7 +239,7 @@ def plan_run(
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = snapshot_fingerprint(tables, run_dir)  # of the very bytes replayed
-    run_params, loader = _loader_plan(model, arrays, params)
+    run_params, loader = _loader_plan(model, arrays, params, name)
     if loader is not None:  # the measured settings shape the replay: they enter the key
         fingerprint = {**fingerprint, "loader": loader["measured"]}
     keys = {policy: replay_key(fingerprint, model, run_params, policy) for policy in policies}

@@ -19,7 +19,7 @@ from dsim.errors import InputError, OutputError
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models import get_model
-from dsim.replay.models.pipeline import SUPPORTED, measured_loader
+from dsim.replay.models.pipeline import SUPPORTED, check_stream_workers, measured_loader
 from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import KNOWN
 from dsim.summary import DEFAULT_WARMUP, selected_iterations
@@ -160,11 +160,15 @@ def tune_run(
     cores, ranks_on_node, batch_bytes = _node_facts(info.loader)
     grid_w = tuple(workers) if workers else default_workers(cores_per_rank(cores, ranks_on_node))
     grid_p = tuple(prefetch) if prefetch else DEFAULT_PREFETCH
+    measured = measured_loader(arrays)
+    if arrays.stream:  # an IterableDataset's run: only the prefetch factor can be swept (§4.2)
+        for asked in workers or ():
+            check_stream_workers(arrays, asked, name)
+        grid_w = (measured.workers,)
 
     model = get_model("pipeline")
     base = ReplayParams()
     prepared = model.prepare(arrays, base)
-    measured = measured_loader(arrays)
     [baseline] = sweep(
         model, prepared, mask, [measured.workers], [measured.prefetch_factor], ACTUAL, base
     )
@@ -179,7 +183,8 @@ def tune_run(
     result = TuneResult(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
         n, arrays.n_gpus, cores, ranks_on_node, batch_bytes,
-        caveats(n, loader_only.point.workers, cores, ranks_on_node, arrays.n_gpus, measured),
+        caveats(n, loader_only.point.workers, cores, ranks_on_node, arrays.n_gpus, measured)
+        + ([STREAM_CAVEAT] if arrays.stream else []),
     )  # fmt: skip
     if out is not None:
         result = replace(result, files=write_table(result, out))
@@ -212,6 +217,14 @@ def _choice(
     chosen = cheapest_near_best(points)
     flat = flattening(points, ranks=ranks, cpu_saturated_at=saturated)
     return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flat)
+
+
+#: Why ``dsim tune`` swept one worker count (SPEC §4.2, §5.7).
+STREAM_CAVEAT = (
+    "the run read an IterableDataset: each worker streamed its own shard and no sampler "
+    "maps batches to workers, so only the prefetch factor was swept, at the measured "
+    "worker count"
+)
 
 
 def caveats(

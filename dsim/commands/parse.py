@@ -327,6 +327,13 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
         echo(f"  {_utilisation(info.gpu_util)}")
     for warning in rep.get("warnings", []):
         echo(f"  warning: {warning}")
+    if rep.get("stream_fetches"):
+        echo(
+            f"  note: {counted(rep['stream_fetches'], 'fetch record')} from an IterableDataset "
+            "(stream positions): replays align fetches and change the prefetch factor, but "
+            "cannot change the worker count (no sampler maps batches to workers; "
+            "see --workers in `dsim run --help`)"
+        )
     if kineto:
         echo(
             "  note: profiler traces have no fetch records: the tables hold every rank's "

@@ -162,7 +162,9 @@ def command(
         "--workers",
         metavar="N",
         help="Pipeline model: replay as if each rank's DataLoader had N workers "
-        "(default: as measured). One value; `dsim tune` sweeps several.",
+        "(default: as measured). One value; `dsim tune` sweeps several. Not for a run "
+        "that read an IterableDataset: its workers streamed their own shards, and no "
+        "sampler says which batches N workers would build.",
     ),
     prefetch_factor: list[str] | None = typer.Option(
         None,

@@ -42,6 +42,7 @@ def fetch_line(
     cpu: float | None = None,
     runq: float | None = None,
     stages: tuple[float, float, float, float] | None = None,
+    stream: int | None = None,
 ) -> str:
     """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
 
@@ -49,13 +50,15 @@ def fetch_line(
     which the grammar does not accept. ``cpu`` (seconds the worker's thread
     ran on a core for this batch) and ``runq`` (seconds it waited for one)
     follow as ``cpu X runq Y`` when known (SPEC §1.1); ``runq`` only with ``cpu``.
+    ``stream`` (a batch of an IterableDataset: the how-many-th this worker built
+    in the epoch, 0-based) comes first, as ``stream K`` (SPEC §1.2).
     ``stages`` (wall and CPU seconds of the sample reads, then of the
     collation, ``dsim.instrument.stages``) come last, as
     ``read R read_cpu C collate L collate_cpu D`` (SPEC §1.2).
     """
-    tail = ""
+    tail = "" if stream is None else f" stream {stream}"
     if cpu is not None:
-        tail = f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
+        tail += f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
     if stages is not None:
         read, read_cpu, collate, collate_cpu = stages
         tail += (

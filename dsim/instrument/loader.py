@@ -9,8 +9,8 @@ Samplers, ``collate_fn``, workers, pinning and prefetching stay the user's,
 so the loader yields exactly the batches it would yield without dsim, and no
 random number is drawn that would not be drawn anyway.
 
-Limitations: map-style datasets only (an ``IterableDataset`` has no sampler
-to carry batch indices; it is refused with a clear error). The batch index is
+An ``IterableDataset`` has no sampler to carry batch indices: such a loader
+is instrumented by ``dsim.instrument.iterable`` instead. The batch index is
 the position in the (batch) sampler's epoch, which is the iteration that
 consumes the batch, except with ``in_order=False``, where batches may reach
 the loop out of sampler order.
@@ -305,15 +305,14 @@ def instrument_loader(
         raise UsageError("give both timer= and epoch=, or neither")
     from torch.utils.data import BatchSampler, IterableDataset
 
-    if isinstance(loader.dataset, IterableDataset):
-        raise UsageError(
-            "instrument_loader needs a map-style dataset: an IterableDataset has no sampler "
-            "to carry batch indices"
-        )
-    if isinstance(loader.dataset, TimedDataset):
+    from dsim.instrument import iterable
+
+    if isinstance(loader.dataset, TimedDataset | iterable.timed_iterable_class()):
         raise UsageError("this DataLoader is already instrumented")
     rank = resolve_rank(rank)
     sink = make_sink(log_dir, rank, logger)
+    if isinstance(loader.dataset, IterableDataset):  # no sampler: dsim.instrument.iterable
+        return iterable.instrument_iterable(loader, sink, rank)
     auto = loader.batch_sampler is not None
     dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto, stages)
 

@@ -90,11 +90,19 @@ STAGE_COLUMNS = ("read_s", "read_cpu_s", "collate_s", "collate_cpu_s")
 OPTIONAL_COLUMNS = CPU_COLUMNS + STAGE_COLUMNS
 
 
+# Optional int32 column of the fetch table, present only when the logs come from an
+# IterableDataset (SPEC §2.1): the batch's position in its worker's stream.
+STREAM_COLUMN = "stream"
+
+
 def with_cpu(schema: pa.Schema, columns) -> pa.Schema:
-    """``schema`` plus those of ``OPTIONAL_COLUMNS`` named in ``columns``, in that order."""
+    """``schema`` plus those of ``OPTIONAL_COLUMNS`` named in ``columns``, in that order, then
+    ``STREAM_COLUMN`` when named (the optional columns; tables without them keep their bytes)."""
     for name in OPTIONAL_COLUMNS:
         if name in columns:
             schema = schema.append(pa.field(name, pa.float64(), nullable=True))
+    if STREAM_COLUMN in columns:
+        schema = schema.append(pa.field(STREAM_COLUMN, pa.int32(), nullable=True))
     return schema
 
 

@@ -54,6 +54,9 @@ class IterationArrays:
     fetch_runq: np.ndarray | None = None
     train_cpu: np.ndarray | None = None
     train_runq: np.ndarray | None = None
+    # The fetches came from an IterableDataset (the fetch table's ``stream`` column, SPEC
+    # §2.1): no sampler maps batches to workers, so worker what-ifs cannot be replayed.
+    stream: bool = False
 
     @property
     def n_iterations(self) -> int:
@@ -78,6 +81,7 @@ class IterationArrays:
             origin_ns=self.origin_ns,
             dropped=dict(self.dropped),
             loader=self.loader,
+            stream=self.stream,
             **{name: _rows(getattr(self, name), rows) for name in CPU_FIELDS},
         )
 
@@ -223,4 +227,6 @@ def build_iteration_arrays(
         fetch_runq=_optional(fetch, "runq_s", f_flat, n, g, keep),
         train_cpu=_optional(train, "cpu_s", t_flat, n, g, keep),
         train_runq=_optional(train, "runq_s", t_flat, n, g, keep),
+        stream="stream" in fetch.column_names
+        and fetch.column("stream").null_count < fetch.num_rows,
     )

@@ -71,7 +71,7 @@ class PreparedPipeline:
         )  # fmt: skip
         calibration = Calibration(
             c.workers, c.prefetch, rows(c.lat_sent), rows(c.lat_free), rows(c.hand),
-            rows(c.deliver), rows(c.after), rows(c.loop),
+            rows(c.deliver), rows(c.after), rows(c.loop), c.keep_worker_ids,
         )  # fmt: skip
         cpu = None
         if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values
@@ -338,6 +338,29 @@ def measured_loader(arrays: IterationArrays) -> LoaderSettings:
     return LoaderSettings.implied(arrays.worker)
 
 
+def stream_workers_refusal(measured: int, asked: int, run: str | None = None) -> str:
+    """Why a run of an IterableDataset cannot be replayed with another worker count."""
+    where = "this run" if run is None else f"run {run}"
+    return (
+        f"--workers {asked}: {where} read an IterableDataset with {measured} workers "
+        f"(its fetch lines carry stream positions); each worker read its own shard of the "
+        f"stream and no sampler maps batches to workers, so dsim cannot tell which batches, "
+        f"of what duration, {asked} workers would build; alignments and --prefetch-factor "
+        f"are replayed (see --workers in `dsim run --help`)"
+    )
+
+
+def check_stream_workers(
+    arrays: IterationArrays, workers: int | None, run: str | None = None
+) -> None:
+    """Refuse a worker what-if on a run whose fetches came from an IterableDataset (SPEC §4.2)."""
+    if not arrays.stream or workers is None:
+        return
+    measured = measured_loader(arrays).workers
+    if int(workers) != measured:
+        raise UsageError(stream_workers_refusal(measured, int(workers), run))
+
+
 def assumed_loader(measured: LoaderSettings, params: ReplayParams) -> tuple[int, int]:
     """The (workers, prefetch factor) a replay assumes: the what-if where given, else measured."""
     workers = measured.workers if params.workers is None else params.workers
@@ -359,8 +382,10 @@ class PipelineModel(ReplayModel):
 
         measured = measured_loader(arrays)
         inputs = pipeline_inputs(arrays)
+        check_stream_workers(arrays, params.workers)
         prepared = PreparedPipeline(
-            inputs, calibrate(inputs, measured.workers, measured.prefetch_factor)
+            inputs,
+            calibrate(inputs, measured.workers, measured.prefetch_factor, arrays.stream),
         )
         load = cpu_load(arrays)
         if load is None or arrays.n_iterations == 0:
@@ -389,6 +414,8 @@ class PipelineModel(ReplayModel):
 
         workers, prefetch = params.workers, params.prefetch_factor
         calibration = prepared.calibration
+        if calibration.keep_worker_ids and workers not in (None, calibration.workers):
+            raise UsageError(stream_workers_refusal(calibration.workers, workers))
         same = (workers in (None, calibration.workers)) and (
             prefetch in (None, calibration.prefetch)
         )

@@ -91,6 +91,10 @@ class Calibration:
     deliver: np.ndarray  # delivery latency from fetch end to arrival when the loop waited
     after: np.ndarray  # time from the last rank's arrival to this rank's iteration end
     loop: np.ndarray  # the loop's gap between the end of iteration k-1 and asking for batch k
+    # An IterableDataset's run (SPEC §4.2): each worker reads its own shard of the stream,
+    # so a batch keeps its measured worker under every prefetch factor (the worker count
+    # cannot change; ``PipelineModel`` refuses that).
+    keep_worker_ids: bool = False
 
 
 def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
@@ -208,7 +212,9 @@ def _calibrate(
     return lat_sent, lat_free, hand, deliver, after, loop
 
 
-def calibrate(inputs: PipelineInputs, workers: int, prefetch: int) -> Calibration:
+def calibrate(
+    inputs: PipelineInputs, workers: int, prefetch: int, keep_worker_ids: bool = False
+) -> Calibration:
     """Residuals of the measured run under loader settings (``workers``, ``prefetch``)."""
     parts = _calibrate(
         inputs.segments,
@@ -221,7 +227,7 @@ def calibrate(inputs: PipelineInputs, workers: int, prefetch: int) -> Calibratio
         workers,
         prefetch,
     )
-    return Calibration(workers, prefetch, *parts)
+    return Calibration(workers, prefetch, *parts, keep_worker_ids=keep_worker_ids)
 
 
 @njit(cache=True)
@@ -360,7 +366,9 @@ def replay_pipeline(
         raise ValueError("max aligns starts only: it cannot stand on the fetch side")
     new_w = calibration.workers if workers is None else int(workers)
     new_p = calibration.prefetch if prefetch is None else int(prefetch)
-    same = new_w == calibration.workers and new_p == calibration.prefetch
+    same = new_w == calibration.workers and (
+        new_p == calibration.prefetch or calibration.keep_worker_ids
+    )  # ``same``: the measured worker ids are kept (and only they decide it in ``_replay``)
     out = _replay(
         inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
         inputs.stall, inputs.worker,

@@ -41,6 +41,7 @@ _STAGE_LABELS = (b" read ", b" read_cpu ", b" collate ", b" collate_cpu ")
 _FETCH_KEYS = (
     *("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s"),
     *_STAGE_KEYS,
+    "stream",
 )
 _TRAIN_KEYS = (  # as the general path
     *("gpu", "epoch", "iteration", "total", "start"),
@@ -339,13 +340,19 @@ def _cut_fetch(
     ok &= tok_ok & _lit(words, p, b" data idx")
     idx, idx_len = _digits(words, p + 9, 2)
     q = p + 9 + idx_len
-    # Optionally `` cpu C`` and then `` runq Q`` (SPEC §1.2), then the line's end. Logs
-    # without them (every log before CPU times) skip the look: this is the hot path.
-    # Then, with instrument_loader(stages=True), `` read R read_cpu C collate L collate_cpu D``.
-    cpu_ok = runq_ok = np.zeros(len(q), dtype=bool)
-    cpu_tok = runq_tok = None
+    # Optionally `` stream K`` (an IterableDataset's batch), `` cpu C`` and then `` runq Q``
+    # (SPEC §1.2), then the line's end. Logs without them (every log before CPU times)
+    # skip the look: this is the hot path. Then, with instrument_loader(stages=True),
+    # `` read R read_cpu C collate L collate_cpu D``.
+    cpu_ok = runq_ok = has_stream = np.zeros(len(q), dtype=bool)
+    cpu_tok = runq_tok = stream = None
     stage_ok, stage_toks = np.zeros(len(q), dtype=bool), []
     if (q != end).any():
+        has_stream = _lit(words, q, b" stream ") & (q < end)
+        if has_stream.any():
+            stream, stream_len = _digits(words, q + 8, 2)
+            has_stream &= (stream_len >= 1) & (stream_len <= 9)
+            q = np.where(has_stream, q + 8 + stream_len, q)
         cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
         runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
         runq_ok &= cpu_ok
@@ -376,12 +383,17 @@ def _cut_fetch(
         optional = {k: v[good] for k, v in optional.items()}
     ok = np.zeros(len(at), dtype=bool)
     ok[rows] = True
+    if stream is None or not has_stream[rows].any():  # absent: one NaN's view (no memory)
+        positions = np.broadcast_to(np.float64(np.nan), len(rows))
+    else:
+        positions = np.where(has_stream[rows], stream[rows].astype(np.float64), np.nan)
     return ok, {
         "gpu": _taken(gpu, rows),
         "worker": _taken(worker, rows),
         "idx": _taken(idx, rows),
         "fetch_s": fetch_s,
         **optional,
+        "stream": positions,
     }
 
 

@@ -43,6 +43,8 @@ _RANK = r"\S+"
 FETCH_PATTERN = (
     r"^.*?" + _TS + r"\s.*?(?:GPU:\s*(?P<gpu>" + _RANK + r")\s+)?worker_id:\s*(?P<worker>\d{1,6}),?"
     r"\s+END FETCH\s+at_time\s+(?P<at>" + _NUM + r")\s+data\s+idx(?P<idx>\d{1,9})"
+    # A batch of an IterableDataset: its position in its worker's stream (SPEC §1.2)
+    r"(?:\s+stream\s+(?P<stream>\d{1,9}))?"
     # dsim >= 0.x appends the batch's CPU seconds and run-queue wait (SPEC §1.1)
     r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?"
     # with instrument_loader(stages=True), the stages' wall and CPU seconds (SPEC §1.2)
@@ -455,7 +457,19 @@ def _fetch_records(
         "cpu_s": cpu_s[keep],
         "runq_s": runq_s[keep],
         **{name: values[keep] for name, values in stages.items()},
+        "stream": _optional_count(parts.field("stream"))[keep],
     }
+
+
+def _optional_count(text: pa.Array) -> np.ndarray:
+    """An optional count (``stream``) as float64, NaN where the line does not carry it.
+
+    Float so that it shares the optional columns' machinery (absent: a view of
+    one NaN); counts of at most 9 digits are exact doubles.
+    """
+    present = _np(pc.greater(pc.utf8_length(text), 0))  # an unmatched group gives ""
+    values = pc.cast(pc.if_else(pa.array(present), text, "0"), pa.float64())
+    return np.where(present, values.to_numpy(zero_copy_only=False), np.nan)
 
 
 def _train_records(

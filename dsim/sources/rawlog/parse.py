@@ -310,6 +310,9 @@ def parse_run(
         for s in steps
     ]
     report["stray_ranks"] = [{"gpu": g, "records": c} for g, c in strays.items()]
+    streamed = stream_fetches(fetch_table)
+    if streamed:
+        report["stream_fetches"] = streamed
     sparse = sparse_worker_ids(fetch_table)
     if sparse:
         report["sparse_worker_ids"] = sparse
@@ -537,6 +540,19 @@ def _appended_runs(conflict_files: np.ndarray, read: np.ndarray, files) -> list[
     ]
 
 
+def stream_fetches(fetch: pa.Table) -> int:
+    """How many fetch records carry a stream position (batches of an IterableDataset).
+
+    Why count them: such a run has no sampler mapping batches to workers, so
+    the pipeline model cannot replay it under another worker count (SPEC §4.2);
+    ``dsim parse`` says so, and ``run.json`` keeps the count.
+    """
+    if "stream" not in fetch.column_names:
+        return 0
+    column = fetch.column("stream")
+    return len(column) - column.null_count
+
+
 def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
     """Ranks whose worker ids are not 0..k-1, as ``{gpu, workers, ids}`` (the first 10 ids).
 
@@ -654,7 +670,7 @@ def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     turn into the table instead of living beside it.
     """
     columns = {k: fetch.pop(k)[sort] for k in ("epoch", "idx", "gpu", "worker", "end", "fetch_s")}
-    cpu = _cpu_columns(fetch, sort)
+    cpu = _cpu_columns(fetch, sort) | _stream_column(fetch, sort)
     fetch.clear()
     start = columns["fetch_s"] * 1e9
     np.round(start, out=start)
@@ -687,6 +703,20 @@ def _cpu_columns(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str, 
         if values is not None and not np.isnan(values).all():
             out[name] = pa.array(values[sort], pa.float64())
     return out
+
+
+def _stream_column(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str, pa.Array]:
+    """``stream`` (an IterableDataset batch's position in its worker's stream, SPEC §2.1):
+    int32, null on lines without it; no column at all when no line carries it."""
+    values = records.pop("stream", None)
+    if values is None:
+        return {}
+    absent = np.isnan(values)
+    if absent.all():
+        return {}
+    absent = absent[sort]
+    counts = np.where(absent, 0, values[sort]).astype(np.int32)
+    return {"stream": pa.array(counts, pa.int32(), mask=absent)}
 
 
 def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
