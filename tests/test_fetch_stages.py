@@ -200,3 +200,20 @@ def test_a_real_loader_records_stages_that_parse_and_add_up(tmp_path: Path) -> N
     assert np.allclose(fetch.read_cpu_s + fetch.collate_cpu_s, fetch.cpu_s, rtol=0, atol=2e-9)
     (share,) = stage_shares(tables[True].fetch)
     assert share.gpu == 0 and share.read_pct + share.collate_pct == pytest.approx(100.0)
+
+
+def test_a_line_with_a_stream_position_and_stages_parses_on_both_paths() -> None:
+    """An IterableDataset's ``stream K`` (after ``data idx``) and the stages (last) together."""
+    stages = Stages(0.04, 0.038, 0.002, 0.0015)
+    both = fetch_line(1_700_000_000.5, 3, 1, 0.05, 7, 0.0401, 0.001, stages, stream=4)
+    assert " data idx7 stream 4 cpu 0.040100000 runq 0.001000000 read 0.040000000" in both
+    only_stream = fetch_line(1_700_000_000.5, 3, 1, 0.05, 8, stream=5)
+    for fast in (True, False):
+        rejects = grammar.Rejects()
+        text = (both + only_stream).encode()
+        records = grammar.parse_lines(grammar.lines_of(text), 1, rejects, fast=fast)
+        fetch = records.fetch
+        assert rejects.table().num_rows == 0
+        assert list(fetch["idx"]) == [7, 8] and list(fetch["stream"]) == [4, 5]
+        assert fetch["read_s"][0] == pytest.approx(0.04, abs=1e-12)
+        assert np.isnan(fetch["read_s"][1]) and np.isnan(fetch["cpu_s"][1])
