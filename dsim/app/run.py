@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
 from dsim.app.attribution import write_run_attributions
+from dsim.checks import Condition
 from dsim.config import SimConfig
 from dsim.errors import InputError, UsageError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
@@ -102,6 +104,7 @@ class RunOutcome:
     seconds: float
     written: list[Path] = field(default_factory=list)
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # run -> reason -> count
+    notes: list[str] = field(default_factory=list)  # runs skipped, and why
 
 
 ProgressFactory = Callable[[int], Callable[[int], None] | None]
@@ -468,3 +471,33 @@ def _replay_and_summarize(
         written=written,
         dropped={plan.name: dict(plan.arrays.dropped) for plan in plans if plan.arrays.dropped},
     )
+
+
+def outcome_answer(
+    outcome: RunOutcome,
+    config: SimConfig,
+    conditions: Sequence[Condition] = (),
+    *,
+    headline: bool = False,
+) -> Answer:
+    """``dsim run``'s answer (``dsim.app.answer``) for the runs it replayed; with
+    ``headline``, the pipeline model's verdict on per-iteration runs (``dsim.app.headline``)."""
+    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]  # with model variants
+    runs = find_result_runs(shown)
+    infos = {str(r.directory): r.info for r in runs}
+    answer = build_answer(
+        outcome.summary,
+        infos,
+        attributions=attribution_rows(r.directory for r in runs),
+        conditions=conditions,
+        notes=outcome.notes,
+        written=outcome.written,
+        result_runs=runs,
+    )
+    if headline:
+        from dsim.app.headline import headlines
+
+        answer = with_headlines(
+            answer, headlines(outcome.summary, answer.verdicts, config.traces, infos)
+        )
+    return answer

@@ -24,7 +24,8 @@ def print_verdicts(
     headlines: Mapping[str, Verdict] | None = None,
 ) -> None:
     """One paragraph per run: its name (when there are several), the verdict, and the
-    attribution lines of that run (``blame``: run name → lines) below it.
+    attribution lines of that run (``blame``: results run directory, or run name → lines)
+    below it.
 
     ``headlines`` (results directory → the more accurate model's verdict,
     ``dsim.app.headline``)
@@ -51,7 +52,7 @@ def print_verdicts(
             say(original_line(v), "  ")
         for note in said.caveats:
             say(f"caveat: {note}", "  ")
-        for line in blame.get(v.run, ()):
+        for line in blame.get(v.results or "", blame.get(v.run, ())):
             say(line, "  ")
     if verdicts:
         console.print()

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from dsim.app.answer import Answer
+
 # (column title, metric stem) for the mean ± std columns
 _METRICS = tuple((str(c.short), c.key) for c in METRICS)
 
@@ -326,3 +328,12 @@ def print_summary(
         )
         for line in wrap_prose(caption, console.width):
             console.print(line, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def print_answer(answer: Answer, console: Console | None = None, *, full: bool = False) -> None:
+    """The answer in the terminal: each run's verdict (or headline) with its caveats and
+    attribution lines, then the summary tables (the overview above ``OVERVIEW_RUNS`` runs)."""
+    from dsim.render.insight import print_verdicts
+
+    print_verdicts(answer.verdicts, answer.blame, console, headlines=answer.headlines)
+    print_summary(answer.summary, console, full=full)
