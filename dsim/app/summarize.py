@@ -43,6 +43,35 @@ class Summarized:
     attributions: dict[str, pd.DataFrame] = field(default_factory=dict)  # per run directory
 
 
+def runs_with_epochs(runs: list[ResultRun], epochs: Epochs) -> tuple[list[ResultRun], list[str]]:
+    """The runs whose trace has every epoch of an explicit ``--epochs`` list, and a note per
+    run left out: a mixed results directory skips what does not apply (docs/SPEC.md §5).
+    When no run has them all, every run is kept, so that the summary's own error says
+    which epochs are missing where. Runs whose ``result.json`` does not record their
+    epochs are kept (the summary checks them)."""
+    if epochs is None or isinstance(epochs, str) or len(runs) < 2:
+        return runs, []
+    kept, notes = [], []
+    for run in runs:
+        have = run.info.trace.epochs_present if run.info.trace is not None else ()
+        missing = [e for e in epochs if have and e not in have]
+        if missing:
+            listed = ", ".join(map(str, missing))
+            notes.append(
+                f"skipped run {run.name} ({_shown_dir(run)}): it has no epoch(s) {listed} "
+                f"(it has {', '.join(map(str, have))})"
+            )
+        else:
+            kept.append(run)
+    return (kept, notes) if kept else (runs, [])
+
+
+def _shown_dir(run: ResultRun) -> str:
+    import os
+
+    return os.path.normpath(run.directory)
+
+
 def summarize_directories(
     results: Sequence[str | Path],
     *,
@@ -61,6 +90,7 @@ def summarize_directories(
     with lock.shared(results_directories(list(paths)), on_wait):
         scan = scan_results(list(paths))
         runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
+        runs, skipped = runs_with_epochs(runs, epochs)
         check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
         summary = summarize_results(
             runs,
@@ -73,7 +103,7 @@ def summarize_directories(
         if out is not None:
             remove_leftovers(out)  # temporaries of a killed writer
             written = write_summary_files(summary, out, formats)
-    return Summarized(summary, runs, scan.notes(runs), written, attributions)
+    return Summarized(summary, runs, [*skipped, *scan.notes(runs)], written, attributions)
 
 
 def summarize_answer(
