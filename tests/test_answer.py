@@ -58,7 +58,7 @@ def test_directory_files_describe_every_run_not_only_the_last_dsim_run(work: Pat
     attribution = pd.read_csv(work / "results" / "attribution.csv")
     assert sorted(set(attribution["run"])) == sorted({A, B, P})
     # each run's own attribution file, from which the directory's is rebuilt
-    assert (work / "results" / B / "attribution.parquet").is_file()
+    assert (work / "results" / "attribution" / "runs" / f"{B}.parquet").is_file()
 
 
 def _numbers_equal(a: object, b: object) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from dsim.app.attribution import ATTRIBUTION_STEM
+from dsim.app.attribution import ATTRIBUTION_STEM, run_table_path
 from dsim.attribution import describe
 from dsim.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
 from dsim.io import parquetio
@@ -147,13 +147,13 @@ def _overview_row(rows: Sequence[Mapping[str, Any]], best: tuple[str, str] | Non
 
 
 def attribution_rows(results_dirs: Iterable[Path]) -> dict[str, pd.DataFrame]:
-    """Results run directory → its attribution rows: the run's own file
-    (``<run dir>/attribution.parquet``), else — results written before dsim wrote
-    one per run — the run's rows of the results directory's ``attribution.parquet``."""
+    """Results run directory → its attribution rows: the run's own table
+    (``<out>/attribution/runs/<run dir>.parquet``), else — results written before dsim
+    wrote one per run — the run's rows of the results directory's ``attribution.parquet``."""
     out: dict[str, pd.DataFrame] = {}
     level: dict[Path, pd.DataFrame] = {}
     for directory in dict.fromkeys(Path(d) for d in results_dirs):
-        own = directory / f"{ATTRIBUTION_STEM}.parquet"
+        own = run_table_path(directory.parent, directory.name)
         if own.is_file():
             out[str(directory)] = parquetio.read_table(own, remedy="re-run `dsim run`").to_pandas()
             continue

@@ -37,6 +37,15 @@ from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
 
 ATTRIBUTION_STEM = "attribution"
+#: Each run's own attribution table: ``<out>/attribution/runs/<run dir>.parquet`` (outside the
+#: run directories, whose ``*.parquet`` are replays; two levels down, so that no results scan
+#: takes it for a run directory).
+RUN_TABLES = ("attribution", "runs")
+
+
+def run_table_path(out: Path, directory: str) -> Path:
+    """Where ``dsim run`` writes one run directory's attribution table."""
+    return Path(out).joinpath(*RUN_TABLES, f"{directory}.parquet")
 
 
 NO_FETCH_RECORDS = (
@@ -130,7 +139,7 @@ def write_run_attributions(
     directories: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Path]:
     """Attribute every run of the summary (its tables as replayed) and write each run's
-    table as ``<out>/<run dir>/attribution.parquet`` (``directories``: run name → its run
+    table as ``<out>/attribution/runs/<run dir>.parquet`` (``directories``: run name → its run
     directories, model variants included; default the name itself); then rebuild the
     results directory's ``attribution.{parquet,csv}`` from every run's file
     (``write_directory_attributions``)."""
@@ -142,7 +151,7 @@ def write_run_attributions(
         epochs = [int(e) for e in selection[0].split(",") if e.strip()]
         table = attribution_table([run_attribution(run, tables, epochs, selection[1])], [selection])
         for directory in (directories or {}).get(run, [run]):
-            path = out / directory / f"{ATTRIBUTION_STEM}.parquet"
+            path = run_table_path(out, directory)
             write_parquet(pa.Table.from_pandas(table, preserve_index=False), path)
             written.append(path)
     return written + write_directory_attributions(out)
@@ -154,11 +163,12 @@ def write_directory_attributions(out: Path) -> list[Path]:
     a run share its trace). A run replayed before dsim wrote a file per run keeps its rows of
     the previous directory-level table, as long as its run directory is still there."""
     frames, seen, names = [], set(), set()
-    for path in sorted(out.glob(f"*/{ATTRIBUTION_STEM}.parquet")):
-        if not (path.parent / RESULT_FILE).is_file():
-            continue  # not a results run directory
+    for result in sorted(out.glob(f"*/{RESULT_FILE}")):
+        path = run_table_path(out, result.parent.name)
+        if not path.is_file():
+            continue  # replayed before dsim wrote a table per run
         frame = parquetio.read_table(path, remedy="re-run `dsim run`").to_pandas()
-        names.add(path.parent.name.split("@", 1)[0])
+        names.add(result.parent.name.split("@", 1)[0])
         if frame.empty:
             continue
         key = (str(frame["run"].iloc[0]), str(frame["selected_epochs"].iloc[0]))
