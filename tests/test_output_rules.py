@@ -59,8 +59,8 @@ def test_unit_rule_in_one_place() -> None:
 def test_compare_table_prints_sub_second_times_in_ms() -> None:
     class Comparison:  # the fields print_comparison reads
         before_run, after_run = "a", "b"
-        deltas = [MetricDelta("iteration_s_mean", "iteration time", "s", 0.0123, 0.0100)]
-        text, warnings = "said", []
+        deltas = (MetricDelta("iteration_s_mean", "iteration time", "s", 0.0123, 0.0100),)
+        text, warnings = "said", ()
 
     with open(os.devnull, "w") as sink:
         console = Console(file=sink, width=200, record=True, color_system=None)
