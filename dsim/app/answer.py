@@ -198,7 +198,7 @@ def _provenance(info: ResultInfo | None) -> dict[str, Any]:
         "selection": None
         if selection is None
         else {
-            "epochs": list(selection.epochs),
+            "epochs": None if selection.epochs is None else list(selection.epochs),
             "warmup": selection.warmup,
             "threshold_s": selection.threshold_s,
         },
