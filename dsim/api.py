@@ -41,6 +41,7 @@ from dsim.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.app.answer import Answer
     from dsim.app.tune import TuneResult
     from dsim.checks import CheckResult
     from dsim.comparison import Comparison
@@ -105,6 +106,13 @@ class Results:
     summary: pd.DataFrame
     verdicts: list[Verdict]
     runs: list[ResultRun] = field(default_factory=list)
+    answer: Answer | None = field(default=None, repr=False)
+    """The answer every output renders (``dsim.app.answer``): per run the verdict, best
+    policy, attribution lines and provenance; the overview."""
+
+    @classmethod
+    def of(cls, answer: Answer) -> Results:
+        return cls(answer.summary, answer.verdicts, list(answer.result_runs), answer)
 
     @property
     def directories(self) -> list[Path]:
@@ -149,9 +157,18 @@ class Results:
 
     def to_json(self, *conditions: str) -> dict[str, Any]:
         """The ``--json`` document (§5.6), with the given conditions' checks."""
-        from dsim.render.machine import document
+        from dsim.render.machine import answer_document, document
 
-        return document(self.summary, self.verdicts, self.check(*conditions))
+        checks = self.check(*conditions)
+        if self.answer is None:
+            return document(self.summary, self.verdicts, checks)
+        from dataclasses import replace
+
+        runs = tuple(
+            replace(r, checks=tuple(c for c in checks if (c.run, c.results) == (r.run, r.results)))
+            for r in self.answer.runs
+        )
+        return answer_document(replace(self.answer, runs=runs))
 
 
 def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
@@ -230,12 +247,10 @@ def run(
     reused unless ``force``) and returns its results. ``executor`` is
     ``local`` (in-process, the default here), ``ray`` or ``auto``.
     """
-    from dsim.app.run import run_replays
+    from dsim.app.run import outcome_answer, run_replays
     from dsim.config import Overrides, load_config
-    from dsim.model.results import find_result_runs
     from dsim.options import parse_policy_option
     from dsim.sanity import check_threshold
-    from dsim.verdict import run_verdicts
 
     items = [traces] if isinstance(traces, Trace | str | Path) else list(traces)
     dirs = [t.directory if isinstance(t, Trace) else Path(t) for t in items]
@@ -256,13 +271,12 @@ def run(
         prefetch_factor=prefetch_factor,
         policies=tuple(parse_policy_option(p) for p in policies or ()),
     )
-    outcome = run_replays(load_config(None, overrides), force=force)
-    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]
-    runs = find_result_runs(shown)
-    verdicts = run_verdicts(outcome.summary, {str(r.directory): r.info for r in runs})
+    config = load_config(None, overrides)
+    outcome = run_replays(config, force=force)
+    answer = outcome_answer(outcome, config)
     done = len(dict.fromkeys(outcome.summary["run"]))
     _wrote(f"the results of {done} run{'s' if done != 1 else ''}", Path(out), quiet)
-    return Results(outcome.summary, verdicts, runs)
+    return Results.of(answer)
 
 
 def load_results(
@@ -279,20 +293,19 @@ def load_results(
     ``runs`` are name globs; ``policies`` ``"fetch/start"`` labels; the
     selection defaults to what ``dsim run`` recorded (§5).
     """
-    from dsim.app.summarize import summarize_directories
+    from dsim.app.summarize import summarize_answer
     from dsim.options import parse_policy_option
-    from dsim.verdict import run_verdicts
 
-    done = summarize_directories(
+    answer = summarize_answer(
         _paths(paths),
         run_globs=runs,
         policies=[parse_policy_option(p) for p in policies] if policies else None,
         epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
         warmup=warmup,
         threshold_s=threshold_s,
+        force=True,  # the API takes the threshold in seconds as given
     )
-    verdicts = run_verdicts(done.summary, {str(r.directory): r.info for r in done.runs})
-    return Results(done.summary, verdicts, done.runs)
+    return Results.of(answer)
 
 
 def tune(

@@ -66,7 +66,7 @@ def test_compare_text_with_known_deltas(runs) -> None:
     assert "iteration time 3.0000 s 2.0000 s −1.0000 s (−33 %)" in out
     assert "stall 1.5000 s 1.0000 s −0.5000 s (−33 %)" in out
     # delay 0.05 where > 2.5 s: before (0.01 + 0.05) / 2, after (0.01 + 0.05) / 2
-    assert "delay 0.0300 s 0.0300 s +0.0000 s (+0 %)" in out
+    assert "delay 30.0 ms 30.0 ms +0.0 ms (+0 %)" in out  # ms below 1 s (SPEC §5)
     assert "effective delay 50.0 % 50.0 % +0.0 pts" in out
     # predicted by min/min (the best): 3 - 1 = 2 s; realised 3 - 2 = 1 s: 50 %
     assert "AFTER realised 50 % of the gain BEFORE predicted for min/min (1 s of 2 s" in out

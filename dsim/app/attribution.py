@@ -11,11 +11,12 @@ to show who was last over time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from dsim.attribution import (
     Attribution,
@@ -29,7 +30,8 @@ from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.fetchstages import stage_shares
 from dsim.io import parquetio
-from dsim.model.resultinfo import ResultInfo
+from dsim.io.atomic import write_parquet
+from dsim.model.resultinfo import RESULT_FILE, ResultInfo
 from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
@@ -37,6 +39,15 @@ from dsim.render.files import write_summary_files
 from dsim.replay.arrays import build_iteration_arrays
 
 ATTRIBUTION_STEM = "attribution"
+#: Each run's own attribution table: ``<out>/attribution/runs/<run dir>.parquet`` (outside the
+#: run directories, whose ``*.parquet`` are replays; two levels down, so that no results scan
+#: takes it for a run directory).
+RUN_TABLES = ("attribution", "runs")
+
+
+def run_table_path(out: Path, directory: str) -> Path:
+    """Where ``dsim run`` writes one run directory's attribution table."""
+    return Path(out).joinpath(*RUN_TABLES, f"{directory}.parquet")
 
 
 NO_FETCH_RECORDS = (
@@ -129,18 +140,61 @@ def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
 
 
 def write_run_attributions(
-    summary: pd.DataFrame, runs: Iterable[tuple[str, RunTables]], out: Path
+    summary: pd.DataFrame,
+    runs: Iterable[tuple[str, RunTables]],
+    out: Path,
+    directories: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Path]:
-    """Attribute every run of the summary (its tables as replayed) and write the table."""
-    attributions, selections = [], []
+    """Attribute every run of the summary (its tables as replayed) and write each run's
+    table as ``<out>/attribution/runs/<run dir>.parquet`` (``directories``: run name → its run
+    directories, model variants included; default the name itself); then rebuild the
+    results directory's ``attribution.{parquet,csv}`` from every run's file
+    (``write_directory_attributions``)."""
+    written: list[Path] = []
     for run, tables in runs:
         selection = _selection(summary, run)
         if selection is None:
             continue
         epochs = [int(e) for e in selection[0].split(",") if e.strip()]
-        attributions.append(run_attribution(run, tables, epochs, selection[1]))
-        selections.append(selection)
-    table = attribution_table(attributions, selections)
+        table = attribution_table([run_attribution(run, tables, epochs, selection[1])], [selection])
+        for directory in (directories or {}).get(run, [run]):
+            path = run_table_path(out, directory)
+            write_parquet(pa.Table.from_pandas(table, preserve_index=False), path)
+            written.append(path)
+    return written + write_directory_attributions(out)
+
+
+def write_directory_attributions(out: Path) -> list[Path]:
+    """``<out>/attribution.{parquet,csv}``: every run of the results directory, recomputed
+    from the runs' own files (one set of rows per run name and selection; model variants of
+    a run share its trace). A run replayed before dsim wrote a file per run keeps its rows of
+    the previous directory-level table, as long as its run directory is still there."""
+    frames, seen, names = [], set(), set()
+    for result in sorted(out.glob(f"*/{RESULT_FILE}")):
+        path = run_table_path(out, result.parent.name)
+        if not path.is_file():
+            continue  # replayed before dsim wrote a table per run
+        frame = parquetio.read_table(path, remedy="re-run `dsim run`").to_pandas()
+        names.add(result.parent.name.split("@", 1)[0])
+        if frame.empty:
+            continue
+        key = (str(frame["run"].iloc[0]), str(frame["selected_epochs"].iloc[0]))
+        key += (str(frame["warmup"].iloc[0]),)
+        if key not in seen:
+            seen.add(key)
+            frames.append(frame)
+    previous = out / f"{ATTRIBUTION_STEM}.parquet"
+    if previous.is_file():
+        old = parquetio.read_table(previous, remedy="re-run `dsim run`").to_pandas()
+        present = {p.parent.name.split("@", 1)[0] for p in out.glob(f"*/{RESULT_FILE}")} - names
+        kept = old[old["run"].astype(str).isin(present)]
+        if not kept.empty:
+            frames.append(kept)
+    if frames:
+        table = pd.concat(frames, ignore_index=True)
+        table["straggler_gpu"] = table["straggler_gpu"].astype("Int64")
+    else:
+        table = attribution_table([])
     return write_summary_files(table, out, ["parquet", "csv"], ATTRIBUTION_STEM)
 
 

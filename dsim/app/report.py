@@ -31,6 +31,7 @@ from dsim.app.attribution import (
     read_replayed,
     trace_attribution,
 )
+from dsim.app.summarize import runs_with_epochs
 from dsim.attribution import attribution_table, describe
 from dsim.config import DEFAULT_TRACES
 from dsim.errors import DsimError, InputError, OutputError, UsageError
@@ -206,6 +207,7 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
 
     scan = scan_results(list(request.results))
     runs = select_runs(scan.runs, request.runs)
+    runs, skipped = runs_with_epochs(runs, request.epochs)  # a mixed directory: notes
     check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
     for r in runs:
         if not r.replays:
@@ -268,7 +270,7 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
         utilisation=utilisation,
         tune=tune_tables(runs, names),
     )
-    notes = scan.notes(runs)
+    notes = [*skipped, *scan.notes(runs)]
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):
         notes.append(

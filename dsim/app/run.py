@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
 from dsim.app.attribution import write_run_attributions
+from dsim.checks import Condition
 from dsim.config import SimConfig
-from dsim.errors import InputError, UsageError
+from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
 from dsim.io import lock
@@ -34,11 +36,14 @@ from dsim.model.resultinfo import Selection
 from dsim.model.results import (
     SUMMARY_STEM,
     ResultInfo,
+    ResultRun,
     check_results_directory,
     find_result_runs,
     read_replay_key,
     replay_path,
     replay_table,
+    scan_results,
+    stale_trace,
     write_replay,
     write_result_info,
 )
@@ -102,6 +107,7 @@ class RunOutcome:
     seconds: float
     written: list[Path] = field(default_factory=list)
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # run -> reason -> count
+    notes: list[str] = field(default_factory=list)  # runs skipped, and why
 
 
 ProgressFactory = Callable[[int], Callable[[int], None] | None]
@@ -365,14 +371,21 @@ def run_replays(
     model = get_model(config.model)
     plans = []
     snapshots: list[tuple[str, RunTables]] = []  # one version of each trace, read once
+    skipped: list[tuple[str, DsimError]] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
         tables = read_run(run_dir)
+        refusal = _refusal(name, tables, config, model)
+        if refusal is not None:  # another matched run may still replay what was asked
+            skipped.append((name, refusal))
+            continue
         snapshots.append((name, tables))
         plans.append(plan_run(name, run_dir, config, model, params, tables))
         if plans[-1].loader is not None and plans[-1].loader["changed"]:
             # A loader what-if is compared with the same model under the measured settings.
             measured = replace(params, workers=None, prefetch_factor=None)
             plans.append(plan_run(name, run_dir, config, model, measured, tables))
+    if skipped and not plans:
+        raise skipped[0][1]  # nothing could be replayed: the first run's reason, as before
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in plans:  # inside --out, no link, no newer result.json downgraded (§7.4)
@@ -383,7 +396,22 @@ def run_replays(
             config, plans, model, params, chunk_rows, progress, snapshots
         )
     outcome.seconds = time.perf_counter() - began
+    outcome.notes[:0] = [f"skipped run {name}: {error.reason}" for name, error in skipped]
     return outcome
+
+
+def _refusal(
+    name: str, tables: RunTables, config: SimConfig, model: ReplayModel
+) -> DsimError | None:
+    """Why ``run_model_and_policies`` refuses this run (the model or a policy asked for cannot
+    replay it: a profiled run has no fetch records), or None. A mixed selection of runs skips
+    such a run with a note instead of aborting (docs/SPEC.md §4.3); the error is raised only
+    when no run is left to replay."""
+    try:
+        run_model_and_policies(name, tables.fetch.num_rows > 0, config, model)
+    except (InputError, UsageError) as exc:
+        return exc
+    return None
 
 
 def _replay_and_summarize(
@@ -459,8 +487,12 @@ def _replay_and_summarize(
         threshold_s=config.threshold_s,
         policies=list(dict.fromkeys(p for plan in plans for p in plan.keys)),
     )
-    written.extend(write_summary_files(summary, config.out, ["parquet", "csv"], SUMMARY_STEM))
-    written.extend(write_run_attributions(summary, snapshots, config.out))
+    directories: dict[str, list[str]] = {}
+    for plan in plans:
+        directories.setdefault(plan.name, []).append(plan.directory)
+    written.extend(write_run_attributions(summary, snapshots, config.out, directories))
+    level, notes = directory_summary(config.out, runs)
+    written.extend(write_summary_files(level, config.out, ["parquet", "csv"], SUMMARY_STEM))
     computed = sum(len(job.policies) for job in jobs)
     cached = sum(len(plan.keys) for plan in plans) - computed
     return RunOutcome(
@@ -471,4 +503,56 @@ def _replay_and_summarize(
         seconds=0.0,
         written=written,
         dropped={plan.name: dict(plan.arrays.dropped) for plan in plans if plan.arrays.dropped},
+        notes=notes,
     )
+
+
+def directory_summary(out: Path, replayed: list[ResultRun]) -> tuple[pd.DataFrame, list[str]]:
+    """The summary of every run in the results directory ``out`` (``results/summary.*``), each
+    over its recorded selection, recomputed from the runs' files: not only the runs this
+    ``dsim run`` replayed. A run whose results cannot be read any more (a replay missing or
+    of another key, its trace re-parsed since) is left out with a note."""
+    mine = {run.directory.resolve() for run in replayed}
+    keep, notes = [], []
+    for run in scan_results([out]).runs:
+        if run.directory.resolve() not in mine:
+            try:
+                run.verify()
+                problem = stale_trace(run)
+                if problem is not None:
+                    raise problem
+            except InputError as exc:
+                notes.append(f"{run.directory.name} left out of {out / SUMMARY_STEM}.*: {exc}")
+                continue
+        keep.append(run)
+    return summarize_results(keep), notes
+
+
+def outcome_answer(
+    outcome: RunOutcome,
+    config: SimConfig,
+    conditions: Sequence[Condition] = (),
+    *,
+    headline: bool = False,
+) -> Answer:
+    """``dsim run``'s answer (``dsim.app.answer``) for the runs it replayed; with
+    ``headline``, the pipeline model's verdict on per-iteration runs (``dsim.app.headline``)."""
+    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]  # with model variants
+    runs = find_result_runs(shown)
+    infos = {str(r.directory): r.info for r in runs}
+    answer = build_answer(
+        outcome.summary,
+        infos,
+        attributions=attribution_rows(r.directory for r in runs),
+        conditions=conditions,
+        notes=outcome.notes,
+        written=outcome.written,
+        result_runs=runs,
+    )
+    if headline:
+        from dsim.app.headline import headlines
+
+        answer = with_headlines(
+            answer, headlines(outcome.summary, answer.verdicts, config.traces, infos)
+        )
+    return answer

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsim.app.answer import Answer, attribution_rows, build_answer
+from dsim.checks import Condition
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import (
@@ -26,6 +28,7 @@ from dsim.model.selection import Epochs
 from dsim.options import select_runs
 from dsim.render.files import write_summary_files
 from dsim.replay.policies import Policy
+from dsim.sanity import check_threshold
 from dsim.summary import summarize_results
 
 
@@ -37,6 +40,36 @@ class Summarized:
     runs: list[ResultRun]
     notes: list[str] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    attributions: dict[str, pd.DataFrame] = field(default_factory=dict)  # per run directory
+
+
+def runs_with_epochs(runs: list[ResultRun], epochs: Epochs) -> tuple[list[ResultRun], list[str]]:
+    """The runs whose trace has every epoch of an explicit ``--epochs`` list, and a note per
+    run left out: a mixed results directory skips what does not apply (docs/SPEC.md §5).
+    When no run has them all, every run is kept, so that the summary's own error says
+    which epochs are missing where. Runs whose ``result.json`` does not record their
+    epochs are kept (the summary checks them)."""
+    if epochs is None or isinstance(epochs, str) or len(runs) < 2:
+        return runs, []
+    kept, notes = [], []
+    for run in runs:
+        have = run.info.trace.epochs_present if run.info.trace is not None else ()
+        missing = [e for e in epochs if have and e not in have]
+        if missing:
+            listed = ", ".join(map(str, missing))
+            notes.append(
+                f"skipped run {run.name} ({_shown_dir(run)}): it has no epoch(s) {listed} "
+                f"(it has {', '.join(map(str, have))})"
+            )
+        else:
+            kept.append(run)
+    return (kept, notes) if kept else (runs, [])
+
+
+def _shown_dir(run: ResultRun) -> str:
+    import os
+
+    return os.path.normpath(run.directory)
 
 
 def summarize_directories(
@@ -57,6 +90,7 @@ def summarize_directories(
     with lock.shared(results_directories(list(paths)), on_wait):
         scan = scan_results(list(paths))
         runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
+        runs, skipped = runs_with_epochs(runs, epochs)
         check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
         summary = summarize_results(
             runs,
@@ -65,7 +99,48 @@ def summarize_directories(
             threshold_s=threshold_s,
             policies=list(policies) if policies is not None else None,
         )
+        attributions = attribution_rows(r.directory for r in runs)  # under the same lock
         if out is not None:
             remove_leftovers(out)  # temporaries of a killed writer
             written = write_summary_files(summary, out, formats)
-    return Summarized(summary, runs, scan.notes(runs), written)
+    return Summarized(summary, runs, [*skipped, *scan.notes(runs)], written, attributions)
+
+
+def summarize_answer(
+    results: Sequence[str | Path],
+    *,
+    run_globs: Sequence[str] | None = None,
+    policies: Sequence[Policy] | None = None,
+    epochs: Epochs = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    conditions: Sequence[Condition] = (),
+    out: Path | None = None,
+    formats: Sequence[str] = (),
+    on_wait: lock.Notify | None = None,
+    force: bool = False,
+) -> Answer:
+    """``dsim summarize``'s answer (``dsim.app.answer``): the summary of ``results``, each
+    run's verdict, attribution lines and checks, computed once for every renderer.
+    A ``threshold_s`` of 1 s or more is refused unless ``force`` (it is in seconds)."""
+    check_threshold(threshold_s, force=force)
+    done = summarize_directories(
+        results,
+        run_globs=run_globs,
+        policies=policies,
+        epochs=epochs,
+        warmup=warmup,
+        threshold_s=threshold_s,
+        out=out,
+        formats=formats,
+        on_wait=on_wait,
+    )
+    return build_answer(
+        done.summary,
+        {str(r.directory): r.info for r in done.runs},
+        attributions=done.attributions,
+        conditions=conditions,
+        notes=done.notes,
+        written=done.written,
+        result_runs=done.runs,
+    )

@@ -246,7 +246,9 @@ def run_metrics(rows: pd.DataFrame) -> tuple[dict[str, float], str | None]:
     best: str | None = None
     speedups = rows["speedup"].astype("float64")
     if speedups.notna().any():
-        top = rows.loc[speedups.idxmax()]
+        from dsim.verdict import best_row  # the one tie rule (docs/SPEC.md §5.1)
+
+        top = best_row(rows[speedups.notna()].to_dict("records"))
         metrics["best_speedup"] = float(top["speedup"])
         best = f"{top['fetch_align']}/{top['start_align']}"
     base = rows[[_is_baseline(r) for _, r in rows.iterrows()]]

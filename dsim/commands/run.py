@@ -193,13 +193,13 @@ def command(
 
     from rich.console import Console
 
-    from dsim.app.run import run_replays
-    from dsim.checks import evaluate, parse_condition, raise_if_held
+    from dsim.app.answer import parse_conditions
+    from dsim.app.run import outcome_answer, run_replays
     from dsim.config import Overrides, load_config
     from dsim.options import parse_epochs_option, parse_policy_option
     from dsim.sanity import check_threshold, recorded_selections, selection_changes
 
-    conditions = [parse_condition(c) for c in fail_if or ()]
+    conditions = parse_conditions(fail_if)
     policies = tuple(parse_policy_option(p) for p in policy_specs or ())
     overrides = Overrides(
         runs=tuple(dict.fromkeys([*(runs or ()), *(run_globs or ())])),
@@ -238,37 +238,26 @@ def command(
         from dsim.app.tracking import track_summary
 
         tracked = track_summary(outcome.summary, config.mlflow, command="run")
-    checks = evaluate(outcome.summary, conditions)
     if quiet and not as_json:
-        raise_if_held(checks)
+        outcome_answer(outcome, config, conditions).raise_if_held()
         return
-    from dsim.app.attribution import read_attributions
-    from dsim.model.results import find_result_runs
-    from dsim.render.insight import attribution_lines, print_verdicts
-    from dsim.render.terminal import print_summary
-    from dsim.verdict import run_verdicts
-
-    shown = [Path(d) for d in dict.fromkeys(outcome.summary["results"])]  # with model variants
-    infos = {str(r.directory): r.info for r in find_result_runs(shown)}
-    verdicts = run_verdicts(outcome.summary, infos)
+    answer = outcome_answer(outcome, config, conditions, headline=not as_json)
     if as_json:
-        from dsim.render.machine import document, dumps
+        from dsim.render.machine import answer_document, dumps
 
-        sys.stdout.write(dumps(document(outcome.summary, verdicts, checks)))
+        sys.stdout.write(dumps(answer_document(answer)))
         sys.stdout.flush()
         if quiet:
-            raise_if_held(checks)
+            answer.raise_if_held()
             return
     for note in selection_changes(before, recorded_selections(config.out, config.runs)):
         _say(err, f"dsim: {note}")
+    for note in answer.notes:
+        _say(err, f"dsim: note: {note}")
     if not as_json:
-        from dsim.app.headline import headlines
+        from dsim.render.terminal import print_answer
 
-        blame = attribution_lines(read_attributions([config.out]), outcome.summary)
-        print_verdicts(
-            verdicts, blame, headlines=headlines(outcome.summary, verdicts, config.traces, infos)
-        )
-        print_summary(outcome.summary, full=full)
+        print_answer(answer, full=full)
     for run, reasons in outcome.dropped.items():
         detail = ", ".join(f"{reason}: {count}" for reason, count in reasons.items())
         err.print(
@@ -285,7 +274,7 @@ def command(
     if tracked is not None:
         err.print(tracked.text(), highlight=False)
     sys.stdout.flush()
-    raise_if_held(checks)
+    answer.raise_if_held()
 
 
 command.__doc__ = HELP

@@ -1,7 +1,8 @@
 """`dsim summarize`: summary tables of existing replay results, without replaying.
 
-Thin: finds result runs (``dsim.model.results``), filters them, summarises
-(``dsim.summary``) and renders (``dsim.render``).
+Thin: parses options, asks the application for the answer
+(``dsim.app.summarize.summarize_answer``) and picks its renderer (terminal,
+``--json``, ``--out -``); it imports no analysis module.
 """
 
 from __future__ import annotations
@@ -86,13 +87,11 @@ def command(
     quiet: Quiet = False,
     full: Full = False,
 ) -> None:
-    from dsim.app.summarize import summarize_directories
-    from dsim.checks import evaluate, parse_condition, raise_if_held
+    from dsim.app.answer import parse_conditions
+    from dsim.app.summarize import summarize_answer
     from dsim.errors import UsageError
-    from dsim.model.results import results_directories
     from dsim.options import parse_epochs_option, parse_policy_option
-    from dsim.render.files import parse_formats, summary_bytes
-    from dsim.sanity import check_threshold
+    from dsim.render.files import answer_bytes, parse_formats
 
     # Validate before any work.
     format_names = parse_formats(formats or "csv,parquet")
@@ -107,8 +106,7 @@ def command(
             "--out - writes one file to stdout: choose one --format (csv, parquet or json), "
             "without --json"
         )
-    conditions = [parse_condition(c) for c in fail_if or ()]
-    check_threshold(threshold, force=force)
+    conditions = parse_conditions(fail_if)
     policies = [parse_policy_option(p) for p in policy_specs] if policy_specs else None
     epoch_option = parse_epochs_option(epochs)
 
@@ -116,44 +114,37 @@ def command(
         if not quiet:
             typer.echo(f"dsim: {text}", err=True)
 
-    done = summarize_directories(
+    answer = summarize_answer(
         results,
         run_globs=run_globs,
         policies=policies,
         epochs=epoch_option,
         warmup=warmup,
         threshold_s=threshold,
+        conditions=conditions,
         out=None if to_stdout else out,
         formats=format_names,
         on_wait=say,
+        force=force,
     )
-    summary, runs, written = done.summary, done.runs, done.written
-    checks = evaluate(summary, conditions)
-    for note in done.notes:
+    for note in answer.notes:
         say(f"note: {note}")
-    from dsim.verdict import run_verdicts
-
-    verdicts = run_verdicts(summary, {str(r.directory): r.info for r in runs})
     if to_stdout:
-        sys.stdout.buffer.write(summary_bytes(summary, format_names[0]))
+        sys.stdout.buffer.write(answer_bytes(answer, format_names[0]))
         sys.stdout.flush()
     elif as_json:
-        from dsim.render.machine import document, dumps
+        from dsim.render.machine import answer_document, dumps
 
-        sys.stdout.write(dumps(document(summary, verdicts, checks)))
+        sys.stdout.write(dumps(answer_document(answer)))
         sys.stdout.flush()
     elif not quiet:
-        from dsim.app.attribution import read_attributions
-        from dsim.render.insight import attribution_lines, print_verdicts
-        from dsim.render.terminal import print_summary
+        from dsim.render.terminal import print_answer
 
-        blame = attribution_lines(read_attributions(results_directories(list(results))), summary)
-        print_verdicts(verdicts, blame)
-        print_summary(summary, full=full)
+        print_answer(answer, full=full)
     if not quiet:
-        for path in written:
+        for path in answer.written:
             typer.echo(f"wrote {path}", err=True)
-    raise_if_held(checks)
+    answer.raise_if_held()
 
 
 command.__doc__ = HELP

@@ -54,5 +54,7 @@ SUMMARY_TABLE = (
 
 
 def header(column: SummaryColumn) -> str:
-    """The HTML header: the long label and its unit, ``iteration time (s)``."""
-    return f"{column.long} ({column.unit})" if column.unit else column.long
+    """The HTML header: the long label and its unit, ``effective delay (%)``; a time column's
+    cells carry their own unit (ms below one second, ``dsim.render.units``), so its header
+    names none."""
+    return f"{column.long} ({column.unit})" if column.unit and column.unit != "s" else column.long

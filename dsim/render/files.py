@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
@@ -16,6 +17,9 @@ import pyarrow as pa
 from dsim.errors import UsageError
 from dsim.io.atomic import write_parquet, write_text
 from dsim.render.machine import dumps, summary_records
+
+if TYPE_CHECKING:
+    from dsim.app.answer import Answer
 
 Writer = Callable[[pd.DataFrame, Path], None]
 
@@ -72,3 +76,14 @@ def summary_bytes(summary: pd.DataFrame, name: str) -> bytes:
         path = Path(tmp) / f"summary.{name}"
         FORMATS[name](summary, path)
         return path.read_bytes()
+
+
+def write_answer_files(answer: Answer, out: str | Path, formats: Sequence[str]) -> list[Path]:
+    """An ``Answer``'s summary as ``<out>/summary.<format>`` files (the rows its verdicts,
+    overview and checks were computed from, so the files agree with every other output)."""
+    return write_summary_files(answer.summary, out, formats)
+
+
+def answer_bytes(answer: Answer, name: str) -> bytes:
+    """The bytes ``write_answer_files`` would write for one format (``--out -``)."""
+    return summary_bytes(answer.summary, name)

@@ -22,6 +22,7 @@ from dsim import __version__
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
+from dsim.render.units import time_number, time_text, time_unit
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 from dsim.verdict import original_line
 
@@ -134,10 +135,28 @@ def _num(value: object, digits: int = 4) -> str:
 
 
 def _mean_std(row: Mapping[str, object], metric: str) -> str:
+    """``12.3 ± 0.4 ms`` / ``1.2345 ± 0.0100 s``: the unit rule of ``dsim.render.units``
+    (ms below one second), the std in the mean's unit."""
     mean, std = row.get(f"{metric}_mean"), row.get(f"{metric}_std")
+    if _missing(mean):
+        return "–"
+    unit = time_unit([mean])
     if _missing(std):
-        return _num(mean)
-    return f"{_num(mean)} ± {_num(std)}"
+        return time_text(mean, unit)
+    return f"{time_number(mean, unit)} ± {time_text(std, unit)}"
+
+
+def _signed_time(value: object, *, lower_is_better: bool) -> tuple[str, str]:
+    """A signed change of seconds in the unit rule's unit (``+12.3 ms``), and its class."""
+    if _missing(value):
+        return "–", ""
+    unit = time_unit([value])
+    text, cls = _signed(
+        float(value) * (1000 if unit == "ms" else 1),
+        1 if unit == "ms" else 4,
+        lower_is_better=lower_is_better,
+    )
+    return f"{text} {unit}", cls
 
 
 def _signed(value: object, digits: int, *, lower_is_better: bool) -> tuple[str, str]:
@@ -174,7 +193,7 @@ def summary_table_html(summary: pd.DataFrame) -> str:
             speed_cls = (
                 "better" if row["speedup"] > 1.0005 else "worse" if row["speedup"] < 0.9995 else ""
             )
-        stall_txt, stall_cls = _signed(row.get("stall_change_s"), 4, lower_is_better=True)
+        stall_txt, stall_cls = _signed_time(row.get("stall_change_s"), lower_is_better=True)
         eff_txt, eff_cls = _signed(row.get("effective_delay_change_pts"), 1, lower_is_better=True)
         cells = [
             (html.escape(f"{policy[0]} / {policy[1]}"), "text"),

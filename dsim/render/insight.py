@@ -24,7 +24,8 @@ def print_verdicts(
     headlines: Mapping[str, Verdict] | None = None,
 ) -> None:
     """One paragraph per run: its name (when there are several), the verdict, and the
-    attribution lines of that run (``blame``: run name → lines) below it.
+    attribution lines of that run (``blame``: results run directory, or run name → lines)
+    below it.
 
     ``headlines`` (results directory → the more accurate model's verdict,
     ``dsim.app.headline``)
@@ -51,7 +52,7 @@ def print_verdicts(
             say(original_line(v), "  ")
         for note in said.caveats:
             say(f"caveat: {note}", "  ")
-        for line in blame.get(v.run, ()):
+        for line in blame.get(v.results or "", blame.get(v.run, ())):
             say(line, "  ")
     if verdicts:
         console.print()
@@ -84,6 +85,7 @@ def print_comparison(comparison: Any, console: Console | None = None) -> None:
     from rich.table import Table
 
     from dsim.render.console import stdout_console
+    from dsim.render.units import time_text, time_unit
 
     console = console or stdout_console()
     c = comparison
@@ -106,7 +108,12 @@ def print_comparison(comparison: Any, console: Console | None = None) -> None:
             cells = (f"{d.before:.1f} %", f"{d.after:.1f} %", f"{d.change:+.1f} pts")
         else:
             rel = "" if d.change_pct != d.change_pct else f" ({d.change_pct:+.0f} %)"
-            cells = (f"{d.before:.4f} s", f"{d.after:.4f} s", f"{d.change:+.4f} s{rel}")
+            unit = time_unit([d.before, d.after])  # one unit per row (render.units)
+            cells = (
+                time_text(d.before, unit),
+                time_text(d.after, unit),
+                time_text(d.change, unit, signed=True) + rel,
+            )
         table.add_row(d.label, *(cell.replace("-", "−") for cell in cells))
     console.print(table)
     console.print(c.text, highlight=False, markup=False, style="bold")

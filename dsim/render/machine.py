@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.app.answer import Answer
     from dsim.checks import CheckResult
     from dsim.comparison import Comparison
     from dsim.model.runinfo import RunInfo
@@ -69,6 +70,37 @@ def document(
         "verdicts": [{k: plain(v) for k, v in v.as_dict().items()} for v in verdicts],
         "checks": [{k: plain(v) for k, v in asdict(c).items()} for c in checks],
     }
+
+
+def answer_document(answer: Answer) -> dict[str, Any]:
+    """The ``--json`` document of an ``Answer`` (docs/SPEC.md §5.6): ``document``'s keys, and
+    ``runs`` (per run: the tie rule's best policy, attribution lines, notes, provenance),
+    ``overview`` (one row per run) and ``notes`` (what was skipped or ignored, and why)."""
+    doc = document(answer.summary, answer.verdicts, answer.checks)
+    doc["runs"] = [
+        {
+            "run": r.run,
+            "results": r.results,
+            "model": r.model,
+            "best_fetch_align": None if r.best is None else r.best[0],
+            "best_start_align": None if r.best is None else r.best[1],
+            "attribution": list(r.attribution),
+            "notes": list(r.notes),
+            "provenance": _plain_tree(r.provenance),
+        }
+        for r in answer.runs
+    ]
+    doc["overview"] = [{k: plain(v) for k, v in asdict(o).items()} for o in answer.overview]
+    doc["notes"] = list(answer.notes)
+    return doc
+
+
+def _plain_tree(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_tree(v) for v in value]
+    return plain(value)
 
 
 def dumps(doc: Any) -> str:

@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from dsim.render.columns import EFFECTIVE_CHANGE, EFFECTIVE_DELAY, METRICS, POLICY, SPEEDUP
 from dsim.render.console import wrap_prose
+from dsim.render.units import time_number, time_unit
 from dsim.words import counted
 
 if TYPE_CHECKING:
     import pandas as pd
     from rich.console import Console
     from rich.table import Table
+
+    from dsim.app.answer import Answer
 
 # (column title, metric stem) for the mean ± std columns
 _METRICS = tuple((str(c.short), c.key) for c in METRICS)
@@ -63,16 +66,13 @@ def _missing(value: Any) -> bool:
 
 
 def column_unit(values: Sequence[Any]) -> str:
-    """``ms`` when every value of a column is below one second, else ``s``."""
-    finite = [abs(float(v)) for v in values if not _missing(v)]
-    return "ms" if finite and max(finite) < 1.0 else "s"
+    """``ms`` when every value of a column is below one second, else ``s`` (``render.units``)."""
+    return time_unit(values)
 
 
 def fmt_seconds(value: Any, unit: str) -> str:
     """Seconds in ``unit``: 0.1 ms resolution either way (``12.3`` ms, ``1.2345`` s)."""
-    if _missing(value):
-        return "–"
-    return f"{value * 1000:.1f}" if unit == "ms" else f"{value:.4f}"
+    return time_number(value, unit)
 
 
 def mean_std(mean: Any, std: Any, unit: str = "s", *, one_line: bool = False) -> str:
@@ -90,14 +90,24 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 
 def marks(summary: pd.DataFrame) -> list[str]:
-    """Per row: ``best`` for the largest speed-up of its run (only when it is above 1),
-    ``slower`` for a speed-up below 1, else empty. Rows are one run's policies."""
+    """Per row: ``best`` for the verdict's best policy of its run (``dsim.verdict.best_row``:
+    the lowest mean iteration time, exact ties to the simpler policy; only when its speed-up
+    is above 1), ``slower`` for a speed-up below 1, else empty. Rows are one run's policies.
+    """
+    from dsim.verdict import best_row
+
     speed = [None if _missing(v) else float(v) for v in summary.get("speedup", [])]
     out = ["" for _ in range(len(summary))]
     finite = [(v, i) for i, v in enumerate(speed) if v is not None]
-    if finite:
-        best, at = max(finite)
-        if best > 1 + _NO_CHANGE:
+    records = summary.to_dict("records")
+    candidates = [(r, i) for i, r in enumerate(records) if speed[i] is not None]
+    if candidates and {"fetch_align", "start_align", "iteration_s_mean"} <= set(summary.columns):
+        try:
+            chosen = best_row([r for r, _ in candidates])
+        except ValueError:  # no row with a mean iteration time
+            chosen = None
+        at = next((i for r, i in candidates if r is chosen), None)
+        if at is not None and speed[at] > 1 + _NO_CHANGE:  # type: ignore[operator]
             out[at] = BEST
     for v, i in finite:
         if v < 1 - _NO_CHANGE:
@@ -318,3 +328,12 @@ def print_summary(
         )
         for line in wrap_prose(caption, console.width):
             console.print(line, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def print_answer(answer: Answer, console: Console | None = None, *, full: bool = False) -> None:
+    """The answer in the terminal: each run's verdict (or headline) with its caveats and
+    attribution lines, then the summary tables (the overview above ``OVERVIEW_RUNS`` runs)."""
+    from dsim.render.insight import print_verdicts
+
+    print_verdicts(answer.verdicts, answer.blame, console, headlines=answer.headlines)
+    print_summary(answer.summary, console, full=full)
