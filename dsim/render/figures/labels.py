@@ -7,6 +7,7 @@ cell and a timeline trace at a glance.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -52,6 +53,16 @@ def wrap_name(name: str, width: int = 34) -> str:
             current += piece
     lines.append(current)
     return "<br>".join(lines)
+
+
+def tick_labels(labels: Sequence[str], room: int = 96) -> tuple[list[str], int]:
+    """Run labels for a category axis, escaped and wrapped at underscores to share about
+    ``room`` characters of width (18 at most per line, 8 at least), and the most lines
+    one takes. Drawn unrotated: plotly rotates labels that do not fit by 45°, and a
+    rotated label runs into the legend or the panel below."""
+    width = max(8, min(18, room // max(len(labels), 1)))
+    wrapped = [wrap_name(html.escape(label), width) for label in labels]
+    return wrapped, max((w.count("<br>") + 1 for w in wrapped), default=1)
 
 
 SHORT_LABEL_WIDTH = 28
