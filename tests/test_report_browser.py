@@ -378,3 +378,180 @@ def test_report_at_256_ranks_renders_bands_and_named_stragglers(  # type: ignore
             assert not found, (width, div_id, found)
     page.close()
     assert not errors, errors
+
+
+# Every text and box a reader must see whole, per figure (plotly's classes), for the layout
+# check of issue #22: nothing may overlap anything else, nothing may stick out of its figure.
+LAYOUT_JS = """
+() => {
+  const out = [];
+  const box = (e, kind, fig) => { const r = e.getBoundingClientRect();
+    return {x: r.left, y: r.top, w: r.width, h: r.height, kind: kind, fig: fig,
+            name: kind + ' ' + fig + ': ' + (e.textContent || '').slice(0, 50)}; };
+  const kinds = [
+    ['title', '.gtitle'], ['note', '.annotation-text-g'], ['axis-title', '.xtitle, .ytitle'],
+    // every axis's ticks: plotly's groups are xtick, x2tick, …, ytick, y2tick, …
+    ['xtick', 'g[class^="x"][class$="tick"] > text'],
+    ['ytick', 'g[class^="y"][class$="tick"] > text'], ['legend', '.legend .bg'],
+    ['toolbar', '.modebar'], ['menu', '.updatemenu-header-group, .updatemenu-button'],
+    ['colorbar', '.colorbar'],
+  ];
+  document.querySelectorAll('.js-plotly-plot').forEach(d => {
+    if (d.offsetParent === null) { return; }  // a run the switcher hides
+    const fig = d.id || d.parentElement.id;
+    const frame = d.getBoundingClientRect();
+    out.push({x: frame.left, y: frame.top, w: frame.width, h: frame.height, kind: 'figure',
+              fig: fig, name: 'figure ' + fig});
+    kinds.forEach(([kind, sel]) => d.querySelectorAll(sel).forEach(e => {
+      if (kind !== 'colorbar' && e.closest('.colorbar')) { return; }  // its own ticks
+      const b = box(e, kind, fig);
+      if (b.w > 0 && b.h > 0) { out.push(b); }
+    }));
+  });
+  return out;
+}
+"""
+# Pairs that may touch: a tick label and its own axis title are apart by plotly's
+# automargin; a menu's buttons sit in its header group.
+MAY_TOUCH = {("menu", "menu"), ("ytick", "ytick"), ("xtick", "xtick")}
+
+
+def layout_defects(boxes: list[dict]) -> list[str]:
+    """Overlapping texts or boxes within a figure, and texts sticking out of their figure
+    (a subtitle cut off at 800 px). Run labels under the bars (x tick labels at one
+    height) must keep 2 px apart: touching, "b256" and "defau…" read as one word."""
+    frames = {b["fig"]: b for b in boxes if b["kind"] == "figure"}
+    items = [b for b in boxes if b["kind"] != "figure"]
+    found = []
+    for b in items:
+        f = frames[b["fig"]]
+        if b["kind"] != "toolbar" and (
+            b["x"] < f["x"] - 1 or b["x"] + b["w"] > f["x"] + f["w"] + 1
+        ):
+            found.append(f"{b['name']!r} sticks out of its figure")
+    for i, a in enumerate(items):
+        for b in items[i + 1 :]:
+            pair = (a["kind"], b["kind"])
+            ticks = pair == ("xtick", "xtick") and abs(a["y"] - b["y"]) < 1
+            if a["fig"] != b["fig"] or not _overlap(a, b, slack=-2.0 if ticks else 1.0):
+                continue
+            if pair in MAY_TOUCH and not ticks:
+                continue
+            found.append(f"{a['name']!r} overlaps {b['name']!r}")
+    return found
+
+
+def test_layout_check_finds_overlaps_and_cut_texts() -> None:
+    fig = {"x": 0, "y": 0, "w": 500, "h": 400, "kind": "figure", "fig": "f", "name": "f"}
+
+    def item(kind: str, x: float, y: float, w: float = 60, h: float = 14) -> dict:
+        return {"x": x, "y": y, "w": w, "h": h, "kind": kind, "fig": "f", "name": kind}
+
+    assert layout_defects([fig, item("note", 10, 300), item("xtick", 20, 305)]) == [
+        "'note' overlaps 'xtick'"
+    ]
+    assert layout_defects([fig, item("xtick", 10, 300), item("xtick", 50, 300)]) == [
+        "'xtick' overlaps 'xtick'"
+    ]
+    assert layout_defects([fig, item("title", 10, 10, w=600)]) == [
+        "'title' sticks out of its figure"
+    ]
+    assert layout_defects([fig, item("legend", 400, 50), item("xtick", 10, 300)]) == []
+
+
+@pytest.fixture(scope="module")
+def layout_reports(sample_report: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The shipped sample (both models), a 16-GPU synthetic run and a profiler run named
+    with markup (`<b>`, `&`) and without the run name's b<B> (so its throughput note,
+    which names ``b<B>``, is shown), all through the real CLI."""
+    root = tmp_path_factory.mktemp("layout")
+    profiler = (
+        Path(__file__).parents[1] / "traces" / "profiler" / SAMPLE.replace("epoch2", "epoch1")
+    )
+    steps = {
+        "gpus16": (
+            ("synth", "--gpus", 16, "--iterations", 120, "--epochs", 1, "--workers", 2,
+             "--skew", 1, "--name", "synth16", "--out", "logs", "-q"),
+            ("parse", Path("logs") / "synth16", "--out", "traces", "-q"),
+            ("run", "synth16", "-q"),
+        ),
+        "profiler": (
+            ("parse", profiler, "--name", PROFILED, "--out", "traces", "-q"),
+            ("run", PROFILED, "-q"),
+        ),
+    }  # fmt: skip
+    reports = {"sample": sample_report}
+    # eight runs: their labels under the bars must fit side by side at 800 px, unrotated
+    cwd = root / "runs8"
+    names = [RUN_A, RUN_B] + [
+        f"fsNprepNloadNtrain_imagenet_default_resnet{d}_epoch2_b256_worker{w}_thread0"
+        for d, w in ((18, 4), (34, 8), (50, 12), (101, 16), (152, 2), (50, 24))
+    ]
+    for seed, name in enumerate(names):
+        write_synthetic_run(cwd / "results", name, seed=seed, iterations=30)
+    proc = dsim("report", "results", "--out", "report.html", "-q", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    reports["runs8"] = cwd / "report.html"
+    for name, commands in steps.items():
+        cwd = root / name
+        cwd.mkdir()
+        for args in (*commands, ("report", "results", "--out", "report.html", "-q")):
+            proc = dsim(*args, cwd=cwd)
+            assert proc.returncode == 0, (args, proc.stderr)
+        reports[name] = cwd / "report.html"
+    return reports
+
+
+PROFILED = "prof<b>x&y"
+"""A legal run name that is also markup: the page must show it as text."""
+
+
+@pytest.mark.parametrize("which", ["sample", "gpus16", "profiler", "runs8"])
+def test_report_layout_has_no_overlaps_at_1400_and_800_px(  # type: ignore[no-untyped-def]
+    browser, layout_reports: dict, which: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue #22: no overlapping texts, legends, menus or toolbars in any figure, no text
+    cut off at the figure's edge, and a runs table that does not scroll sideways."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(layout_reports[which].as_uri(), wait_until="load")
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+        ".every(d => d._fullLayout && d.querySelector('.main-svg'))",
+        timeout=60_000,
+    )
+    artifacts = _artifacts(tmp_path_factory)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(400)  # plotly's responsive relayout
+        shot = artifacts / f"layout-{which}-{width}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"screenshot: {shot}")
+        defects = layout_defects(page.evaluate(LAYOUT_JS))
+        assert not defects, (which, width, defects)
+        scroll = page.evaluate(
+            "() => { const t = document.querySelector('#runs .table-wrap');"
+            " return [t.scrollWidth, t.clientWidth]; }"
+        )
+        assert scroll[0] <= scroll[1] + 1, (which, width, "runs table scrolls sideways", scroll)
+    if which == "profiler":
+        # markup in a run name and in the throughput note is shown as text, not bold
+        texts = page.evaluate(
+            "() => [document.querySelector('#runs-table').innerText,"
+            " document.querySelector('#fig-scaling').textContent,"
+            " document.querySelector('#fig-timeline .gtitle').textContent,"
+            " document.querySelectorAll('main b').length]"
+        )
+        assert PROFILED in texts[0] and PROFILED in texts[2]
+        assert "b<B>" in texts[1]  # "(no loader line, Throughput field or b<B> in the run name)"
+        # the <b> of the page's own notes only (actual / actual, stall-min, stall-avg)
+        assert texts[3] == 3
+    footer = page.locator("footer").inner_text()
+    section = {"sample": "§4.2", "gpus16": "§4.1", "profiler": "§4.3", "runs8": "§4.1"}[which]
+    assert section in footer
+    if which == "profiler":  # a stall-only report does not cite the per-iteration model
+        assert "§4.1" not in footer
+    page.close()
+    assert not errors, errors

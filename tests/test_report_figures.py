@@ -146,3 +146,68 @@ def test_timeline_runs_largest_gain_first_and_globs() -> None:
     assert timeline_runs(summary, "r2") == ["r2", "r2@pipeline"]  # a run and its variants
     with pytest.raises(UsageError, match="matches none"):
         timeline_runs(summary, "nope*")
+
+
+def test_report_tables_show_markup_in_names_as_text() -> None:
+    """A run name is a legal directory name and may hold ``<b>`` or ``&``: the page's
+    templates escape it (issue #22); only the ``<wbr>`` break points are markup."""
+    from dsim.render.html import breakable, runs_table_html
+
+    assert str(breakable("a<b>_c&d")) == "a&lt;b&gt;_<wbr>c&amp;d"
+    summary = pd.DataFrame(
+        {
+            "run": ["x<b>y_z"],
+            "gpus": [4],
+            "batch_size_rank": [32.0],
+            "selected_epochs": ["0"],
+            "iterations": [10],
+        }
+    )
+    table = runs_table_html(summary, {"x<b>y_z": "<i>label</i>"})
+    assert "<b>" not in table and "<i>" not in table
+    assert "x&lt;b&gt;y_<wbr>z" in table and "&lt;i&gt;label&lt;/i&gt;" in table
+    assert "batch per GPU</th>" in table and ">32<" in table  # not the name's global b<B>
+
+
+def test_footer_cites_the_models_shown() -> None:
+    from dsim.render.html import footer_text
+
+    def models(*names: str) -> pd.DataFrame:
+        return pd.DataFrame({"replay_model": list(names)})
+
+    assert "§4.1" in footer_text(models("per-iteration"))
+    pipeline = footer_text(models("pipeline"))
+    assert "§4.2" in pipeline and "§4.1" not in pipeline
+    stall = footer_text(models("stall-only"))
+    assert "§4.3" in stall and "§4.1" not in stall
+    assert "§4.1" in footer_text(pd.DataFrame({"run": ["a"]}))  # recorded before models
+
+
+def test_log_delay_axis_draws_zero_delays_at_its_floor() -> None:
+    """A log axis has no zero: the measured delay must not break into fragments, nor a
+    replay without delay vanish (issue #22)."""
+    from dsim.render.figures import timeline_figure
+    from dsim.render.figures.timeline import log_floor
+
+    n = 50
+    delay = np.where(np.arange(n) % 2 == 0, 0.0, 2.0)  # p99 ≫ 20 × threshold: log axis
+    frame = pd.DataFrame(
+        {
+            "epoch": np.zeros(n, int),
+            "iteration": np.arange(n),
+            "delay_s": delay,
+            "stall_s_gpu0": delay,
+            "stall_s_gpu1": np.zeros(n),
+        }
+    )
+    replayed = frame.assign(delay_s=0.0, stall_s_gpu0=0.0)
+    fig = timeline_figure(
+        "r", {("actual", "actual"): frame, ("min", "min"): replayed}, threshold_s=0.03
+    )
+    floor = log_floor(0.03)
+    delays = [t for t in fig.data if str(t.name).startswith("delay")]
+    assert len(delays) == 2 and fig.layout.yaxis3.type == "log"
+    for trace in delays:
+        assert min(trace.y) == pytest.approx(floor) and np.isfinite(trace.y).all()
+    assert list(delays[1].customdata[:, 2]) == [0.0] * n  # the hover keeps the true delay
+    assert fig.layout.yaxis3.range[0] < np.log10(floor)

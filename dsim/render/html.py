@@ -1,30 +1,39 @@
 """Assemble the what-if report: one self-contained HTML page.
 
-plotly.js is embedded once (with the first figure), so the file opens
-offline, can be mailed or attached to an issue, and never fetches anything.
+The page comes from Jinja2 templates shipped in the package
+(``dsim/render/templates``) with autoescape on: every run name, note and
+verdict is text, whatever it holds (a run named ``a<b>`` or the throughput
+note's ``b<B>``); only plotly's figure divs and the ``<wbr>`` break points of
+names are marked as markup here. plotly.js is embedded once (with the first
+figure), so the file opens offline, can be mailed or attached to an issue, and
+never fetches anything.
 The page is a pure function of the summary DataFrame and the timeline run's
 replays; writing it (atomically) is the command's job.
 """
 
 from __future__ import annotations
 
-import html
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import jinja2
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
+from markupsafe import Markup, escape
 
 from dsim import __version__
+from dsim.attribution import FIXED_STRAGGLER_SHARE
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
 from dsim.render.units import time_number, time_text, time_unit
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 from dsim.verdict import original_line
+from dsim.words import counted
 
 if TYPE_CHECKING:
     from dsim.attribution import LastOverTime
@@ -37,47 +46,6 @@ PLOT_CONFIG = {
     # a short toolbar: less to collide with at 800 px; zoom, pan, reset and download stay
     "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
 }
-
-CSS = """
-:root { --fg:#1d2433; --muted:#5b6475; --line:#e3e6ec; --accent:#1f77b4; --bg:#f6f7f9; }
-* { box-sizing: border-box; }
-body { margin:0; background:var(--bg); color:var(--fg);
-  font:14px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif; }
-header { background:#1d2433; color:#fff; padding:22px 32px 18px; }
-header h1 { margin:0 0 4px; font-size:24px; font-weight:600; }
-header p { margin:2px 0; color:#c9d0dc; }
-main { max-width:1280px; margin:0 auto; padding:8px 24px 40px; }
-section { background:#fff; border:1px solid var(--line); border-radius:8px;
-  margin:18px 0; padding:14px 18px; }
-section h2 { margin:4px 0 2px; font-size:18px; font-weight:600; }
-section p.note { margin:0 0 8px; color:var(--muted); }
-table { border-collapse:collapse; width:100%; font-variant-numeric:tabular-nums; }
-th, td { padding:4px 7px; border-bottom:1px solid var(--line); text-align:right;
-  white-space:nowrap; }
-th { background:#f0f2f6; font-weight:600; white-space:normal; vertical-align:bottom; }
-#summary-table { font-size:13px; }
-td.run { white-space:normal; }
-#runs-table td.run { max-width:420px; }
-th:first-child, td:first-child, th.text, td.text { text-align:left; }
-tr.baseline td { background:#fafbfc; color:var(--muted); }
-tr.run-start td { border-top:2px solid #c7ccd6; background:#eef3fa; font-weight:600;
-  padding-top:7px; }
-td.better { color:#1a7f37; font-weight:600; }
-td.worse { color:#b42318; }
-.table-wrap { overflow-x:auto; }
-nav a { color:#9cc7ff; margin-right:14px; text-decoration:none; }
-p.switch { margin:4px 0 8px; }
-p.switch select { font:inherit; max-width:100%; }
-#verdict .verdict { margin:8px 0 12px; }
-#verdict p { margin:2px 0; }
-#verdict p.run { color:var(--muted); font-size:13px; overflow-wrap:anywhere; }
-#verdict p.say { font-weight:600; font-size:15px; }
-#verdict ul.blame { margin:2px 0 0; padding-left:22px; }
-p.absent { color:var(--muted); background:#fafbfc; border:1px dashed var(--line);
-  padding:10px 14px; }
-p.source { color:var(--muted); font-size:12px; margin:0 0 4px; overflow-wrap:anywhere; }
-footer { color:var(--muted); text-align:center; font-size:12px; padding:8px 0 24px; }
-"""
 
 
 @dataclass
@@ -118,9 +86,37 @@ class RunAttribution:
     source: str = ""  # where the numbers come from (a trace, or attribution.parquet)
 
 
-def _run_cell(name: object) -> str:
-    """A run name that may wrap after its underscores (names are long and have no spaces)."""
-    return html.escape(str(name)).replace("_", "_<wbr>")
+TEMPLATES = "templates"
+"""Package data beside this module (``pyproject.toml`` ships it in the wheel)."""
+
+MODEL_FOOTERS = {
+    "per-iteration": "§4.1 (per-iteration: each iteration replayed on its own from the measured "
+    "fetch and training times)",
+    "pipeline": "§4.2 (pipeline: each GPU's DataLoader pipeline replayed across iterations, "
+    "calibrated on the measured run)",
+    "stall-only": "§4.3 (stall-only: what-ifs from the training stalls alone, for runs without "
+    "fetch records)",
+}
+"""The spec section of each replay model, cited by the footer of a page that shows it."""
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    """The report's templates with autoescape on: a run name, a note or a verdict that holds
+    ``<b>`` is shown as text; only what Python marks as ``Markup`` is markup."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("dsim.render", TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,  # a name missing from the context is an error
+        keep_trailing_newline=True,
+    )
+    return env
+
+
+def breakable(name: object) -> Markup:
+    """A name, escaped, that may wrap after its underscores (run names are long and have
+    no spaces): ``<wbr>`` is the only markup added."""
+    return Markup("_<wbr>").join(escape(str(name)).split("_"))
 
 
 def _missing(value: object) -> bool:
@@ -169,24 +165,15 @@ def _signed(value: object, digits: int, *, lower_is_better: bool) -> tuple[str, 
     return f"{v:+.{digits}f}", "better" if good else "worse"
 
 
-def summary_table_html(summary: pd.DataFrame) -> str:
-    """The summary as an HTML table: mean ± std (sample std), what-if columns vs measured."""
+def summary_rows(summary: pd.DataFrame) -> tuple[list[tuple[str, str]], list[dict[str, object]]]:
+    """The summary table's head (name, class) and rows: mean ± std (sample std), what-if
+    columns vs measured; a row opening a run carries its name (``run_start``)."""
     head = [(header(c), "text" if c is POLICY else "") for c in SUMMARY_TABLE]
-    out = ["<table id='summary-table'><thead><tr>"]
-    out += [f"<th class='{cls}'>{html.escape(name)}</th>" for name, cls in head]
-    out.append("</tr></thead><tbody>")
+    rows: list[dict[str, object]] = []
     previous = None
     for _, row in summary.iterrows():
         policy = figures.policy_of(row)
-        classes = ["policy"]
-        if policy == BASELINE:
-            classes.append("baseline")
-        if row["run"] != previous:
-            out.append(
-                f"<tr class='run-start'><td class='text run' colspan='{len(head)}'>"
-                f"{_run_cell(row['run'])}</td></tr>"
-            )
-        previous = row["run"]
+        classes = ["policy"] + (["baseline"] if policy == BASELINE else [])
         speed_txt = _num(row.get("speedup"), 3)
         speed_cls = ""
         if policy != BASELINE and speed_txt != "–":
@@ -195,27 +182,67 @@ def summary_table_html(summary: pd.DataFrame) -> str:
             )
         stall_txt, stall_cls = _signed_time(row.get("stall_change_s"), lower_is_better=True)
         eff_txt, eff_cls = _signed(row.get("effective_delay_change_pts"), 1, lower_is_better=True)
-        cells = [
-            (html.escape(f"{policy[0]} / {policy[1]}"), "text"),
-            (str(int(row["iterations"])), ""),
-            (_mean_std(row, "iteration_s"), ""),
-            (_mean_std(row, "stall_s"), ""),
-            (_mean_std(row, "delay_s"), ""),
-            (_mean_std(row, "start_diff_s"), ""),
-            (_mean_std(row, "fetch_diff_s"), ""),
-            (_num(row.get("effective_delay_pct"), 1), ""),
-            (speed_txt, speed_cls),
-            (stall_txt, stall_cls),
-            (eff_txt, eff_cls),
-        ]
-        out.append(f"<tr class='{' '.join(classes)}'>")
-        out += [f"<td class='{cls}'>{text}</td>" for text, cls in cells]
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+        rows.append(
+            {
+                "run_start": row["run"] != previous,
+                "run": breakable(row["run"]),
+                "css": " ".join(classes),
+                "cells": [
+                    (f"{policy[0]} / {policy[1]}", "text"),
+                    (str(int(row["iterations"])), ""),
+                    (_mean_std(row, "iteration_s"), ""),
+                    (_mean_std(row, "stall_s"), ""),
+                    (_mean_std(row, "delay_s"), ""),
+                    (_mean_std(row, "start_diff_s"), ""),
+                    (_mean_std(row, "fetch_diff_s"), ""),
+                    (_num(row.get("effective_delay_pct"), 1), ""),
+                    (speed_txt, speed_cls),
+                    (stall_txt, stall_cls),
+                    (eff_txt, eff_cls),
+                ],
+            }
+        )
+        previous = row["run"]
+    return head, rows
 
 
-def runs_table_html(summary: pd.DataFrame, labels: Mapping[str, str] | None = None) -> str:
+RUNS_FIELDS = (
+    # label, column, class, hint (the header's title)
+    ("run", "run", "text run", ""),
+    ("label in figures", "__label", "text", ""),
+    ("dataset", "dataset", "text", ""),
+    ("augmentation", "augmentation", "text", ""),
+    ("model", "model", "text", ""),
+    ("GPUs", "gpus", "", ""),
+    (
+        "batch per GPU",
+        "batch_size_rank",
+        "",
+        "samples per GPU and iteration (docs/SPEC.md §5.5: the loader line, the Throughput "
+        "field, or the run name's global b<B> ÷ GPUs)",
+    ),
+    ("workers", "workers", "", ""),
+    ("threads", "threads", "", ""),
+    ("epochs used", "selected_epochs", "", ""),
+    ("iterations used", "iterations", "", ""),
+)
+"""The runs table's columns. The run name's ``b<B>`` is the job's global batch, not a
+GPU's: the table shows the per-GPU batch the throughput uses (``batch_size_rank``)."""
+
+
+def _cell_text(value: object) -> str:
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
+        return ", ".join(str(v) for v in list(value))  # type: ignore[call-overload]
+    if _missing(value):
+        return "–"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def runs_rows(
+    summary: pd.DataFrame, labels: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, str]], list[list[dict[str, object]]]]:
     """One line per run: what was trained, on how many GPUs, with which loader settings.
 
     ``labels`` (short run labels of the figures) adds a column, so that a figure's
@@ -224,56 +251,47 @@ def runs_table_html(summary: pd.DataFrame, labels: Mapping[str, str] | None = No
     summary = summary.copy()
     if labels:
         summary["__label"] = [labels.get(r, r) for r in summary["run"]]
-    fields = [
-        ("run", "run", "text run"),
-        ("label in figures", "__label", "text"),
-        ("dataset", "dataset", "text"),
-        ("augmentation", "augmentation", "text"),
-        ("model", "model", "text"),
-        ("GPUs", "gpus", ""),
-        ("batch size", "batch_size", ""),
-        ("workers", "workers", ""),
-        ("threads", "threads", ""),
-        ("epochs used", "selected_epochs", ""),
-        ("iterations used", "iterations", ""),
-    ]
-    fields = [f for f in fields if f[1] in summary.columns]
+    fields = [f for f in RUNS_FIELDS if f[1] in summary.columns]
     runs = summary.drop_duplicates("run", keep="first")
-    out = ["<table id='runs-table'><thead><tr>"]
-    out += [f"<th class='{cls}'>{html.escape(label)}</th>" for label, _, cls in fields]
-    out.append("</tr></thead><tbody>")
+    head = [{"label": label, "css": css, "hint": hint} for label, _, css, hint in fields]
+    rows = []
     for _, row in runs.iterrows():
-        out.append("<tr>")
-        for _, column, cls in fields:
-            value = row[column]
-            if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
-                value = ", ".join(str(v) for v in list(value))
-            elif _missing(value):
-                value = "–"
-            elif isinstance(value, float) and value.is_integer():
-                value = int(value)
-            text = _run_cell(value) if column == "run" else html.escape(str(value))
-            out.append(f"<td class='{cls}'>{text}</td>")
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+        cells: list[dict[str, object]] = []
+        for _, column, css, _ in fields:
+            text = _cell_text(row[column])
+            shown = breakable(text) if column in ("run", "__label") else text
+            cells.append({"text": shown, "css": css})
+        rows.append(cells)
+    return head, rows
 
 
-def _figure_div(fig: go.Figure, div_id: str, *, first: bool) -> str:
-    return pio.to_html(
-        fig,
-        full_html=False,
-        include_plotlyjs=first,
-        div_id=div_id,
-        config=PLOT_CONFIG,
-        validate=False,
-    )
+def _render_tables(macro: str, *args: object) -> str:
+    module = _environment().get_template("tables.html.j2").module
+    return str(getattr(module, macro)(*args))
 
 
-def _section(anchor: str, title: str, note: str, body: str) -> str:
-    return (
-        f"<section id='{anchor}'><h2>{html.escape(title)}</h2>"
-        f"<p class='note'>{note}</p>{body}</section>"
+def summary_table_html(summary: pd.DataFrame) -> str:
+    """The summary as an HTML table (the page's ``#summary`` section)."""
+    return _render_tables("summary_table", *summary_rows(summary))
+
+
+def runs_table_html(summary: pd.DataFrame, labels: Mapping[str, str] | None = None) -> str:
+    """The runs as an HTML table (the page's ``#runs`` section)."""
+    return _render_tables("runs_table", *runs_rows(summary, labels))
+
+
+def _figure_div(fig: go.Figure, div_id: str, *, first: bool) -> Markup:
+    """plotly's own markup for one figure (trusted: the figure's texts are escaped where
+    the figures are built, ``dsim.render.figures``)."""
+    return Markup(
+        pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=first,
+            div_id=div_id,
+            config=PLOT_CONFIG,
+            validate=False,
+        )
     )
 
 
@@ -343,257 +361,125 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
     return out
 
 
-SWITCH_SCRIPT = """
-<script>
-function dsimShowRun(index) {
-  document.querySelectorAll('.run-view').forEach(function (view) {
-    var shown = view.dataset.run === String(index);
-    view.style.display = shown ? '' : 'none';
-    if (shown) {
-      view.querySelectorAll('.js-plotly-plot').forEach(function (d) {
-        if (window.Plotly) { Plotly.Plots.resize(d); }
-      });
-    }
-  });
-  document.querySelectorAll('select.run-switch').forEach(function (s) { s.value = index; });
-}
-</script>
-"""
-"""Shows one run's timeline and CDF and hides the others' (both sections at once);
-a figure drawn while hidden is resized when it is shown."""
-
-
-def _switcher(data: ReportInput, labels: Mapping[str, str]) -> str:
-    """A select over the runs of ``data.timelines``; none when there is only one."""
-    if len(data.timelines) < 2:
-        return ""
-    options = "".join(
-        f"<option value='{i}' title='{html.escape(run)}'>{html.escape(labels.get(run, run))}"
-        "</option>"
-        for i, run in enumerate(data.timelines)
-    )
-    return (
-        "<p class='switch'><label>run: <select class='run-switch' "
-        f"onchange='dsimShowRun(this.value)'>{options}</select></label> "
-        "(ordered by predicted gain; the first has the largest)</p>"
-    )
-
-
-def _run_views(data: ReportInput, divs: Mapping[str, str], kind: str) -> str:
-    """Each timeline run's figure of ``kind`` in its own view; only the first is shown."""
-    views = []
-    for i, run in enumerate(data.timelines):
-        div_id = f"fig-{kind}" + ("" if i == 0 else f"-{i}")
-        hidden = "" if i == 0 else " style='display:none'"
-        views.append(
-            f"<div class='run-view' data-run='{i}' title='{html.escape(run)}'{hidden}>"
-            f"{divs[div_id]}</div>"
-        )
-    return "".join(views)
-
-
-def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
+def verdicts_view(data: ReportInput, labels: Mapping[str, str]) -> list[dict[str, object]]:
     """Per run: its verdict sentence and, below it, its attribution lines: the terminal's
     text (``dsim run``, ``dsim summarize``), from the same functions."""
-    if not data.verdicts:
-        return (
-            "<p class='absent'>No verdict: the rows shown hold no policy but actual / actual "
-            "(or no measured run) to compare.</p>"
-        )
-    several = len(data.verdicts) > 1
-    out = []
+    out: list[dict[str, object]] = []
     for v in data.verdicts:
-        run = (
-            f"<p class='run' title='{html.escape(v.run)}'>{html.escape(labels.get(v.run, v.run))}"
-            "</p>"
-            if several
-            else ""
-        )
         head = data.headlines.get(v.results) if v.results is not None else None
         said = v if head is None else head
         original = [] if head is None else [original_line(v)]  # dsim.verdict
         caveats = [f"caveat: {note}" for note in said.caveats]
-        lines = "".join(
-            f"<li>{html.escape(line)}</li>"
-            for line in (*original, *caveats, *data.blame.get(v.run, ()))
-        )
-        blame = f"<ul class='blame'>{lines}</ul>" if lines else ""
         out.append(
-            f"<div class='verdict'>{run}<p class='say'>{html.escape(said.text)}</p>{blame}</div>"
+            {
+                "run": v.run,
+                "label": labels.get(v.run, v.run),
+                "text": said.text,
+                "lines": [*original, *caveats, *data.blame.get(v.run, ())],
+            }
         )
-    return "".join(out)
+    return out
 
 
-def _attribution_views(data: ReportInput, divs: Mapping[str, str]) -> str:
-    """Each switcher run's attribution figures, or the sentences saying why they are absent."""
-    views = []
+def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
+    """The ``#verdict`` section of the page, alone (tests, notebooks)."""
+    page = render_report(data, figs=[])
+    return page.split("<section id='verdict'>", 1)[1].split("</section>", 1)[0]
+
+
+def _attribution_parts(
+    attribution: RunAttribution | None, divs: Mapping[str, Markup], suffix: str
+) -> list[dict[str, object]]:
+    """A switcher run's attribution figures, or the sentences saying why they are absent."""
+    parts: list[dict[str, object]] = []
+    for kind, what, why in (
+        ("workers", "worker heatmap", None if attribution is None else attribution.absent),
+        (
+            "last",
+            "“who was last” figure",
+            None if attribution is None else attribution.absent_over_time,
+        ),
+    ):
+        div = divs.get(f"fig-attr-{kind}{suffix}")
+        reason = why or "no attribution was computed for this run"
+        parts.append({"div": div, "what": what, "reason": reason})
+    return parts
+
+
+def _switch_runs(
+    data: ReportInput, divs: Mapping[str, Markup], labels: Mapping[str, str]
+) -> list[dict[str, object]]:
+    """The runs of the timeline/CDF/attribution switcher, each with its figures."""
+    out: list[dict[str, object]] = []
     for i, run in enumerate(data.timelines):
         suffix = "" if i == 0 else f"-{i}"
-        a = data.attributions.get(run)
-        parts = []
-        if a is not None and a.source:
-            parts.append(f"<p class='source'>from {html.escape(a.source)}</p>")
-        for kind, why in (
-            ("workers", "No worker heatmap" if a is None else a.absent),
-            ("last", "No “who was last” figure" if a is None else a.absent_over_time),
-        ):
-            div = divs.get(f"fig-attr-{kind}{suffix}")
-            if div is not None:
-                parts.append(div)
-                continue
-            what = "worker heatmap" if kind == "workers" else "“who was last” figure"
-            reason = why or "no attribution was computed for this run"
-            parts.append(f"<p class='absent'>No {what} for this run: {html.escape(reason)}.</p>")
-        hidden = "" if i == 0 else " style='display:none'"
-        views.append(
-            f"<div class='run-view' data-run='{i}' title='{html.escape(run)}'{hidden}>"
-            f"{''.join(parts)}</div>"
+        attribution = data.attributions.get(run)
+        out.append(
+            {
+                "name": run,
+                "label": labels.get(run, run),
+                "timeline": divs.get(f"fig-timeline{suffix}", ""),
+                "cdf": divs.get(f"fig-cdf{suffix}", ""),
+                "source": attribution.source if attribution is not None else "",
+                "attribution": _attribution_parts(attribution, divs, suffix),
+            }
         )
-    return "".join(views)
+    return out
 
 
-def _stall_only_note(summary: pd.DataFrame) -> str:
-    """What the stall what-ifs are, when the report shows any (runs without fetch records)."""
-    if not summary["fetch_align"].map(is_stall_alignment).any():
-        return ""
-    return (
-        " Rows <b>stall-min</b> and <b>stall-avg</b> (the stall-only model, for runs without "
-        "fetch records such as profiler traces) replace every GPU's stall by the minimum or "
-        "the mean over GPUs; alignments of fetches and starts, and the start and fetch diffs "
-        "(–), need the fetch records such runs lack."
-    )
+def footer_text(summary: pd.DataFrame) -> str:
+    """The footer: the spec sections of the replay models the page shows (per-iteration,
+    pipeline, stall-only), not always the per-iteration one."""
+    column = summary.get("replay_model", pd.Series(["per-iteration"] * len(summary)))
+    models = [str(m) for m in dict.fromkeys(column.fillna("per-iteration"))]
+    known = [MODEL_FOOTERS[m] for m in models if m in MODEL_FOOTERS]
+    other = [m for m in models if m not in MODEL_FOOTERS]
+    cited = "; ".join(known + [f"the {m} model" for m in other])
+    return f"Replays follow docs/SPEC.md of dsim {__version__}: {cited}."
 
 
 def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = None) -> str:
-    """The complete HTML document."""
+    """The complete HTML document, from ``templates/report.html.j2`` (autoescaped)."""
     figs = report_figures(data) if figs is None else figs
     divs = {div_id: _figure_div(fig, div_id, first=i == 0) for i, (div_id, fig) in enumerate(figs)}
     runs = list(dict.fromkeys(data.summary["run"]))
     labels = run_labels(data)
-    switch = _switcher(data, labels)
-    whatif = "".join(v for k, v in divs.items() if k.startswith("fig-whatif-"))
     threshold = f"{data.threshold_s:g} s"
-    sections = [
-        _section(
-            "verdict",
-            "Verdict",
-            "What would help each run most, by how much, and whose loader is late "
-            "(the lines <code>dsim run</code> and <code>dsim summarize</code> print first); "
-            "the replay model named is the one the verdict uses.",
-            verdict_html(data, labels),
-        ),
-        _section(
-            "runs",
-            "Runs",
-            "What each run trained and which iterations the statistics use.",
-            f"<div class='table-wrap'>{runs_table_html(data.summary, labels)}</div>",
-        ),
-        _section(
-            "whatif",
-            "What if the data loaders were aligned?",
-            "Each cell replays the run with every GPU's fetch duration (rows) and fetch start "
-            "(columns) aligned to the minimum or the average over GPUs; <b>actual / actual</b> "
-            f"is the measured run. Effective delay: share of iterations whose delay between GPUs "
-            f"exceeds {html.escape(threshold)}. Speedup: measured mean iteration time ÷ replayed."
-            + _stall_only_note(data.summary),
-            whatif,
-        ),
-        *(
-            [
-                _section(
-                    "tune",
-                    "Which loader settings?",
-                    "<code>dsim tune</code>'s sweep of <code>num_workers</code> × "
-                    "<code>prefetch_factor</code> with the pipeline model: predicted speed-up "
-                    "over the recorded run, the loader alone and with the best alignment; "
-                    "★ the cheapest setting within 2 % of the best (docs/SPEC.md §5.7).",
-                    "".join(v for k, v in divs.items() if k.startswith("fig-tune-")),
-                )
-            ]
-            if data.tune
-            else []
-        ),
-        _section(
-            "bars",
-            "Iteration time and training stall",
-            "Mean per iteration of each policy, divided by the run's measured mean iteration "
-            "time (so runs of any scale compare: 1 is the measured run, the stall bar is the "
-            "share of it spent waiting). Whiskers span the 10th to the 90th percentile of the "
-            "iterations (never below zero); the seconds are in the hover.",
-            divs["fig-bars"],
-        ),
-        _section(
-            "scaling",
-            "Throughput and scaling",
-            "Samples per second of the whole job under each policy (per-rank batch size ÷ mean "
-            "iteration time × GPUs), and, for runs of the same job at several GPU counts, "
-            "weak-scaling efficiency against the job's smallest run (1 is perfect). Where the "
-            "data cannot tell, the panel says why (docs/SPEC.md §5.5).",
-            divs["fig-scaling"],
-        ),
-        _section(
-            "timeline",
-            "Timeline",
-            "Stall of every GPU per iteration, measured and replayed "
-            "under the policy chosen in the drop-down, and the delay between GPUs with the "
-            f"effective-delay threshold; above {MANY_RANKS} GPUs, their spread (median, "
-            f"10th–90th percentile, max) and by name the {TOP_RANKS} most often waited for. "
-            "Drag to zoom, double-click to reset.",
-            switch + _run_views(data, divs, "timeline"),
-        ),
-        _section(
-            "cdf",
-            "Delay distribution",
-            "Fraction of iterations whose delay between GPUs is at most x; the part right of "
-            "the threshold is the effective delay. The run is the one picked above.",
-            switch + _run_views(data, divs, "cdf"),
-        ),
-        _section(
-            "attribution",
-            "Whose loader is late",
-            "Per GPU and DataLoader worker, the share of all fetch time above each "
-            "iteration's median fetch (which workers produce the slowest fetches); below, "
-            "per window of iterations, the share in which each GPU's "
-            "fetch finished last (one colour throughout: a fixed straggler; changing colours: "
-            f"it wanders). Above {MANY_RANKS} GPUs the {TOP_RANKS} most often last are named "
-            "and the others grouped. The run is the one picked above.",
-            switch + _attribution_views(data, divs),
-        ),
-        _section(
-            "summary",
-            "Summary",
-            "Mean ± sample standard deviation per iteration; changes are relative to the "
-            "measured run (actual / actual).",
-            f"<div class='table-wrap'>{summary_table_html(data.summary)}</div>",
-        ),
+    nav = [
+        ("verdict", "Verdict"),
+        ("runs", "Runs"),
+        ("whatif", "What-if"),
+        *([("tune", "Settings")] if data.tune else []),
+        ("bars", "Time & stall"),
+        ("scaling", "Throughput"),
+        ("timeline", "Timeline"),
+        ("cdf", "Delay CDF"),
+        ("attribution", "Attribution"),
+        ("summary", "Summary"),
     ]
-    sources = ", ".join(html.escape(s) for s in data.sources)
-    nav = "".join(
-        f"<a href='#{a}'>{t}</a>"
-        for a, t in (
-            ("verdict", "Verdict"),
-            ("runs", "Runs"),
-            ("whatif", "What-if"),
-            *([("tune", "Settings")] if data.tune else []),
-            ("bars", "Time &amp; stall"),
-            ("scaling", "Throughput"),
-            ("timeline", "Timeline"),
-            ("cdf", "Delay CDF"),
-            ("attribution", "Attribution"),
-            ("summary", "Summary"),
-        )
-    )
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>dsim what-if report — {html.escape(', '.join(runs[:3]))}"
-        f"{' …' if len(runs) > 3 else ''}</title>"
-        f"<style>{CSS}</style>{SWITCH_SCRIPT}</head><body>"
-        "<header><h1>dsim what-if report</h1>"
-        f"<p>{len(runs)} run{'s' if len(runs) != 1 else ''}; {html.escape(data.selection)}; "
-        f"effective-delay threshold {html.escape(threshold)}.</p>"
-        f"<p>Results: {sources or '–'} · made by dsim {__version__}</p>"
-        f"<nav>{nav}</nav></header><main>{''.join(sections)}</main>"
-        "<footer>Replays follow docs/SPEC.md §4.1 of dsim: each iteration is replayed on its "
-        "own from the measured fetch and training times.</footer></body></html>\n"
-    )
+    runs_head, runs_body = runs_rows(data.summary, labels)
+    summary_head, summary_body = summary_rows(data.summary)
+    context = {
+        "title_runs": ", ".join(runs[:3]) + (" …" if len(runs) > 3 else ""),
+        "run_count": counted(len(runs), "run"),
+        "selection": data.selection,
+        "threshold": threshold,
+        "sources": ", ".join(data.sources),
+        "version": __version__,
+        "nav": nav,
+        "verdicts": verdicts_view(data, labels),
+        "runs_fields": runs_head,
+        "runs_rows": runs_body,
+        "whatif": [v for k, v in divs.items() if k.startswith("fig-whatif-")],
+        "stall_only": bool(data.summary["fetch_align"].map(is_stall_alignment).any()),
+        "tune": [v for k, v in divs.items() if k.startswith("fig-tune-")],
+        "figures": {k: divs.get(k, "") for k in ("fig-bars", "fig-scaling")},
+        "switch_runs": _switch_runs(data, divs, labels),
+        "many_ranks": MANY_RANKS,
+        "top_ranks": TOP_RANKS,
+        "fixed_share": f"{FIXED_STRAGGLER_SHARE:.0f} %",
+        "summary_head": summary_head,
+        "summary_rows": summary_body,
+        "footer": footer_text(data.summary),
+    }
+    return _environment().get_template("report.html.j2").render(context)

@@ -84,16 +84,31 @@ def _heatmap_rows(table: pd.DataFrame) -> tuple[list[str], list[list[int]]]:
 
 
 def straggler_text(table: pd.DataFrame) -> str:
-    """``fixed straggler: GPU 2 (last in 70 % ≥ 60 %)`` and the like: short, for a subtitle
-    that must fit an 800 px page."""
+    """The straggler in the words of the terminal's straggler line (``describe``), cut
+    before the other ranks' shares: ``Straggler: mostly GPU 3's loader — it finished its
+    fetch last in 54 % of iterations (below the 60 % of a fixed one)``. A tie at the top
+    names no rank, as the terminal does. Percentages as the figures' labels
+    (``percent_text``: no "0 %" for a rank of a large run)."""
     first = table.iloc[0]
-    if first["straggler"] in (FIXED, WANDERING):
+    bar = f"{FIXED_STRAGGLER_SHARE:.0f} %"
+    shares = sorted(_rank_shares(table).items(), key=lambda gs: (-gs[1], gs[0]))
+    shares = [(g, s) for g, s in shares if s > 0]
+    if first["straggler"] == FIXED:
         gpu = int(first["straggler_gpu"])
-        share, bar = percent_text(_rank_shares(table)[gpu]), f"{FIXED_STRAGGLER_SHARE:.0f} %"
-        if first["straggler"] == FIXED:
-            return f"fixed straggler: GPU {gpu} (last in {share} ≥ {bar})"
-        return f"mostly GPU {gpu}: last in {share} (below the {bar} of a fixed straggler)"
-    return "no rank alone finished its fetch last"
+        share = percent_text(_rank_shares(table)[gpu])
+        return (
+            f"Straggler: GPU {gpu}'s loader, fixed — it finished its fetch last in {share} "
+            "of iterations"
+        )
+    if first["straggler"] == WANDERING:
+        if not shares or (len(shares) > 1 and shares[1][1] == shares[0][1]):
+            return f"Straggler wanders between ranks (none is last in ≥ {bar} of iterations)"
+        gpu, share = shares[0]
+        return (
+            f"Straggler: mostly GPU {gpu}'s loader — it finished its fetch last in "
+            f"{percent_text(share)} of iterations (below the {bar} of a fixed one)"
+        )
+    return "Straggler: none (no rank alone finished its fetch last)"
 
 
 def _worker_name(worker: int) -> str:
@@ -221,15 +236,17 @@ def last_figure(over: LastOverTime, table: pd.DataFrame, label: str) -> go.Figur
             name="no single last (tie)",
             marker={"color": TIE_COLOR, "line": {"width": 0}},
             customdata=span,
-            hovertemplate="%{customdata}<br>tie in %{y:.0f} %<extra></extra>",
+            hovertemplate="%{customdata}<br>tie in %{y:.1f} %<extra></extra>",
         )
     )
     fig.update_layout(barmode="stack", bargap=0)
     fig.update_yaxes(title_text="% of the window's iterations", range=[0, 100])
     fig.update_xaxes(title_text="iteration (in order, selected epochs)", rangemode="tozero")
     n = int(over.size.sum())
+    straggler = html.escape(straggler_text(table), quote=False)
     title = (
         f"Who finished its fetch last — {html.escape(label)}<br><sup>{n:,} iterations in "
-        f"windows of {over.window:,}; {straggler_text(table)}</sup>"
+        f"windows of {over.window:,}</sup><br><sup>{straggler}</sup>"
     )
-    return style(fig, title, 420)
+    # the straggler on a line of its own: the terminal's words do not fit beside the rest
+    return style(fig, title, 440, margin={"t": 122})

@@ -8,6 +8,7 @@ run compare on one axis, and the seconds are in the hover.
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -19,7 +20,7 @@ from dsim.render.figures.labels import (
     policy_name,
     policy_of,
     short_labels,
-    wrap_name,
+    tick_labels,
 )
 from dsim.render.figures.spread import SPREAD_QUANTILES, whiskers
 from dsim.render.figures.style import policy_color, style
@@ -69,7 +70,8 @@ def bars_figure(summary: pd.DataFrame) -> go.Figure:
                 minus.append(below / s)
                 plus.append(above / s)
                 spread = "" if math.isnan(lo) else f"<br>p{lo_q}–p{hi_q}: {lo:.4f}–{hi:.4f} s"
-                hover.append(f"{run}<br>mean {mean:.4f} s = {mean / s:.3f} × measured{spread}")
+                name = html.escape(str(run))
+                hover.append(f"{name}<br>mean {mean:.4f} s = {mean / s:.3f} × measured{spread}")
             fig.add_trace(
                 go.Bar(
                     x=[short[str(r)] for r in sel.index],
@@ -90,20 +92,15 @@ def bars_figure(summary: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=unit, rangemode="tozero", row=2, col=1)
     labels = [short[str(r)] for r in runs]
-    fig.update_xaxes(
-        type="category",
-        tickvals=labels,
-        ticktext=[wrap_name(label, 18) for label in labels],
-        row=2,
-        col=1,
-    )
-    lines = max((wrap_name(label, 18).count("<br>") + 1 for label in labels), default=1)
+    ticks, lines = tick_labels(labels)
+    # never rotated: a 45° label ran into the legend below
+    fig.update_xaxes(type="category", tickvals=labels, ticktext=ticks, tickangle=0, row=2, col=1)
     note = f"÷ the run's measured mean iteration time; whiskers p{lo_q}–p{hi_q} of iterations"
     if left_out:
         note += f"; not shown (no measured replay): {', '.join(map(str, left_out))}"
     return style(
         fig,
-        f"Time per iteration, relative to each run<br><sup>{note}</sup>",
+        f"Time per iteration, relative to each run<br><sup>{html.escape(note, quote=False)}</sup>",
         560 + 16 * lines,
         margin={"t": 122, "b": 40 + 16 * lines},
         legend={"orientation": "h", "x": 0.0, "y": -0.12 - 0.03 * lines, "yanchor": "top"},

@@ -6,6 +6,7 @@ so the figure shows at once what the summary's percentage summarises.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 
 import numpy as np
@@ -108,7 +109,8 @@ def cdf_figure(
     )
     note = (f"; curves thinned to ≤ {max_points:,} points" if thinned else "") + thinned_note
     title = (
-        f"Distribution of per-iteration delay — {run}<br><sup>{selection.lstrip(', ')}{note}</sup>"
+        f"Distribution of per-iteration delay — {html.escape(run)}"
+        f"<br><sup>{selection.lstrip(', ')}{note}</sup>"
     )
     return style(
         fig,

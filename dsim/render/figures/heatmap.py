@@ -74,9 +74,11 @@ def heatmap_figure(summary: pd.DataFrame, run: str, label: str | None = None) ->
             col=col,
         )
         fig.update_xaxes(title_text="start align", type="category", row=1, col=col)
-        # the right grid shares the rows: a second axis title would run into the left colour bar
+        # the right grid shares the rows: its axis title and labels (`stall-min` is long) would
+        # run into the left colour bar
         fig.update_yaxes(
             title_text="fetch align" if col == 1 else None,
+            showticklabels=col == 1,
             type="category",
             autorange="reversed",
             row=1,

@@ -7,6 +7,7 @@ cell and a timeline trace at a glance.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -52,6 +53,29 @@ def wrap_name(name: str, width: int = 34) -> str:
             current += piece
     lines.append(current)
     return "<br>".join(lines)
+
+
+def tick_labels(labels: Sequence[str], room: int = 64) -> tuple[list[str], int]:
+    """Run labels for a category axis, escaped and wrapped at underscores to share about
+    ``room`` characters of width (18 at most per line, 8 at least), and the most lines
+    one takes. Drawn unrotated: plotly rotates labels that do not fit by 45°, and a
+    rotated label runs into the legend or the panel below."""
+    width = max(8, min(18, room // max(len(labels), 1)))
+    wrapped = [_wrap_at(label, width) for label in labels]
+    return wrapped, max((w.count("<br>") + 1 for w in wrapped), default=1)
+
+
+def _wrap_at(label: str, width: int) -> str:
+    """``label`` escaped, in lines of at most ``width`` characters where it can break:
+    after an underscore, after the ellipsis of a cut, and before a `` · `` variant."""
+    pieces = [p for p in re.split(r"(?<=[_…])|(?= · )", label) if p]
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        else:
+            lines.append(piece.lstrip())
+    return "<br>".join(html.escape(line, quote=False) for line in lines)
 
 
 SHORT_LABEL_WIDTH = 28

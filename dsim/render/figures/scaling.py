@@ -9,6 +9,8 @@ says why in words (the rows' ``throughput_note``) instead of staying blank.
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -18,7 +20,7 @@ from dsim.render.figures.labels import (
     policy_name,
     policy_of,
     short_labels,
-    wrap_name,
+    tick_labels,
 )
 from dsim.render.figures.style import policy_color, style
 
@@ -31,16 +33,24 @@ def _reasons(summary: pd.DataFrame, prefix: str) -> str:
 
 
 def scaling_figure(summary: pd.DataFrame) -> go.Figure:
-    """Two panels: job throughput (bars per run × policy) and scaling efficiency vs GPUs."""
+    """Job throughput (bars per run × policy) and, where runs of one job at several GPU
+    counts allow it, scaling efficiency vs GPUs in a second panel.
+
+    Without any scaling the second panel is left out and the reason is a line of the
+    subtitle: an empty panel's centred note sat on the run labels of the panel above.
+    """
+    scaled = summary[summary.get("scaling_efficiency", pd.Series(dtype="float64")).notna()]
+    two = not scaled.empty
+    runs = list(dict.fromkeys(summary.loc[_known(summary), "run"]))
+    ticks, lines = tick_labels(list(short_labels(runs).values()))
     fig = make_subplots(
-        rows=2,
+        rows=2 if two else 1,
         cols=1,
-        vertical_spacing=0.2,
-        subplot_titles=("job throughput (samples/s)", "weak-scaling efficiency"),
+        # room under the top panel for its rows of run labels, above the second's title
+        vertical_spacing=0.16 + 0.025 * lines,
+        subplot_titles=("job throughput (samples/s)", "weak-scaling efficiency")[: 2 if two else 1],
     )
-    has = summary.get("throughput_job_samples_s", pd.Series(dtype="float64")).notna()
-    known = summary[has]
-    runs = list(dict.fromkeys(known["run"]))
+    known = summary[_known(summary)]
     short = short_labels(runs)
     policies = ordered_policies([policy_of(r) for _, r in summary.iterrows()])
     for i, policy in enumerate(policies):
@@ -55,7 +65,8 @@ def scaling_figure(summary: pd.DataFrame) -> go.Figure:
                 legendgroup=policy_name(policy),
                 marker_color=policy_color(i),
                 customdata=[
-                    f"{r}<br>{job:,.1f} samples/s ({rank:,.1f} per rank × {g:g} GPUs)"
+                    f"{html.escape(str(r))}<br>{job:,.1f} samples/s "
+                    f"({rank:,.1f} per rank × {g:g} GPUs)"
                     for r, job, rank, g in zip(
                         sel["run"],
                         sel["throughput_job_samples_s"],
@@ -69,7 +80,6 @@ def scaling_figure(summary: pd.DataFrame) -> go.Figure:
             row=1,
             col=1,
         )
-    scaled = summary[summary.get("scaling_efficiency", pd.Series(dtype="float64")).notna()]
     for i, policy in enumerate(policies):
         sel = scaled[(scaled["fetch_align"] == policy[0]) & (scaled["start_align"] == policy[1])]
         for base, rows in sel.groupby("scaling_base_gpus", sort=True):
@@ -86,7 +96,7 @@ def scaling_figure(summary: pd.DataFrame) -> go.Figure:
                     ].size,
                     line={"color": policy_color(i)},
                     customdata=[
-                        f"{r}<br>{e:.3f} × ideal against {base:g} GPU(s)"
+                        f"{html.escape(str(r))}<br>{e:.3f} × ideal against {base:g} GPU(s)"
                         for r, e in zip(rows["run"], rows["scaling_efficiency"], strict=True)
                     ],
                     hovertemplate="%{customdata}<extra>" + policy_name(policy) + "</extra>",
@@ -96,31 +106,36 @@ def scaling_figure(summary: pd.DataFrame) -> go.Figure:
             )
     if known.empty:
         _say(fig, _reasons(summary, "throughput unknown"), "x domain", "y domain")
-    if scaled.empty:
-        _say(fig, _reasons(summary, "no scaling"), "x2 domain", "y2 domain")
-    else:
+    if two:
         fig.add_hline(y=1.0, line={"dash": "dot", "color": "#4c4c4c"}, row=2, col=1)
+        fig.update_yaxes(title_text="× ideal", rangemode="tozero", row=2, col=1)
+        counts = sorted({float(g) for g in scaled["gpus"]})
+        fig.update_xaxes(title_text="GPUs", tickvals=counts, row=2, col=1)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="× ideal", rangemode="tozero", row=2, col=1)
-    counts = sorted({float(g) for g in scaled["gpus"]})
-    fig.update_xaxes(title_text="GPUs", tickvals=counts, row=2, col=1)
     labels = [short[str(r)] for r in runs]
-    fig.update_xaxes(
-        type="category",
-        tickvals=labels,
-        ticktext=[wrap_name(label, 18) for label in labels],
-        row=1,
-        col=1,
+    # never rotated: a 45° label ran into the legend and the panel below
+    fig.update_xaxes(type="category", tickvals=labels, ticktext=ticks, tickangle=0, row=1, col=1)
+    subtitle = [
+        "samples/s from the per-rank batch size and the mean iteration time; efficiency =",
+        "job throughput ÷ (GPUs × per-rank throughput of the job's smallest run)",
+    ]
+    if not two:
+        subtitle += _wrap(_reasons(summary, "no scaling"), 90).split("<br>")
+    title = "Throughput and weak scaling" + "".join(
+        f"<br><sup>{html.escape(line, quote=False)}</sup>" for line in subtitle
     )
-    return style(
-        fig,
-        "Throughput and weak scaling<br><sup>samples/s from the per-rank batch size and the "
-        "mean iteration time; efficiency = job throughput ÷ (GPUs × per-rank throughput of the "
-        "job's smallest run)</sup>",
-        640,
-        margin={"t": 122},
-    )
+    top = 90 + 18 * len(subtitle)
+    # rows of run labels under the bars: the second panel (its title) moves down with them
+    label_room = 16 * lines
+    height = 640 + 2 * label_room if two else 380 + label_room
+    return style(fig, title, height + top - 122, margin={"t": top, "b": 50 + label_room})
+
+
+def _known(summary: pd.DataFrame) -> pd.Series:
+    """Rows whose job throughput is known (a batch size was found)."""
+    column = summary.get("throughput_job_samples_s", pd.Series(dtype="float64"))
+    return column.notna().reindex(summary.index, fill_value=False)
 
 
 def _wrap(text: str, width: int) -> str:
@@ -136,7 +151,7 @@ def _wrap(text: str, width: int) -> str:
 
 def _say(fig: go.Figure, text: str, xref: str, yref: str) -> None:
     fig.add_annotation(
-        text=_wrap(text, 90),
+        text=_wrap(html.escape(text), 90),
         xref=xref,
         yref=yref,
         x=0.5,

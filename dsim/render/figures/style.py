@@ -133,4 +133,7 @@ def style(
         legend={**_LEGEND, **(legend or {})},
         hoverlabel={"namelength": -1},
     )
+    # invisible 4 px ticks hold the y labels off the axis: the x axis's "0" under the
+    # corner no longer touches the y axis's "0 %"
+    fig.update_yaxes(ticks="outside", ticklen=4, tickcolor="rgba(0,0,0,0)")
     return fig

@@ -11,6 +11,7 @@ count, and every drawn rank keeps a colour of its own.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -88,15 +89,24 @@ class _Traces:
         *,
         keep: np.ndarray | None = None,
         hover: bool = True,
+        floor: float | None = None,
         **trace: object,
     ) -> None:
         """A line of ``values``, thinned (``keep``: these indices; else its own min/max
-        buckets), with the epoch and iteration for the hover unless ``hover`` is False."""
+        buckets), with the epoch and iteration for the hover unless ``hover`` is False.
+
+        ``floor``: values below it are drawn at it (a log axis has no zero) and the true
+        value goes to the hover as ``customdata[2]``."""
         # float32 halves the page size and is exact enough to draw
         y = np.asarray(values, dtype=float)
         if keep is None:
             keep = downsample_minmax(y, self.max_points)
-        extra = {"customdata": self.hover[keep]} if hover else {"hoverinfo": "skip"}
+        extra: dict[str, object] = {"customdata": self.hover[keep]}
+        if floor is not None:
+            extra = {"customdata": np.column_stack([self.hover[keep], y[keep]])}
+            y = np.maximum(y, floor)
+        if not hover:
+            extra = {"hoverinfo": "skip"}
         self.fig.add_trace(
             go.Scattergl(
                 x=self.x[keep],
@@ -175,6 +185,22 @@ class _Traces:
         return [owner is None or owner == policy for owner in self.owners]
 
 
+def log_floor(threshold_s: float) -> float:
+    """The smallest delay a logarithmic delay axis draws: a tenth of the threshold (so the
+    threshold line stays a decade above the bottom). A replay without delay sits on it."""
+    return threshold_s / 10
+
+
+def _log_note(floor: float | None) -> str:
+    if floor is None:
+        return ""
+    # a line of its own: at 800 px the first subtitle line has no room left
+    return (
+        f"<br><sup>delay axis logarithmic so that the threshold shows; delays below "
+        f"{floor:.2g} s drawn at {floor:.2g} s</sup>"
+    )
+
+
 def timeline_figure(
     run: str,
     replays: Mapping[Policy, pd.DataFrame],
@@ -213,7 +239,7 @@ def timeline_figure(
     replayed_row, delay_row = (3, 4) if util else (2, 3)
     titles = [
         "measured stall per GPU (actual / actual)",
-        "replayed stall per GPU under the selected policy",
+        "replayed stall per GPU (selected policy)",  # short: the legend is beside it
         "delay between GPUs (max − min stall)",
     ]
     if util:
@@ -295,31 +321,41 @@ def timeline_figure(
                 showlegend=legend,
                 visible=k == active,
             )
+    delays = np.concatenate([r["delay_s"].to_numpy(float) for r in replays.values()])
+    delays = delays[np.isfinite(delays) & (delays > 0)]
+    log_delay = bool(
+        len(delays) and threshold_s > 0 and np.quantile(delays, 0.99) > LOG_AXIS_RATIO * threshold_s
+    )
+    # On a log axis a zero delay has no place: plotly broke the measured line at every
+    # zero and drew a replay with no delay nowhere. Below the floor, delays are drawn at it.
+    floor = log_floor(threshold_s) if log_delay else None
+    delay_hover = "delay %{customdata[2]:.4f} s" if log_delay else "delay %{y:.4f} s"
     if base is not None:
         traces.add(
             base["delay_s"],
             delay_row,
             None,
+            floor=floor,
             name="delay, measured",
             line={"color": MEASURED_DELAY_COLOR, "width": 1},
-            hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>measured</extra>",
+            hovertemplate=HOVER_AT + delay_hover + "<extra>measured</extra>",
         )
     for k, policy in enumerate(others):
         traces.add(
             replays[policy]["delay_s"],
             delay_row,
             policy,
+            floor=floor,
             name=f"delay, {policy_name(policy)}",
-            line={"color": REPLAYED_DELAY_COLOR, "width": 1},
-            hovertemplate=HOVER_AT + "delay %{y:.4f} s<extra>" + policy_name(policy) + "</extra>",
+            line={"color": REPLAYED_DELAY_COLOR, "width": 1.5},
+            hovertemplate=HOVER_AT + delay_hover + "<extra>" + policy_name(policy) + "</extra>",
             visible=k == active,
         )
     traces.add_fixed(threshold_trace([0, max(n - 1, 1)], [threshold_s] * 2, threshold_s), delay_row)
-    delays = np.concatenate([r["delay_s"].to_numpy(float) for r in replays.values()])
-    delays = delays[np.isfinite(delays) & (delays > 0)]
-    log_delay = bool(
-        len(delays) and threshold_s > 0 and np.quantile(delays, 0.99) > LOG_AXIS_RATIO * threshold_s
-    )
+    log_range = None
+    if floor is not None:
+        # a little below the floor, so a line drawn at it is not hidden by the axis line
+        log_range = [np.log10(floor) - 0.25, np.log10(max(float(delays.max()), floor)) + 0.15]
     buttons = [
         {
             "label": "replayed: " + policy_name(policy),
@@ -328,6 +364,7 @@ def timeline_figure(
         }
         for policy in others
     ]
+    axis = f"yaxis{delay_row}"
     fig.update_layout(
         updatemenus=[
             {
@@ -353,12 +390,16 @@ def timeline_figure(
                     {
                         "label": "linear delay",
                         "method": "relayout",
-                        "args": [{f"yaxis{delay_row}.type": "linear"}],
+                        "args": [{axis + ".type": "linear", axis + ".autorange": True}],
                     },
                     {
                         "label": "log delay",
                         "method": "relayout",
-                        "args": [{f"yaxis{delay_row}.type": "log"}],
+                        "args": [
+                            {axis + ".type": "log", axis + ".range": log_range}
+                            if log_range is not None
+                            else {axis + ".type": "log"}
+                        ],
                     },
                 ],
             },
@@ -373,6 +414,7 @@ def timeline_figure(
     fig.update_yaxes(
         title_text="delay (s)" + (", log" if log_delay else ""),
         type="log" if log_delay else "linear",
+        **({"range": log_range} if log_range is not None else {}),
         row=delay_row,
         col=1,
     )
@@ -388,10 +430,11 @@ def timeline_figure(
         f"<br><sup>{len(gpu_cols):,} GPUs drawn as their spread; {named_note}</sup>" if many else ""
     )
     title = (
-        f"Per-iteration timeline — {run}<br><sup>{n:,} iterations{selection}"
-        f"{note if thinned else ''}"
-        f"{'; delay axis logarithmic so that the threshold shows' if log_delay else ''}</sup>"
+        f"Per-iteration timeline — {html.escape(run)}<br><sup>{n:,} iterations{selection}"
+        f"{note if thinned else ''}</sup>"
+        f"{_log_note(floor)}"
         f"{spread}"
     )
-    height = (1040 if util else 880) + (20 if many else 0)
-    return style(fig, title, height, margin={"t": 182 if many else 162})
+    lines = int(many) + int(floor is not None)  # subtitle lines beyond the first
+    height = (1040 if util else 880) + 20 * lines
+    return style(fig, title, height, margin={"t": 162 + 20 * lines})

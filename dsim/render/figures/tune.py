@@ -7,6 +7,8 @@ off the colour at a glance; the hover has the iteration time and stall.
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -58,4 +60,5 @@ def tune_figure(table: pd.DataFrame, label: str) -> go.Figure:
         )
         fig.update_xaxes(title_text="prefetch_factor", type="category", row=1, col=col)
         fig.update_yaxes(title_text="num_workers", type="category", row=1, col=col)
-    return style(fig, f"{label}: predicted speed-up of dsim tune's settings (★ recommended)", 380)
+    title = f"{html.escape(label)}: predicted speed-up of dsim tune's settings (★ recommended)"
+    return style(fig, title, 380)
