@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dsim.io import parquetio
 from dsim.io.atomic import atomic_path
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.results import ResultRun
@@ -158,12 +159,8 @@ def write_run_dataset(run: ResultRun, out: str | Path) -> list[Path]:
         return []
     meta = _metadata(run)
     with atomic_path(paths[0]) as tmp_it, atomic_path(paths[1]) as tmp_gpu:
-        it_writer = pq.ParquetWriter(
-            tmp_it, ITERATIONS_SCHEMA.with_metadata(meta), write_page_checksum=True
-        )
-        gpu_writer = pq.ParquetWriter(
-            tmp_gpu, GPUS_SCHEMA.with_metadata(meta), write_page_checksum=True
-        )
+        it_writer = parquetio.writer(tmp_it, ITERATIONS_SCHEMA.with_metadata(meta))
+        gpu_writer = parquetio.writer(tmp_gpu, GPUS_SCHEMA.with_metadata(meta))
         try:
             for iterations, gpus in policy_tables(run):
                 it_writer.write_table(iterations.replace_schema_metadata(meta))
