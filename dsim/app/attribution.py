@@ -32,7 +32,7 @@ from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
-from dsim.replay.arrays import build_iteration_arrays
+from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 
 ATTRIBUTION_STEM = "attribution"
 
@@ -43,18 +43,28 @@ NO_FETCH_RECORDS = (
 )
 
 
-def run_attribution(run: str, tables: RunTables, epochs: list[int], warmup: int) -> Attribution:
+def run_attribution(
+    run: str,
+    tables: RunTables,
+    epochs: list[int],
+    warmup: int,
+    arrays: IterationArrays | None = None,
+) -> Attribution:
     """Attribution of one parsed run over the summary's selection (what ``dsim run`` writes),
     from the snapshot of the trace the replays were computed from.
 
+    ``arrays``: the run's arrays as the replay built them from ``tables``, used when
+    they are the ones attribution needs (every iteration with all fetch and training
+    records, or all training records for a run without fetches), else built here.
     A run without fetch records (a profiled run) is attributed by its stalls
     alone (docs/SPEC.md §5.2): the rank with the largest data wait.
     """
     if tables.fetch.num_rows == 0:
-        arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
+        if arrays is None:
+            arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
         mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
         return attribute(run, arrays, arrays.worker, mask)
-    return _attribution(run, tables, epochs, warmup)[0]
+    return _attribution(run, tables, epochs, warmup, arrays)[0]
 
 
 def trace_attribution(
@@ -72,9 +82,14 @@ def trace_attribution(
 
 
 def _attribution(
-    run: str, tables: RunTables, epochs: list[int], warmup: int
+    run: str,
+    tables: RunTables,
+    epochs: list[int],
+    warmup: int,
+    arrays: IterationArrays | None = None,
 ) -> tuple[Attribution, LastOverTime]:
-    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    if arrays is None:
+        arrays = build_iteration_arrays(tables.fetch, tables.train)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
     attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
     return attribution, last_over_time(arrays, mask)
@@ -121,6 +136,10 @@ def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
     return str(rows["selected_epochs"].iloc[0]), int(rows["warmup"].iloc[0])
 
 
+def parse_selection(selection: tuple[str, int]) -> tuple[list[int], int]:
+    return [int(e) for e in selection[0].split(",") if e.strip()], selection[1]
+
+
 def write_run_attributions(
     summary: pd.DataFrame, runs: Iterable[tuple[str, RunTables]], out: Path
 ) -> list[Path]:
@@ -130,9 +149,16 @@ def write_run_attributions(
         selection = _selection(summary, run)
         if selection is None:
             continue
-        epochs = [int(e) for e in selection[0].split(",") if e.strip()]
-        attributions.append(run_attribution(run, tables, epochs, selection[1]))
+        epochs, warmup = parse_selection(selection)
+        attributions.append(run_attribution(run, tables, epochs, warmup))
         selections.append(selection)
+    return write_attribution_table(attributions, selections, out)
+
+
+def write_attribution_table(
+    attributions: list[Attribution], selections: list[tuple[str, int]], out: Path
+) -> list[Path]:
+    """``<out>/attribution.{parquet,csv}`` of runs attributed (in the config's run order)."""
     table = attribution_table(attributions, selections)
     return write_summary_files(table, out, ["parquet", "csv"], ATTRIBUTION_STEM)
 
