@@ -21,10 +21,11 @@ import statistics
 import subprocess
 import sys
 
-#: name -> (ray.init keyword arguments as Python source, extra environment)
+#: name -> (ray.init keyword arguments as Python source, extra environment); "dsim" is what
+#: dsim.execute.ray_connect starts an embedded instance with (EMBEDDED_ENV included)
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "defaults": ("", {}),
-    "dsim": (
+    "dsim until #21": (
         "include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, "
         "num_cpus=os.cpu_count()",
         {},
@@ -38,7 +39,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "num_cpus=os.cpu_count(), object_store_memory=100 * 1024 * 1024",
         {},
     ),
-    "dsim+no metrics/usage": (
+    "dsim (+no metrics/usage)": (
         "include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, "
         "num_cpus=os.cpu_count()",
         {"RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_metrics_collection": "0"},
