@@ -1,8 +1,10 @@
 """Attribution at the edges: read a run's trace, attribute it, write or read the table.
 
-``dsim run`` calls ``write_run_attributions`` after the summary (same
-selection of epochs and warm-up, same lock), writing
-``<out>/attribution.{parquet,csv}`` with the summary's writers;
+``dsim run`` attributes each run where it replays it (``run_attribution``,
+``dsim.app.runtask``: the summary's selection of epochs and warm-up, the
+run's arrays as the replay built them) and writes
+``<out>/attribution.{parquet,csv}`` with the summary's writers
+(``write_attribution_table``);
 ``dsim summarize`` reads it back to print the lines again. ``dsim report``
 finds each run's trace (``find_trace``, checked against the tables the
 replays were computed from) to attribute it over the report's selection and
@@ -129,30 +131,9 @@ def read_replayed(run_dir: Path, info: ResultInfo) -> RunTables:
     return tables
 
 
-def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
-    rows = summary[summary["run"] == run]
-    if rows.empty:
-        return None
-    return str(rows["selected_epochs"].iloc[0]), int(rows["warmup"].iloc[0])
-
-
 def parse_selection(selection: tuple[str, int]) -> tuple[list[int], int]:
+    """A summary row's (``selected_epochs``, ``warmup``) → (epochs, warm-up)."""
     return [int(e) for e in selection[0].split(",") if e.strip()], selection[1]
-
-
-def write_run_attributions(
-    summary: pd.DataFrame, runs: Iterable[tuple[str, RunTables]], out: Path
-) -> list[Path]:
-    """Attribute every run of the summary (its tables as replayed) and write the table."""
-    attributions, selections = [], []
-    for run, tables in runs:
-        selection = _selection(summary, run)
-        if selection is None:
-            continue
-        epochs, warmup = parse_selection(selection)
-        attributions.append(run_attribution(run, tables, epochs, warmup))
-        selections.append(selection)
-    return write_attribution_table(attributions, selections, out)
 
 
 def write_attribution_table(
