@@ -96,7 +96,7 @@ def run_ray_tasks(
                 timeout = None if watch is None else POLL_S
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
                 if not done and watch is not None:
-                    watch.check(total - len(pending), total)
+                    watch.check(total - len(pending), total, "run")
                 for ref in done:
                     k = pending.pop(ref)
                     value = _task_value(ray, ref, watch, total - len(pending) - 1, total)
@@ -107,13 +107,15 @@ def run_ray_tasks(
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
 
-    _on_ray(address, num_cpus, source, len(tasks), body)
+    _on_ray(address, num_cpus, source, len(tasks), body, unit="run")
 
 
-def _task_value(ray: Any, ref: Any, watch: HeadWatch | None, finished: int, total: int) -> Any:
+def _task_value(
+    ray: Any, ref: Any, watch: HeadWatch | None, finished: int, total: int, unit: str = "run"
+) -> Any:
     """A finished task's value; its ``DsimError`` raised as itself, not wrapped by Ray."""
     try:
-        return _get(ray, ref, watch, finished, total)
+        return _get(ray, ref, watch, finished, total, unit)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, DsimError):
@@ -127,6 +129,7 @@ def _on_ray(
     source: str,
     total: int,
     body: Callable[[Any, HeadWatch | None, Callable[[], None]], None],
+    unit: str = "replay",
 ) -> None:
     """Start or join Ray, run ``body(ray, watch, finished)``, and leave Ray as found; a
     joined cluster's head is watched (``finished()`` counts the units done for its message)."""
@@ -152,7 +155,7 @@ def _on_ray(
                 if watch is None or watch.alive():
                     raise
                 lost = True
-                raise watch.lost(count, total) from exc
+                raise watch.lost(count, total, unit) from exc
             finally:
                 disconnect(ray, started, lost=lost)
     except BaseException as exc:
@@ -212,7 +215,14 @@ def _submit_and_collect(
                 on_result(join_chunks(run, policy, [s for s in slots if s is not None]))
 
 
-def _get(ray: Any, ref: Any, watch: HeadWatch | None, finished: int, total: int) -> Any:
+def _get(
+    ray: Any,
+    ref: Any,
+    watch: HeadWatch | None,
+    finished: int,
+    total: int,
+    unit: str = "replay",
+) -> Any:
     """``ray.get`` of a finished task; on a joined cluster, in waits of ``POLL_S`` between
     checks of the head (a result held by a node that died may never come)."""
     if watch is None:
@@ -221,4 +231,4 @@ def _get(ray: Any, ref: Any, watch: HeadWatch | None, finished: int, total: int)
         try:
             return ray.get(ref, timeout=POLL_S)
         except ray.exceptions.GetTimeoutError:
-            watch.check(finished, total)
+            watch.check(finished, total, unit)
