@@ -235,6 +235,23 @@ def summarize_results(
     ``policies`` leaves it out of the rows. Only the replays ``result.json``
     lists are read, and only if their provenance matches (``dsim.model.results``).
     """
+    rows = summary_rows(
+        runs, epochs=epochs, warmup=warmup, threshold_s=threshold_s, policies=policies
+    )
+    return summary_table(rows)
+
+
+def summary_rows(
+    runs: list[ResultRun],
+    *,
+    epochs: Epochs = None,
+    warmup: int | None = None,
+    threshold_s: float | None = None,
+    policies: Sequence[Policy] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of ``summarize_results`` before the columns that compare rows (what-if,
+    throughput): each run's are its own, so a run's rows can be made where it ran
+    (``dsim run`` on Ray) and joined by ``summary_table``."""
     wanted = None if policies is None else list(dict.fromkeys(policies))
     rows: list[dict[str, Any]] = []
     for run in runs:
@@ -269,6 +286,11 @@ def summarize_results(
             row["results"] = str(run.directory)
             row["__shown"] = wanted is None or policy in wanted
             rows.append(row)
+    return rows
+
+
+def summary_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``summary_rows`` (of one or many runs, in order) → the summary table."""
     if not rows:
         raise UsageError("no replay matches the selected runs and policies")
     df = summary_frame(rows)

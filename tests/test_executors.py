@@ -7,7 +7,14 @@ import pytest
 from tracegen import synthetic_run
 
 from dsim.errors import UsageError
-from dsim.execute import AUTO_LOCAL_MAX_WORK, Job, PolicyResult, choose_executor, execute
+from dsim.execute import (
+    AUTO_RAY_MIN_CPUS,
+    AUTO_RAY_MIN_RUNS,
+    Job,
+    PolicyResult,
+    choose_executor,
+    execute,
+)
 from dsim.execute.units import chunk_bounds
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models.per_iteration import ReplayParams, prepare, replay
@@ -80,13 +87,17 @@ def test_progress_counts_every_row() -> None:
     assert max(seen) <= 11
 
 
-def test_auto_picks_local_for_small_jobs_and_ray_for_clusters() -> None:
-    jobs, _ = _jobs()
-    assert choose_executor("auto", jobs, None) == "local"
-    assert choose_executor("auto", jobs, "127.0.0.1:6379") == "ray"
-    assert choose_executor("local", jobs, "127.0.0.1:6379") == "local"
-    big = [Job("big", jobs[0].prepared, ALL_KNOWN * (AUTO_LOCAL_MAX_WORK // 100))]
-    assert choose_executor("auto", big, None) == "ray"
+def test_auto_rule_ray_only_for_a_cluster_or_many_runs_on_many_cores() -> None:
+    """SPEC §8: a run is one task, so Ray can only win by running runs side by side."""
+    many, cores = AUTO_RAY_MIN_RUNS, AUTO_RAY_MIN_CPUS
+    assert choose_executor("auto", 2, None, 64) == "local"
+    assert choose_executor("auto", 1, None, 1024) == "local"  # one big run: never Ray
+    assert choose_executor("auto", many - 1, None, 64) == "local"
+    assert choose_executor("auto", many, None, cores - 1) == "local"
+    assert choose_executor("auto", many, None, cores) == "ray"
+    assert choose_executor("auto", 1, "127.0.0.1:6379") == "ray"  # a cluster was named
+    assert choose_executor("local", many, "127.0.0.1:6379", 64) == "local"
+    assert choose_executor("ray", 1, None, 1) == "ray"
 
 
 @pytest.mark.ray

@@ -86,12 +86,12 @@ def test_kill_9_mid_replay_leaves_no_ray_process(tmp_path: Path) -> None:
         deadline = time.monotonic() + 240
         while dsim.poll() is None and time.monotonic() < deadline:
             _record(dsim.pid, seen, names)
-            if any("replay_rows" in name for name in names.values()):  # a task is running
+            if any("run_task" in name for name in names.values()):  # a task is running
                 break
             time.sleep(0.02)
         _record(dsim.pid, seen, names)
         assert dsim.poll() is None, f"dsim ended before the kill: {dsim.stderr.read()}"  # type: ignore[union-attr]
-        assert any("replay_rows" in name for name in names.values()), names
+        assert any("run_task" in name for name in names.values()), names
         assert any("raylet" in name for name in names.values()), names
         dsim.send_signal(signal.SIGKILL)
         dsim.wait(timeout=30)
@@ -157,7 +157,7 @@ def _sigterm_trial(cwd: Path, env: dict, delay_s: float | None, rng) -> tuple[in
         if delay_s is None:
             while dsim.poll() is None and time.monotonic() - began < 240:
                 _record(dsim.pid, seen, names)
-                if any("replay_rows" in name for name in names.values()):
+                if any("run_task" in name for name in names.values()):
                     break
                 time.sleep(0.02)
             time.sleep(rng.uniform(0.0, 0.5))

@@ -107,7 +107,7 @@ def test_the_head_node_dying_mid_run_is_one_line_in_seconds(netns: str, tmp_path
         while not running and dsim.poll() is None and time.monotonic() < deadline:
             for child in node.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    running |= "replay_rows" in " ".join([child.name(), *child.cmdline()])
+                    running |= "run_task" in " ".join([child.name(), *child.cmdline()])
             time.sleep(0.05)
         assert running and dsim.poll() is None, "no replay task seen on the cluster"
         for member in [node, *node.children(recursive=True)]:  # the head node dies

@@ -1,8 +1,11 @@
 """Attribution at the edges: read a run's trace, attribute it, write or read the table.
 
-``dsim run`` calls ``write_run_attributions`` after the summary (same
-selection of epochs and warm-up, same lock), writing
-``<out>/attribution.{parquet,csv}`` with the summary's writers;
+``dsim run`` attributes each run where it replays it (``run_attribution``,
+``dsim.app.runtask``: the summary's selection of epochs and warm-up, the
+run's arrays as the replay built them) into
+``<out>/attribution/runs/<run dir>.parquet``, and rebuilds
+``<out>/attribution.{parquet,csv}`` from every run's file
+(``write_directory_attributions``);
 ``dsim summarize`` reads it back to print the lines again. ``dsim report``
 finds each run's trace (``find_trace``, checked against the tables the
 replays were computed from) to attribute it over the report's selection and
@@ -11,12 +14,11 @@ to show who was last over time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 
 from dsim.attribution import (
     Attribution,
@@ -30,13 +32,12 @@ from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.fetchstages import stage_shares
 from dsim.io import parquetio
-from dsim.io.atomic import write_parquet
 from dsim.model.resultinfo import RESULT_FILE, ResultInfo
 from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
-from dsim.replay.arrays import build_iteration_arrays
+from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 
 ATTRIBUTION_STEM = "attribution"
 #: Each run's own attribution table: ``<out>/attribution/runs/<run dir>.parquet`` (outside the
@@ -56,18 +57,28 @@ NO_FETCH_RECORDS = (
 )
 
 
-def run_attribution(run: str, tables: RunTables, epochs: list[int], warmup: int) -> Attribution:
+def run_attribution(
+    run: str,
+    tables: RunTables,
+    epochs: list[int],
+    warmup: int,
+    arrays: IterationArrays | None = None,
+) -> Attribution:
     """Attribution of one parsed run over the summary's selection (what ``dsim run`` writes),
     from the snapshot of the trace the replays were computed from.
 
+    ``arrays``: the run's arrays as the replay built them from ``tables``, used when
+    they are the ones attribution needs (every iteration with all fetch and training
+    records, or all training records for a run without fetches), else built here.
     A run without fetch records (a profiled run) is attributed by its stalls
     alone (docs/SPEC.md §5.2): the rank with the largest data wait.
     """
     if tables.fetch.num_rows == 0:
-        arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
+        if arrays is None:
+            arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
         mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
         return attribute(run, arrays, arrays.worker, mask)
-    return _attribution(run, tables, epochs, warmup)[0]
+    return _attribution(run, tables, epochs, warmup, arrays)[0]
 
 
 def trace_attribution(
@@ -85,9 +96,14 @@ def trace_attribution(
 
 
 def _attribution(
-    run: str, tables: RunTables, epochs: list[int], warmup: int
+    run: str,
+    tables: RunTables,
+    epochs: list[int],
+    warmup: int,
+    arrays: IterationArrays | None = None,
 ) -> tuple[Attribution, LastOverTime]:
-    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    if arrays is None:
+        arrays = build_iteration_arrays(tables.fetch, tables.train)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
     attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
     fetch = tables.fetch
@@ -132,36 +148,9 @@ def read_replayed(run_dir: Path, info: ResultInfo) -> RunTables:
     return tables
 
 
-def _selection(summary: pd.DataFrame, run: str) -> tuple[str, int] | None:
-    rows = summary[summary["run"] == run]
-    if rows.empty:
-        return None
-    return str(rows["selected_epochs"].iloc[0]), int(rows["warmup"].iloc[0])
-
-
-def write_run_attributions(
-    summary: pd.DataFrame,
-    runs: Iterable[tuple[str, RunTables]],
-    out: Path,
-    directories: Mapping[str, Sequence[str]] | None = None,
-) -> list[Path]:
-    """Attribute every run of the summary (its tables as replayed) and write each run's
-    table as ``<out>/attribution/runs/<run dir>.parquet`` (``directories``: run name → its run
-    directories, model variants included; default the name itself); then rebuild the
-    results directory's ``attribution.{parquet,csv}`` from every run's file
-    (``write_directory_attributions``)."""
-    written: list[Path] = []
-    for run, tables in runs:
-        selection = _selection(summary, run)
-        if selection is None:
-            continue
-        epochs = [int(e) for e in selection[0].split(",") if e.strip()]
-        table = attribution_table([run_attribution(run, tables, epochs, selection[1])], [selection])
-        for directory in (directories or {}).get(run, [run]):
-            path = run_table_path(out, directory)
-            write_parquet(pa.Table.from_pandas(table, preserve_index=False), path)
-            written.append(path)
-    return written + write_directory_attributions(out)
+def parse_selection(selection: tuple[str, int]) -> tuple[list[int], int]:
+    """A summary row's (``selected_epochs``, ``warmup``) → (epochs, warm-up)."""
+    return [int(e) for e in selection[0].split(",") if e.strip()], selection[1]
 
 
 def write_directory_attributions(out: Path) -> list[Path]:

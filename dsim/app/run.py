@@ -9,6 +9,12 @@ lists exactly the replays of this run (``dsim.model.results`` explains how reade
 use it). From deciding what is cached to writing the summary, the runner
 holds the output directory's exclusive lock (``dsim.io.lock``), so that two
 ``dsim run`` processes on one directory take turns instead of mixing.
+
+A run's work is one call of ``dsim.app.runtask``: in-process, runs are all
+planned (read, checked) first and then finished one by one; on Ray each run
+is one task (read, replay, write on the node that runs it) and this module
+only resolves paths, takes the lock, and gathers the tasks' small reports
+into the summary and the attribution table.
 """
 
 from __future__ import annotations
@@ -18,82 +24,33 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
-from dsim.app.attribution import write_run_attributions
+from dsim.app.attribution import write_directory_attributions
+from dsim.app.runplan import RunPlan, logged_loader, pending_policies, plan_runs_of, refusal
+from dsim.app.runtask import RunReport, RunTask, finish_run, run_task
 from dsim.checks import Condition
 from dsim.config import SimConfig
-from dsim.errors import DsimError, InputError, UsageError
-from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult, execute, total_rows
-from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
+from dsim.errors import InputError
+from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
+from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
-from dsim.model.dataset import write_run_dataset
-from dsim.model.resultinfo import Selection
 from dsim.model.results import (
     SUMMARY_STEM,
-    ResultInfo,
     ResultRun,
     check_results_directory,
     find_result_runs,
-    read_replay_key,
-    replay_path,
-    replay_table,
     scan_results,
     stale_trace,
-    write_replay,
-    write_result_info,
 )
-from dsim.model.runinfo import RunInfo
-from dsim.model.tables import RunTables, read_run
+from dsim.model.tables import read_run
 from dsim.render.files import write_summary_files
-from dsim.replay.arrays import (
-    MISSING_BOTH,
-    MISSING_FETCH,
-    MISSING_TRAIN,
-    IterationArrays,
-    LoaderSettings,
-    build_iteration_arrays,
-)
-from dsim.replay.models import DEFAULT_MODEL, STALL_ONLY_MODEL, ReplayModel, get_model
-from dsim.replay.params import ReplayParams
-from dsim.replay.policies import STALL_ONLY, Policy
-from dsim.summary import (
-    DEFAULT_THRESHOLD_S,
-    DEFAULT_WARMUP,
-    selected_iterations,
-    summarize_results,
-)
-from dsim.throughput import batch_from_throughput, trace_batch_size
-from dsim.words import counted
+from dsim.summary import summarize_results, summary_table
 
-
-@dataclass
-class RunPlan:
-    """One run: its arrays, keys per policy, and which policies still need computing.
-
-    ``todo`` is decided under the output directory's lock (``pending_policies``).
-    """
-
-    name: str
-    trace: RunInfo
-    arrays: IterationArrays
-    keys: dict[Policy, str]
-    todo: list[Policy]
-    epochs: list[int]
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    directory: str = ""  # under the output directory: the run's name, plus a model variant
-    params: ReplayParams = field(default_factory=ReplayParams)  # as this run replays them
-    loader: dict[str, Any] | None = None  # measured and assumed loader settings (result.json)
-    model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
-    batch: dict[str, Any] | None = None  # per-rank batch size and its source (result.json)
-    run_dir: Path | None = None  # the trace replayed (result.json's ``trace_path``)
-
-    def __post_init__(self) -> None:
-        self.directory = self.directory or self.name
+__all__ = ["RunOutcome", "logged_loader", "run_replays"]  # logged_loader: from runplan
 
 
 @dataclass
@@ -113,246 +70,6 @@ class RunOutcome:
 ProgressFactory = Callable[[int], Callable[[int], None] | None]
 
 
-def replay_params(config: SimConfig) -> ReplayParams:
-    return ReplayParams(
-        stall_floor_s=config.stall_floor_s,
-        stall_grow_min_s=config.stall_grow_min_s,
-        workers=config.workers,
-        prefetch_factor=config.prefetch_factor,
-    )
-
-
-def logged_loader(info: RunInfo) -> LoaderSettings | None:
-    """The loader settings a run's ``run.json`` recorded from its loader lines, if any."""
-    loader = info.loader
-    if not isinstance(loader, dict) or loader.get("num_workers") is None:
-        return None
-    workers = int(loader["num_workers"])
-    prefetch = loader.get("prefetch_factor")
-    cores, ranks = loader.get("cores"), loader.get("local_world_size")
-    return LoaderSettings(
-        workers,
-        int(prefetch) if prefetch is not None else 2,
-        "log",
-        None if cores is None else int(cores),
-        None if ranks is None else int(ranks),
-    )
-
-
-def variant_directory(name: str, model: ReplayModel, loader: dict[str, Any] | None) -> str:
-    """Where a run's replays under ``model`` go: ``RUN`` for the default model, else
-    ``RUN@MODEL``, and ``RUN@MODEL-wW-pP`` for a loader what-if, so that every
-    variant keeps its own ``result.json`` beside the others."""
-    if model.name == DEFAULT_MODEL:
-        return name
-    directory = f"{name}@{model.name}"
-    if loader is not None and loader["changed"]:
-        assumed = loader["assumed"]
-        directory += f"-w{assumed['workers']}-p{assumed['prefetch_factor']}"
-    return directory
-
-
-def _loader_plan(
-    model: ReplayModel, arrays: IterationArrays, params: ReplayParams, name: str | None = None
-) -> tuple[ReplayParams, dict[str, Any] | None]:
-    """This run's parameters with its loader what-if made concrete, and its record."""
-    if not model.uses_loader:
-        return params, None
-    measured = arrays.loader or LoaderSettings.implied(arrays.worker)
-    if model.name == "pipeline":  # an IterableDataset's run keeps its worker count (§4.2)
-        from dsim.replay.models.pipeline import check_stream_workers
-
-        check_stream_workers(arrays, params.workers, name)
-    workers = measured.workers if params.workers is None else params.workers
-    prefetch = (
-        measured.prefetch_factor if params.prefetch_factor is None else params.prefetch_factor
-    )
-    record = {
-        "measured": measured.document(),
-        "assumed": {"workers": workers, "prefetch_factor": prefetch},
-        "changed": (workers, prefetch) != (measured.workers, measured.prefetch_factor),
-    }
-    if model.name == "pipeline":  # CPU contention (SPEC §4.2): only logs with CPU times
-        from dsim.replay.models.pipeline import cpu_assumption
-
-        cpu = cpu_assumption(arrays)
-        if cpu is not None:
-            record["cpu"] = cpu
-    return replace(params, workers=workers, prefetch_factor=prefetch), record
-
-
-def _fmt(policies: list[Policy] | tuple[Policy, ...]) -> str:
-    return ", ".join(f"{p[0]}/{p[1]}" for p in policies)
-
-
-def run_model_and_policies(
-    name: str, has_fetch: bool, config: SimConfig, model: ReplayModel
-) -> tuple[ReplayModel, tuple[Policy, ...]]:
-    """The model and policies one run is replayed with (docs/SPEC.md §4.3).
-
-    A run without fetch records (a profiled run) is replayed by the
-    ``stall-only`` model when no other model was asked for, and gets the stall
-    what-ifs unless policies were asked for; policies a model cannot replay,
-    asked for explicitly, are an error naming the run, never skipped.
-    """
-    if not has_fetch and model.needs_fetch:
-        if model.name != DEFAULT_MODEL:
-            raise InputError(
-                f"run {name} has no fetch records (profiler traces?): the {model.name} model "
-                f"replays fetches; replay it without --model, or with --model {STALL_ONLY_MODEL}"
-            )
-        model = get_model(STALL_ONLY_MODEL)
-    policies = tuple(config.policies)
-    if not config.policies_explicit and not model.needs_fetch:
-        policies = STALL_ONLY
-    refused = [p for p in policies if not model.supports(p)]
-    if not refused:
-        return model, policies
-    if not has_fetch:
-        raise InputError(
-            f"run {name} has no fetch records (profiler traces?), so {_fmt(refused)} "
-            f"cannot be replayed: fetch and start alignments move each rank's fetch, which only "
-            f"dsim.instrument's fetch lines record; without them dsim replays "
-            f"{_fmt(STALL_ONLY)} (see --model stall-only in `dsim run --help`)"
-        )
-    if model.needs_fetch:
-        raise UsageError(
-            f"{_fmt(refused)}: stall alignments are replayed by the {STALL_ONLY_MODEL} "
-            f"model (--model {STALL_ONLY_MODEL}), not by {model.name}"
-        )
-    raise UsageError(f"the {model.name} model replays only {_fmt(STALL_ONLY)}, not {_fmt(refused)}")
-
-
-def plan_run(
-    name: str,
-    run_dir: Path,
-    config: SimConfig,
-    model: ReplayModel,
-    params: ReplayParams,
-    tables: RunTables | None = None,
-) -> RunPlan:
-    """Load and check one run and compute its cache keys; reads the trace (unless given
-    ``tables``, one snapshot of it from ``read_run``), writes nothing."""
-    tables = read_run(run_dir) if tables is None else tables
-    has_fetch = tables.fetch.num_rows > 0
-    if tables.train.num_rows == 0:
-        raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
-    model, policies = run_model_and_policies(name, has_fetch, config, model)
-    arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=model.needs_fetch)
-    if arrays.n_iterations == 0:
-        raise InputError(_nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir)
-    arrays = replace(arrays, loader=logged_loader(tables.info))
-    warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
-    epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
-    fingerprint = snapshot_fingerprint(tables, run_dir)  # of the very bytes replayed
-    run_params, loader = _loader_plan(model, arrays, params, name)
-    if loader is not None:  # the measured settings shape the replay: they enter the key
-        fingerprint = {**fingerprint, "loader": loader["measured"]}
-    keys = {policy: replay_key(fingerprint, model, run_params, policy) for policy in policies}
-    directory = variant_directory(name, model, loader)
-    return RunPlan(
-        name,
-        tables.info,
-        arrays,
-        keys,
-        [],
-        epochs,
-        fingerprint,
-        directory,
-        run_params,
-        loader,
-        model,
-        _batch(tables),
-        run_dir,
-    )
-
-
-def _batch(tables: Any) -> dict[str, Any] | None:
-    """The per-rank batch size for throughput (docs/SPEC.md §5.5), recorded in result.json:
-    the ``Throughput`` field is in the train table, which summaries do not read."""
-    train = tables.train
-    implied = None
-    if "throughput" in train.column_names:
-        implied = batch_from_throughput(
-            train.column("throughput").to_numpy(zero_copy_only=False),
-            train.column("iteration_s").to_numpy(zero_copy_only=False),
-        )
-    per_rank, source = trace_batch_size(tables.info.document(), implied)
-    return None if per_rank is None else {"per_rank": per_rank, "source": source}
-
-
-def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
-    """The policies without a finished replay of the same key (all of them with ``force``)."""
-    return [
-        policy
-        for policy, key in plan.keys.items()
-        if force or read_replay_key(replay_path(out, plan.directory, policy)) != key
-    ]
-
-
-def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
-    """Why no iteration of a run is complete, in words a user can act on."""
-    if fetch.num_rows == 0 and train.num_rows > 0:  # replayed from stalls only (§4.3)
-        lacking = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
-        return (
-            f"no iteration to replay: {counted(lacking, 'iteration')} "
-            f"{'lacks' if lacking == 1 else 'lack'} a training record for some "
-            "GPU (and the run has no fetch records)"
-        )
-    if train.num_rows == 0:
-        return (
-            "no training lines in this run: did you wrap your training loop with "
-            "dsim.instrument.TrainingTimer.iterate?"
-        )
-    no_fetch = dropped.get(MISSING_FETCH, 0) + dropped.get(MISSING_BOTH, 0)
-    no_train = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
-    text = (
-        f"no complete iteration to replay: {counted(no_fetch, 'iteration')} "
-        f"{'lacks' if no_fetch == 1 else 'lack'} a fetch record for "
-        f"some GPU, {no_train} lack a training record"
-    )
-    fetch_gpus = set(fetch["gpu"].to_pylist())
-    train_gpus = set(train["gpu"].to_pylist())
-    absent = [f"GPU {g} has no fetch records" for g in sorted(train_gpus - fetch_gpus)]
-    absent += [f"GPU {g} has no training records" for g in sorted(fetch_gpus - train_gpus)]
-    return "; ".join([text, *absent])
-
-
-def _result_info(plan: RunPlan, config: SimConfig, model: ReplayModel) -> ResultInfo:
-    model = plan.model or model
-    return ResultInfo(
-        run=plan.name,
-        model=model.name,
-        input=plan.fingerprint,
-        trace=plan.trace,
-        selection=Selection(
-            epochs=tuple(plan.epochs),
-            warmup=DEFAULT_WARMUP if config.warmup is None else config.warmup,
-            threshold_s=DEFAULT_THRESHOLD_S if config.threshold_s is None else config.threshold_s,
-        ),
-        params=params_document(model, plan.params),
-        loader=plan.loader,
-        batch=plan.batch,
-        dropped=dict(plan.arrays.dropped),
-        iterations=plan.arrays.n_iterations,
-        ranks=tuple(int(g) for g in plan.arrays.gpus),
-        policies={f"{p[0]}__{p[1]}": key for p, key in plan.keys.items()},
-        trace_path=None if plan.run_dir is None else trace_path(plan.run_dir, config.out, plan),
-    )
-
-
-def trace_path(run_dir: Path, out: Path, plan: RunPlan) -> str:
-    """Where ``result.json`` finds the trace it was computed from: relative to its own
-    directory (results and traces moved together keep it), POSIX separators."""
-    start = os.path.abspath(out / plan.directory)
-    return Path(os.path.relpath(os.path.abspath(run_dir), start)).as_posix()
-
-
-def _cuts(model: ReplayModel, arrays: IterationArrays) -> tuple[int, ...] | None:
-    cuts = model.cut_points(arrays)
-    return None if cuts is None else tuple(int(c) for c in cuts)
-
-
 def run_replays(
     config: SimConfig,
     *,
@@ -367,143 +84,124 @@ def run_replays(
     directory and this one waits for it.
     """
     began = time.perf_counter()
-    params = replay_params(config)
-    model = get_model(config.model)
-    plans = []
-    snapshots: list[tuple[str, RunTables]] = []  # one version of each trace, read once
-    skipped: list[tuple[str, DsimError]] = []
-    for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        tables = read_run(run_dir)
-        refusal = _refusal(name, tables, config, model)
-        if refusal is not None:  # another matched run may still replay what was asked
-            skipped.append((name, refusal))
-            continue
-        snapshots.append((name, tables))
-        plans.append(plan_run(name, run_dir, config, model, params, tables))
-        if plans[-1].loader is not None and plans[-1].loader["changed"]:
-            # A loader what-if is compared with the same model under the measured settings.
-            measured = replace(params, workers=None, prefetch_factor=None)
-            plans.append(plan_run(name, run_dir, config, model, measured, tables))
-    if skipped and not plans:
-        raise skipped[0][1]  # nothing could be replayed: the first run's reason, as before
-    with lock.exclusive(config.out, on_wait):
-        remove_leftovers(config.out, recursive=True)  # of runs killed before us
-        for plan in plans:  # inside --out, no link, no newer result.json downgraded (§7.4)
-            check_results_directory(config.out, plan.directory)
-        for plan in plans:
-            plan.todo = pending_policies(plan, config.out, force)
-        outcome = _replay_and_summarize(
-            config, plans, model, params, chunk_rows, progress, snapshots
-        )
+    _, source = configured_address(config.ray_address, FROM_SETTINGS)
+    address = ray_address(config.ray_address)
+    executor = choose_executor(config.executor, len(config.runs), address, config.num_cpus)
+    if executor == "ray":
+        reports = _on_ray(config, force, chunk_rows, progress, on_wait, address, source)
+    else:
+        reports = _in_process(config, force, chunk_rows, progress, on_wait)
+    outcome = _gather(config, reports, executor)
     outcome.seconds = time.perf_counter() - began
-    outcome.notes[:0] = [f"skipped run {name}: {error.reason}" for name, error in skipped]
     return outcome
 
 
-def _refusal(
-    name: str, tables: RunTables, config: SimConfig, model: ReplayModel
-) -> DsimError | None:
-    """Why ``run_model_and_policies`` refuses this run (the model or a policy asked for cannot
-    replay it: a profiled run has no fetch records), or None. A mixed selection of runs skips
-    such a run with a note instead of aborting (docs/SPEC.md §4.3); the error is raised only
-    when no run is left to replay."""
-    try:
-        run_model_and_policies(name, tables.fetch.num_rows > 0, config, model)
-    except (InputError, UsageError) as exc:
-        return exc
-    return None
-
-
-def _replay_and_summarize(
+def _in_process(
     config: SimConfig,
-    plans: list[RunPlan],
-    model: ReplayModel,
-    params: ReplayParams,
+    force: bool,
     chunk_rows: int,
     progress: ProgressFactory | None,
-    snapshots: list[tuple[str, RunTables]],
-) -> RunOutcome:
-    """Compute what is pending, write replays, ``result.json`` files and the summary;
-    the attribution comes from the same ``snapshots`` of the traces as the replays."""
-    by_name = {plan.directory: plan for plan in plans}  # a job's name is its directory
-    written: list[Path] = []
+    on_wait: lock.Notify | None,
+) -> list[RunReport]:
+    """Every run read and checked first (nothing written if one fails), then finished."""
+    plans: list[list[RunPlan]] = []
+    skipped: list[RunReport] = []
+    for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
+        tables = read_run(run_dir)
+        refused = refusal(name, tables, config)
+        if refused is not None:  # another matched run may still replay what was asked
+            skipped.append(RunReport(name, skipped=refused))
+            continue
+        plans.append(plan_runs_of(name, run_dir, config, tables))
+    if skipped and not plans:
+        raise skipped[0].skipped  # nothing could be replayed: the first run's reason
+    with lock.exclusive(config.out, on_wait):
+        remove_leftovers(config.out, recursive=True)  # of runs killed before us
+        for plan in (p for run in plans for p in run):  # inside --out, no link, ... (§7.4)
+            check_results_directory(config.out, plan.directory)
+        for plan in (p for run in plans for p in run):
+            plan.todo = pending_policies(plan, config.out, force)
+        total = sum(p.arrays.n_iterations * len(p.todo) for run in plans for p in run)
+        on_rows = progress(total) if progress is not None and total else None
+        reports = list(skipped)
+        for k in range(len(plans)):
+            run_plans, plans[k] = plans[k], []  # its arrays are freed once it is written
+            reports.append(finish_run(run_plans, config, chunk_rows, on_rows))
+        return reports
 
-    def on_result(result: PolicyResult) -> None:
-        plan = by_name[result.run]
-        plan_model = plan.model or model
-        table = replay_table(
-            plan.arrays.epoch,
-            plan.arrays.iteration,
-            result.metrics,
-            plan.arrays.gpus,
-            result.gpu_stall,
-            run=plan.name,
-            policy=result.policy,
-            key=plan.keys[result.policy],
-            provenance={
-                "model": plan_model.name,
-                "input": plan.fingerprint,
-                "params": params_document(plan_model, plan.params),
-            },
-            directory=plan.directory,
-        )
-        written.append(write_replay(table, config.out))
 
-    jobs = [
-        Job(
-            plan.directory,
-            (plan.model or model).prepare(plan.arrays, params),
-            tuple(plan.todo),
-            model=(plan.model or model).name,
-            cuts=_cuts(plan.model or model, plan.arrays),
-            params=plan.params,
-        )
-        for plan in plans
-        if plan.todo
+def _on_ray(
+    config: SimConfig,
+    force: bool,
+    chunk_rows: int,
+    progress: ProgressFactory | None,
+    on_wait: lock.Notify | None,
+    address: str | None,
+    source: str,
+) -> list[RunReport]:
+    """One Ray task per run (``run_task``): read, replay and write where it runs."""
+    from dsim.execute.ray_backend import run_ray_tasks
+
+    cwd = os.getcwd()
+    tasks = [
+        RunTask(name, run_dir, replace(config, run_infos={}), force, chunk_rows, cwd)
+        for name, run_dir in zip(config.runs, config.run_dirs, strict=True)
     ]
-    executor = None
-    if jobs:
-        on_progress = progress(total_rows(jobs)) if progress is not None else None
-        executor = execute(
-            jobs,
-            params,
-            executor=config.executor,
+    estimate = [_estimated_rows(config, name) for name in config.runs]
+    reports: list[RunReport | None] = [None] * len(tasks)
+    with lock.exclusive(config.out, on_wait):
+        remove_leftovers(config.out, recursive=True)  # of runs killed before us
+        on_rows = progress(sum(estimate)) if progress is not None and sum(estimate) else None
+
+        def done(k: int, report: RunReport) -> None:
+            reports[k] = report
+            if on_rows is not None:
+                on_rows(estimate[k])
+
+        run_ray_tasks(
+            run_task,
+            tasks,
+            on_done=done,
+            address=address,
             num_cpus=config.num_cpus,
-            address=config.ray_address,
-            chunk_rows=chunk_rows,
-            on_result=on_result,
-            on_progress=on_progress,
+            source=source,
         )
-    for plan in plans:
-        info = _result_info(plan, config, model)
-        written.append(write_result_info(info, config.out, plan.directory))
-    runs = find_result_runs([config.out / plan.directory for plan in plans])
-    for run in runs:  # the tidy dataset (docs/SPEC.md §7.6), rebuilt when its replays changed
-        written.extend(write_run_dataset(run, config.out))
-    summary = summarize_results(
-        runs,
-        epochs=config.epochs,
-        warmup=config.warmup,
-        threshold_s=config.threshold_s,
-        policies=list(dict.fromkeys(p for plan in plans for p in plan.keys)),
-    )
-    directories: dict[str, list[str]] = {}
-    for plan in plans:
-        directories.setdefault(plan.name, []).append(plan.directory)
-    written.extend(write_run_attributions(summary, snapshots, config.out, directories))
-    level, notes = directory_summary(config.out, runs)
+    done_reports = [r for r in reports if r is not None]
+    if done_reports and all(r.skipped is not None for r in done_reports):
+        raise done_reports[0].skipped  # nothing could be replayed: the first run's reason
+    return done_reports
+
+
+def _estimated_rows(config: SimConfig, name: str) -> int:
+    """A run's iteration-policies from its ``run.json`` (progress on Ray, where the
+    driver does not read the tables)."""
+    info = config.run_infos.get(name)
+    if info is None:
+        return 0
+    return sum(int(n) for n in info.iterations_per_epoch.values()) * len(config.policies)
+
+
+def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOutcome:
+    """The runs' reports (config order) → the summary of the runs replayed, the results
+    directory's summary and attribution files (every run in it), and the outcome."""
+    replayed = [r for r in reports if r.skipped is None]
+    written = [path for report in replayed for path in report.written]
+    summary = summary_table([row for report in replayed for row in report.rows])
+    shown = [Path(d) for d in dict.fromkeys(summary["results"])] if len(summary) else []
+    level, notes = directory_summary(config.out, find_result_runs(shown))
     written.extend(write_summary_files(level, config.out, ["parquet", "csv"], SUMMARY_STEM))
-    computed = sum(len(job.policies) for job in jobs)
-    cached = sum(len(plan.keys) for plan in plans) - computed
+    written.extend(write_directory_attributions(config.out))
+    skipped = [f"skipped run {r.name}: {r.skipped.reason}" for r in reports if r.skipped]
+    computed = sum(report.computed for report in replayed)
     return RunOutcome(
         summary=summary,
-        executor=executor,
+        executor=executor if computed else None,
         computed=computed,
-        cached=cached,
+        cached=sum(report.cached for report in replayed),
         seconds=0.0,
         written=written,
-        dropped={plan.name: dict(plan.arrays.dropped) for plan in plans if plan.arrays.dropped},
-        notes=notes,
+        dropped={report.name: report.dropped for report in replayed if report.dropped},
+        notes=skipped + notes,
     )
 
 

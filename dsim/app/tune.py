@@ -109,7 +109,7 @@ def _node_facts(loader: Any) -> tuple[int | None, int | None, int | None]:
 
 def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
     """A run's arrays with its logged loader settings; exit 3 without fetch records."""
-    from dsim.app.run import logged_loader
+    from dsim.app.runplan import logged_loader
 
     tables = read_run(run_dir)
     if tables.fetch.num_rows == 0:

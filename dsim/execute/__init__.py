@@ -1,12 +1,15 @@
 """Execution of replays: in-process (``local``) or on Ray (``ray_backend``).
 
-``execute`` picks the executor (``auto``: in-process for tiny jobs when no
-cluster is named, Ray otherwise) and reports each finished (run, policy)
-through ``on_result`` as soon as it is complete, so the caller can write it
-at once and an interrupted run loses only unfinished policies.
+``choose_executor`` resolves ``auto`` (docs/SPEC.md §8); ``execute`` replays
+jobs on the chosen executor and reports each finished (run, policy) through
+``on_result`` as soon as it is complete, so the caller can write it at once and
+an interrupted run loses only unfinished policies. ``dsim run`` itself sends
+whole runs to Ray (``ray_backend.run_ray_tasks``), not chunks.
 """
 
 from __future__ import annotations
+
+import os
 
 from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.execute.units import (
@@ -20,13 +23,17 @@ from dsim.execute.units import (
 )
 from dsim.replay.params import ReplayParams
 
-#: Below this many GPU-iteration-policies the replay runs in-process: Ray's
-#: start-up (~8 s on 2 cores) would dominate. Measured: 7.2M (100k iterations,
-#: 8 GPUs, 9 policies) take ~2.6 s end to end in-process, ~11 s on embedded Ray.
-AUTO_LOCAL_MAX_WORK = 20_000_000
+#: ``auto`` without a cluster: Ray only for at least this many runs on at least this
+#: many cores. A run is one task (its read, replay and writes), so Ray can only win by
+#: running runs side by side, and must win back its start-up (~3-9 s for an embedded
+#: instance): a 10,000 x 8 run with 9 policies takes ~0.2-0.4 s in-process, so a few
+#: dozen runs on 4 cores at least. One big run is never faster on Ray.
+AUTO_RAY_MIN_RUNS = 32
+AUTO_RAY_MIN_CPUS = 4
 
 __all__ = [
-    "AUTO_LOCAL_MAX_WORK",
+    "AUTO_RAY_MIN_CPUS",
+    "AUTO_RAY_MIN_RUNS",
     "DEFAULT_CHUNK_ROWS",
     "Job",
     "PolicyResult",
@@ -48,13 +55,18 @@ def ray_address(configured: str | None) -> str | None:
     return None if text in (None, "", "local") else text
 
 
-def choose_executor(name: str, jobs: list[Job], address: str | None) -> str:
-    """Resolve ``auto`` to ``local`` or ``ray``."""
+def choose_executor(name: str, runs: int, address: str | None, cpus: int | None = None) -> str:
+    """Resolve ``auto`` to ``local`` or ``ray`` (docs/SPEC.md §8): Ray on a named cluster,
+    or for at least ``AUTO_RAY_MIN_RUNS`` runs on at least ``AUTO_RAY_MIN_CPUS`` cores
+    (``cpus``: the CPUs Ray would be given, default this machine's); else in-process."""
     if name != "auto":
         return name
-    if address is None and total_work(jobs) < AUTO_LOCAL_MAX_WORK:
-        return "local"
-    return "ray"
+    if address is not None:
+        return "ray"
+    cpus = cpus or os.cpu_count() or 1
+    if runs >= AUTO_RAY_MIN_RUNS and cpus >= AUTO_RAY_MIN_CPUS:
+        return "ray"
+    return "local"
 
 
 def execute(
@@ -71,7 +83,7 @@ def execute(
     """Replay all jobs; returns the executor that ran them (``local`` or ``ray``)."""
     _, source = configured_address(address, FROM_SETTINGS)
     address = ray_address(address)
-    chosen = choose_executor(executor, jobs, address)
+    chosen = choose_executor(executor, len(jobs), address, num_cpus)
     if not any(job.policies for job in jobs):
         return chosen
     if chosen == "local":

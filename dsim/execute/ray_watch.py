@@ -61,7 +61,7 @@ class HeadWatch:
             return False
         return True
 
-    def check(self, finished: int, total: int) -> None:
+    def check(self, finished: int, total: int, unit: str = "replay") -> None:
         now = self.clock()
         if now - self.last_check < POLL_S:
             return
@@ -72,12 +72,14 @@ class HeadWatch:
         if self.down_since is None:
             self.down_since = now
         if now - self.down_since >= LOST_AFTER_S:
-            raise self.lost(finished, total)
+            raise self.lost(finished, total, unit)
 
-    def lost(self, finished: int, total: int) -> ClusterLost:
+    def lost(self, finished: int, total: int, unit: str = "replay") -> ClusterLost:
+        """``unit``: what ``finished`` and ``total`` count (replays; runs for ``dsim run``,
+        whose tasks are whole runs)."""
         return ClusterLost(
             f"the Ray cluster at {self.host}:{self.port} stopped answering during the run "
-            f"(its head node died?): {finished} of {total} replay(s) were finished and "
+            f"(its head node died?): {finished} of {total} {unit}(s) were finished and "
             "written; run again when the cluster is back (they are reused), or use "
             "--executor local"
         )

@@ -1,0 +1,252 @@
+"""One run's whole ``dsim run`` pipeline: replay what is pending, write it, summarise it.
+
+A run's work happens once and where it runs: its arrays (built once, in
+``dsim.app.runplan``) feed the replay, the dataset rows and the attribution;
+each replay computed is written and added to the tidy dataset from memory
+(``DatasetWriter``), so the dataset costs no second read of the replays.
+What comes back (``RunReport``) is small: the run's summary rows before the
+columns that compare rows, its attribution, counts and the paths written.
+
+The same function runs in-process (``--executor local``) and as one Ray task
+per run (``run_task``), so the files are byte for byte the same wherever a
+run went. A task first moves into the driver's working directory, so that
+relative ``--out`` and trace paths name the same files (on one machine, or a
+cluster whose nodes mount the results at the same path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dsim.app.attribution import parse_selection, run_attribution, run_table_path
+from dsim.app.runplan import (
+    RunPlan,
+    cuts_of,
+    pending_policies,
+    plan_runs_of,
+    refusal,
+    replay_params,
+    result_info,
+)
+from dsim.attribution import Attribution, attribution_table
+from dsim.config import SimConfig
+from dsim.errors import DsimError
+from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
+from dsim.execute.cache import params_document
+from dsim.execute.local import run_local
+from dsim.io.atomic import write_parquet
+from dsim.model.dataset import DatasetWriter, identity, is_current, long_tables, metadata
+from dsim.model.results import (
+    check_results_directory,
+    find_result_runs,
+    replay_path,
+    replay_table,
+    write_replay,
+    write_result_info,
+)
+from dsim.model.tables import RunTables, read_run
+from dsim.replay.policies import policy_label
+from dsim.summary import summary_rows
+
+OnRows = Callable[[int], None]
+
+
+@dataclass
+class RunReport:
+    """What one run's pipeline did, for the driver to gather (small: no arrays, no tables)."""
+
+    name: str
+    computed: int = 0
+    cached: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)  # ``summary_rows``, plan order
+    attribution: Attribution | None = None
+    selection: tuple[str, int] | None = None  # the summary's (selected_epochs, warmup)
+    written: list[Path] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    replayed_rows: int = 0  # iteration-policies computed (progress)
+    skipped: DsimError | None = None  # the run cannot be replayed as asked (mixed selections)
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """Everything a Ray task needs to run one run's pipeline on any node."""
+
+    name: str
+    run_dir: Path
+    config: SimConfig
+    force: bool
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    cwd: str = ""  # the driver's working directory (relative paths are relative to it)
+
+
+def run_task(task: RunTask) -> RunReport:
+    """Read, plan, replay and write one run (what a Ray task runs): the checks of
+    ``dsim run`` for this run's directories first, then ``finish_run``."""
+    with _working_directory(task.cwd):
+        tables = read_run(task.run_dir)
+        refused = refusal(task.name, tables, task.config)
+        if refused is not None:  # another run may still replay what was asked (§4.3)
+            return RunReport(task.name, skipped=refused)
+        plans = plan_runs_of(task.name, task.run_dir, task.config, tables)
+        for plan in plans:
+            check_results_directory(task.config.out, plan.directory)
+        for plan in plans:
+            plan.todo = pending_policies(plan, task.config.out, task.force)
+        return finish_run(plans, task.config, task.chunk_rows)
+
+
+@contextlib.contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    """In ``path`` for the duration, when it is given, exists and is not already current."""
+    here = os.getcwd()
+    if not path or path == here or not os.path.isdir(path):
+        yield
+        return
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+def finish_run(
+    plans: list[RunPlan],
+    config: SimConfig,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    on_rows: OnRows | None = None,
+) -> RunReport:
+    """Replay the pending policies of one run's plans (all over the same arrays), write
+    each replay, ``result.json``, the dataset files and the summary rows; attribute the
+    run. Plans must be checked (``check_results_directory``) and have ``todo`` set."""
+    report = RunReport(plans[0].name, dropped=dict(plans[0].arrays.dropped))
+    for plan in plans:
+        _finish_plan(plan, config, chunk_rows, on_rows, report)
+    runs = find_result_runs([config.out / plan.directory for plan in plans])
+    for run, plan in zip(runs, plans, strict=True):
+        report.rows.extend(
+            summary_rows(
+                [run],
+                epochs=config.epochs,
+                warmup=config.warmup,
+                threshold_s=config.threshold_s,
+                policies=list(plan.keys),
+            )
+        )
+    _attribute(plans, report, config.out)
+    return report
+
+
+def _finish_plan(
+    plan: RunPlan,
+    config: SimConfig,
+    chunk_rows: int,
+    on_rows: OnRows | None,
+    report: RunReport,
+) -> None:
+    """One results directory: replays (label order), dataset from memory, ``result.json``."""
+    model = plan.model
+    assert model is not None  # set by plan_run
+    info = result_info(plan, config, model)
+    meta = metadata(plan.name, plan.directory, dict(info.policies))
+    dataset = None if is_current(config.out, plan.directory, meta) else meta
+    writer = DatasetWriter(config.out, plan.directory, dataset) if dataset is not None else None
+    ident = identity(plan.name, info)
+    prepared = model.prepare(plan.arrays, replay_params(config)) if plan.todo else None
+    try:
+        for policy in sorted(plan.keys, key=policy_label):
+            if policy in plan.todo:
+                table = _replay(plan, prepared, policy, chunk_rows, on_rows)
+                report.written.append(write_replay(table, config.out))
+                report.computed += 1
+                report.replayed_rows += plan.arrays.n_iterations
+            else:
+                report.cached += 1
+                if writer is None:
+                    continue
+                table = _read_cached(plan, config.out, policy)
+            if writer is not None:
+                writer.add(*long_tables(ident, policy, table))
+        report.written.append(write_result_info(info, config.out, plan.directory))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if writer is not None:
+        report.written.extend(writer.commit())
+
+
+def _replay(
+    plan: RunPlan, prepared: Any, policy: Any, chunk_rows: int, on_rows: OnRows | None
+) -> Any:
+    """One policy of one plan, in this process (chunked as every executor cuts it)."""
+    model = plan.model
+    assert model is not None
+    results: list[PolicyResult] = []
+    job = Job(
+        plan.directory,
+        prepared,
+        (policy,),
+        model=model.name,
+        cuts=cuts_of(model, plan.arrays),
+        params=plan.params,
+    )
+    run_local(
+        [job], plan.params, chunk_rows=chunk_rows, on_result=results.append, on_progress=on_rows
+    )
+    result = results[0]
+    return replay_table(
+        plan.arrays.epoch,
+        plan.arrays.iteration,
+        result.metrics,
+        plan.arrays.gpus,
+        result.gpu_stall,
+        run=plan.name,
+        policy=policy,
+        key=plan.keys[policy],
+        provenance={
+            "model": model.name,
+            "input": plan.fingerprint,
+            "params": params_document(model, plan.params),
+        },
+        directory=plan.directory,
+    )
+
+
+def _read_cached(plan: RunPlan, out: Path, policy: Any) -> Any:
+    """A reused replay, read with its checksums (its key was checked by ``pending_policies``)."""
+    from dsim.io import parquetio
+
+    return parquetio.read_table(
+        replay_path(out, plan.directory, policy), remedy="re-run dsim run --force for this run"
+    )
+
+
+def _attribute(plans: list[RunPlan], report: RunReport, out: Path) -> None:
+    """The run's attribution over its summary rows' selection, from the plan's arrays
+    when they are the ones attribution reads (``run_attribution``)."""
+    plan = plans[0]
+    shown = [row for row in report.rows if row.get("__shown", True)]
+    if not shown or plan.tables is None:
+        return
+    first = min(shown, key=lambda row: str(row["results"]))  # the summary's first row of it
+    selection = (str(first["selected_epochs"]), int(first["warmup"]))
+    epochs, warmup = parse_selection(selection)
+    tables: RunTables = plan.tables
+    has_fetch = tables.fetch.num_rows > 0
+    model = plan.model
+    same = model is not None and model.needs_fetch == has_fetch
+    arrays = replace(plan.arrays, loader=None) if same else None
+    report.attribution = run_attribution(plan.name, tables, epochs, warmup, arrays)
+    report.selection = selection
+    table = attribution_table([report.attribution], [selection])
+    for each in plans:  # every results directory of the run (model variants) has its table
+        path = run_table_path(out, each.directory)
+        write_parquet(pa.Table.from_pandas(table, preserve_index=False), path)
+        report.written.append(path)
