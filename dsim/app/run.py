@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -40,7 +41,6 @@ from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import (
     SUMMARY_STEM,
-    ResultRun,
     check_results_directory,
     find_result_runs,
     scan_results,
@@ -48,7 +48,7 @@ from dsim.model.results import (
 )
 from dsim.model.tables import read_run
 from dsim.render.files import write_summary_files
-from dsim.summary import summarize_results, summary_table
+from dsim.summary import summary_rows, summary_table
 
 __all__ = ["RunOutcome", "logged_loader", "run_replays"]  # logged_loader: from runplan
 
@@ -187,8 +187,8 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
     replayed = [r for r in reports if r.skipped is None]
     written = [path for report in replayed for path in report.written]
     summary = summary_table([row for report in replayed for row in report.rows])
-    shown = [Path(d) for d in dict.fromkeys(summary["results"])] if len(summary) else []
-    level, notes = directory_summary(config.out, find_result_runs(shown))
+    rows = [row for report in replayed for row in report.rows]
+    level, notes = directory_summary(config.out, {Path(str(r["results"])) for r in rows}, rows)
     written.extend(write_summary_files(level, config.out, ["parquet", "csv"], SUMMARY_STEM))
     written.extend(write_directory_attributions(config.out))
     skipped = [f"skipped run {r.name}: {r.skipped.reason}" for r in reports if r.skipped]
@@ -205,25 +205,30 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
     )
 
 
-def directory_summary(out: Path, replayed: list[ResultRun]) -> tuple[pd.DataFrame, list[str]]:
+def directory_summary(
+    out: Path, replayed: set[Path], rows: list[dict[str, Any]]
+) -> tuple[pd.DataFrame, list[str]]:
     """The summary of every run in the results directory ``out`` (``results/summary.*``), each
-    over its recorded selection, recomputed from the runs' files: not only the runs this
-    ``dsim run`` replayed. A run whose results cannot be read any more (a replay missing or
-    of another key, its trace re-parsed since) is left out with a note."""
-    mine = {run.directory.resolve() for run in replayed}
-    keep, notes = [], []
+    over its recorded selection: the ``rows`` of the run directories this ``dsim run``
+    replayed (``replayed``), as their tasks made them (no second read of their replays),
+    and the other runs' rows read from their files. A run whose results cannot be read any
+    more (a replay missing or of another key, its trace re-parsed since) is left out with a
+    note."""
+    mine = {path.resolve() for path in replayed}
+    others, notes = [], []
     for run in scan_results([out]).runs:
-        if run.directory.resolve() not in mine:
-            try:
-                run.verify()
-                problem = stale_trace(run)
-                if problem is not None:
-                    raise problem
-            except InputError as exc:
-                notes.append(f"{run.directory.name} left out of {out / SUMMARY_STEM}.*: {exc}")
-                continue
-        keep.append(run)
-    return summarize_results(keep), notes
+        if run.directory.resolve() in mine:
+            continue
+        try:
+            run.verify()
+            problem = stale_trace(run)
+            if problem is not None:
+                raise problem
+        except InputError as exc:
+            notes.append(f"{run.directory.name} left out of {out / SUMMARY_STEM}.*: {exc}")
+            continue
+        others.append(run)
+    return summary_table([*rows, *summary_rows(others)]), notes
 
 
 def outcome_answer(
