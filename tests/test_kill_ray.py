@@ -118,7 +118,8 @@ def test_kill_9_mid_replay_leaves_no_ray_process(tmp_path: Path) -> None:
     killed, reference = _files(killed_dir / "results"), _files(whole_dir / "results")
     assert sorted(killed) == sorted(reference)
     parquet = [name for name in killed if name.endswith(".parquet")]
-    assert len(parquet) == 13  # 9 policies, summary, attribution, the dataset's two tables
+    # 9 policies, summary, attribution (the directory's and the run's), the dataset's two tables
+    assert len(parquet) == 14
     for name, data in reference.items():
         assert killed[name] == data, name
 

@@ -125,6 +125,7 @@ def test_loader_what_if_is_compared_with_the_measured_run(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     results = tmp_path / "results"
     assert sorted(p.name for p in results.iterdir() if p.is_dir()) == [
+        "attribution",  # each run's table (attribution/runs/)
         "dataset",  # docs/SPEC.md §7.5
         f"{RUN}@pipeline",
         f"{RUN}@pipeline-w6-p4",
