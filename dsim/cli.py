@@ -169,10 +169,12 @@ def main(argv: list[str] | None = None) -> None:
     ``KeyboardInterrupt`` was turned into on its way up (``dsim.processes``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    processes.install_handlers()
     try:
+        # Inside the try: a signal may land while the second handler is being set, when
+        # the first one already turns it into a KeyboardInterrupt.
+        processes.install_handlers()
         code, signum = _main(argv)
-    except KeyboardInterrupt:  # a signal while an error was being reported
+    except KeyboardInterrupt:  # a signal while an error was being reported, or set up
         code, signum = EXIT_FAILURE, signal.SIGINT
     processes.ignore_further()  # from here on the process is leaving: nothing to interrupt
     if not _flush_stdout():
