@@ -36,6 +36,7 @@ from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import thread_times
 from dsim.instrument.lines import LineSink, fetch_line, loader_line
 from dsim.instrument.loader import _settings, _worker_id
+from dsim.instrument.proxy import DatasetProxy
 
 
 class _Built(NamedTuple):
@@ -103,7 +104,7 @@ def timed_iterable_class() -> type:
     if _dataset_class is None:
         from torch.utils.data import IterableDataset
 
-        class TimedIterable(IterableDataset):
+        class TimedIterable(DatasetProxy, IterableDataset):
             """Wraps an IterableDataset: starts each batch's clock at its first sample.
 
             Attribute access falls through to the wrapped dataset (``.wrapped``),
@@ -113,24 +114,6 @@ def timed_iterable_class() -> type:
             def __init__(self, dataset: Any):
                 self._dsim_dataset = dataset
                 self._dsim_clock = _Clock()
-
-            @property
-            def wrapped(self) -> Any:
-                return self._dsim_dataset
-
-            def __getattr__(self, name: str) -> Any:
-                if name.startswith(("__", "_dsim_")):
-                    raise AttributeError(name)
-                return getattr(self._dsim_dataset, name)
-
-            def __setattr__(self, name: str, value: Any) -> None:
-                if name.startswith("_dsim_"):
-                    object.__setattr__(self, name, value)
-                else:
-                    setattr(self._dsim_dataset, name, value)
-
-            def __len__(self) -> int:
-                return len(self._dsim_dataset)
 
             def __reduce__(self):  # the class is built at run time: pickle through a function
                 return _rebuild, (self._dsim_dataset, self._dsim_clock)

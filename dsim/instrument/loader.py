@@ -28,6 +28,7 @@ from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
+from dsim.instrument.proxy import DatasetProxy
 from dsim.instrument.stages import Stages, read_then_collate
 from dsim.instrument.timer import TrainingTimer
 
@@ -90,7 +91,7 @@ def _worker_id() -> int:
     return 0 if info is None else int(info.id)
 
 
-class TimedDataset:
+class TimedDataset(DatasetProxy):
     """Wraps a map-style dataset: builds tagged batches and logs how long each took.
 
     Attribute access falls through to the wrapped dataset, so code reading
@@ -113,24 +114,6 @@ class TimedDataset:
         self._dsim_rank = rank
         self._dsim_auto = auto_collation
         self._dsim_stages = stages  # time reads and collation apart (dsim.instrument.stages)
-
-    @property
-    def wrapped(self) -> Any:
-        return self._dsim_dataset
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith(("__", "_dsim_")):
-            raise AttributeError(name)
-        return getattr(self._dsim_dataset, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_dsim_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._dsim_dataset, name, value)
-
-    def __len__(self) -> int:
-        return len(self._dsim_dataset)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, _Tagged):
