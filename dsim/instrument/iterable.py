@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import thread_times
 from dsim.instrument.lines import LineSink, fetch_line, loader_line
-from dsim.instrument.loader import _settings, _worker_id
+from dsim.instrument.loader import _settings, _worker_id, loader_kwargs
 from dsim.instrument.proxy import DatasetProxy
 
 
@@ -214,24 +214,8 @@ def instrument_iterable(loader: Any, sink: LineSink, rank: int) -> Any:
     the dataset and ``collate_fn`` are wrapped.
     """
     dataset = timed_iterable_class()(loader.dataset)
-    kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size,
-        "drop_last": loader.drop_last,
-        "num_workers": loader.num_workers,
-        "collate_fn": TimedCollate(loader.collate_fn, dataset),
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-        kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    if getattr(loader, "pin_memory_device", ""):
-        kwargs["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
+    kwargs = loader_kwargs(loader, TimedCollate(loader.collate_fn, dataset))
+    kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
     instrumented = _stream_loader_class()(dataset, **kwargs)
     instrumented._dsim_sink, instrumented._dsim_rank = sink, rank
     return instrumented

@@ -252,6 +252,28 @@ def _settings(loader: Any) -> dict[str, object]:
     }
 
 
+def loader_kwargs(loader: Any, collate_fn: Any) -> dict[str, Any]:
+    """The user's DataLoader settings an instrumented copy keeps (``collate_fn`` replaced):
+    workers, pinning, timeouts, seeds, prefetch and the options newer torch versions add."""
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    if getattr(loader, "pin_memory_device", ""):
+        kwargs["pin_memory_device"] = loader.pin_memory_device
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    return kwargs
+
+
 def instrument_loader(
     loader: Any,
     log_dir: str | Path | None = None,
@@ -299,22 +321,7 @@ def instrument_loader(
     auto = loader.batch_sampler is not None
     dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto, stages)
 
-    kwargs: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": _Unwrap(loader.collate_fn),
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-        kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    if getattr(loader, "pin_memory_device", ""):
-        kwargs["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
+    kwargs = loader_kwargs(loader, _Unwrap(loader.collate_fn))
 
     batch_sampler = loader.batch_sampler
     if not auto:
