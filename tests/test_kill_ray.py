@@ -66,8 +66,10 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_kill_9_mid_replay_leaves_no_ray_process(tmp_path: Path) -> None:
-    # Big enough that the replay tasks run for about a second on Ray.
-    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=100_000)
+    # Big enough that the run's task lasts well over the 20 ms the loop below polls at (a
+    # run is one Ray task: read, 9 replays, writes); 100,000 iterations made the test the
+    # suite's slowest (three whole runs of 1.6 M GPU-iterations) for no more coverage.
+    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=20_000)
     # The summary names its results directory: same relative name, separate working dirs.
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
     killed_dir.mkdir()

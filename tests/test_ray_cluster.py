@@ -89,7 +89,8 @@ def test_the_head_node_dying_mid_run_is_one_line_in_seconds(netns: str, tmp_path
 
     import psutil
 
-    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=100_000)
+    # The run's task must still be running when the loop below (50 ms polls) sees it.
+    write_synthetic(tmp_path / "traces", RUN, gpus=8, epochs=2, iterations=20_000)
     env = ray_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--block", "--disable-usage-stats"]
     head = [RAY, "start", "--head", f"--port={PORT}", "--include-dashboard=false", *common]
