@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsim.app.parse import with_clocks_set
+from dsim.app.runplan import logged_loader
 from dsim.errors import InputError, UsageError
 from dsim.live import (
     DEFAULT_POLICIES,
@@ -46,7 +47,8 @@ from dsim.sources import RunSource, get_source
 from dsim.sources.follow import LogFollower
 from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
-#: Complete iterations held before the window, at least (see the module docstring).
+#: Complete iterations held before the window, at least (see the module docstring); the
+#: headline's pipeline model is calibrated on as many before the window (``dsim.live``).
 MARGIN = 50
 #: Lines held at most, all logs together, whatever the window (about 400 MB at 200 bytes a
 #: line): each log keeps its even share, at least ``MIN_HELD_LINES``.
@@ -153,6 +155,8 @@ class Watch:
         first = int(np.asarray(starts.to_numpy()).min())
         self._origin_ns = first if self._origin_ns is None else min(self._origin_ns, first)
         arrays = build_iteration_arrays(tables.fetch, tables.train, origin_ns=self._origin_ns)
+        # The loader settings as `dsim run` gives them to the pipeline model (the headline).
+        arrays = replace(arrays, loader=logged_loader(tables.info))
         view = live_window(
             self.name,
             arrays,
@@ -162,6 +166,7 @@ class Watch:
             threshold_s=self.threshold_s,
             policies=self.policies,
             trace=tables.info.document(),
+            calibration=max(self.window, MARGIN),
         )
         self._let_go_before(parsed.lines, tables, arrays, files, view)
         if not view.rows:
