@@ -137,6 +137,32 @@ def test_the_view_leads_with_dsim_runs_headline_word_for_word(tmp_path: Path, ds
     assert f"skipped):\n{paragraph}\n\nPolicies, per-iteration replay:" in watched.stdout
 
 
+def test_the_loader_line_is_kept_when_older_lines_are_let_go(tmp_path: Path) -> None:
+    """A loader line comes once per epoch: the lines let go keep their last one, so the
+    headline's pipeline model keeps the logged loader settings (as `dsim run` has them)
+    long after the epoch's first lines went."""
+    logs = tmp_path / SAMPLE.name
+    logs.mkdir()
+    texts = {}
+    for log in sorted(SAMPLE.glob("*.log")):
+        gpu = log.stem.removeprefix("rank")
+        first = log.read_text().splitlines()[0][:26]  # the first line's timestamp
+        loader = f"{first} GPU: {gpu} LOADER num_workers 2 prefetch_factor 3 batch_size 128 "
+        loader += "persistent_workers 0 pin_memory 0\n"
+        texts[log.name] = (loader + log.read_text()).encode()
+        (logs / log.name).touch()
+    with Watch(logs, window=20) as watch:
+        for k in (1, 2):  # the first half, its old lines let go; then the rest
+            for name, text in texts.items():
+                half = text.index(b"\n", len(text) // 2) + 1
+                with open(logs / name, "ab") as handle:
+                    handle.write(text[:half] if k == 1 else text[half:])
+            view = watch.look().view
+        held = sum(len(lines) for lines in watch._held.values())
+    assert held < sum(t.count(b"\n") for t in texts.values()) / 4  # old lines were let go
+    assert "prefetch 3 (measured: the run's LOADER lines)" in view.headline.text
+
+
 def test_the_view_waits_for_an_iteration_past_the_warm_up(tmp_path: Path) -> None:
     for log in sorted(SAMPLE.glob("*.log")):
         text = log.read_bytes()

@@ -112,7 +112,7 @@ class Watch:
         cap = max(MAX_HELD_LINES // max(len(self._held), 1), MIN_HELD_LINES)
         for held in self._held.values():
             if len(held) > cap:
-                del held[: len(held) - cap]
+                _let_go(held, len(held) - cap)
         if self._last is not None and not new:
             if self._last.files != self.follower.stats.files:
                 self._last = replace(self._last, files=self.follower.stats.files)
@@ -233,7 +233,26 @@ class Watch:
                 continue
             gone = (lines["train"][0] == index) & (lines["train"][1] < cut)
             self._let_go.update(int(g) for g in train_gpu[gone])
-            del self._held[path.name][: cut - 1]
+            _let_go(self._held[path.name], cut - 1)
+
+
+#: The mark of a loader line (SPEC §1.2), as the parser's fast path finds it.
+LOADER_MARK = b" LOADER "
+
+
+def _let_go(held: list[bytes], count: int) -> None:
+    """Drop a log's first ``count`` held lines, but keep the last loader line among them.
+
+    A loader line comes once per epoch and rank; the window's epoch may have started
+    long before the lines held, and without it the headline's pipeline model would fall
+    back to implied loader settings (and no CPU-aware replay), unlike `dsim run`'s. A
+    line's place in a log does not matter to the parser (SPEC §1.2).
+    """
+    gone = held[:count]
+    loader = next((line for line in reversed(gone) if LOADER_MARK in line), None)
+    del held[:count]
+    if loader is not None:
+        held.insert(0, loader)
 
 
 def _progress_only(watch: Watch, ranks: list[RankProgress]) -> LiveWindow:
