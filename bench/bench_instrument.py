@@ -14,8 +14,16 @@ closest to the true cost, and alternating exposes both sides to it alike.
 ``--stages`` adds a third loop in the same alternation, instrumented with
 ``instrument_loader(..., stages=True)`` (a fetch's reads and collation timed
 apart, SPEC §1.2), and prints its cost beside the plain instrumentation's.
+``--iterable`` adds the IterableDataset path beside the map-style one: the same
+cheap samples streamed by an ``IterableDataset`` (each worker its shard), plain
+and instrumented (``dsim.instrument.iterable``: a clock per sample asked for, the
+fetch line written in the loop's process when the batch arrives), in the same
+alternation, its cost against its own plain loop. ``--quick`` is a smoke run
+(a few hundred batches, one repeat): it checks that the script works, its
+numbers mean nothing. Publish only numbers measured on a machine left alone.
 
     python bench/bench_instrument.py [--batches 2000] [--step-ms 10] [--repeats 5] [--stages]
+                                     [--iterable] [--quick]
 """
 
 from __future__ import annotations
@@ -43,6 +51,26 @@ class Cheap:
         return self.row, i
 
 
+def stream_class() -> type:
+    """``CheapStream``: the same cheap samples as ``Cheap``, from an ``IterableDataset``
+    (built on first use: torch is imported by ``main``)."""
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class CheapStream(IterableDataset):
+        """``Cheap``'s samples streamed; each DataLoader worker yields its own shard."""
+
+        def __init__(self, n: int):
+            self.cheap = Cheap(n)
+
+        def __iter__(self):
+            info = get_worker_info()
+            start, step = (0, 1) if info is None else (info.id, info.num_workers)
+            for i in range(start, len(self.cheap), step):
+                yield self.cheap[i]
+
+    return CheapStream
+
+
 def busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -66,10 +94,18 @@ def loop_seconds(make: Callable[[], tuple], step_s: float) -> float:
 
 
 def measure(
-    batches: int, batch_size: int, workers: int, step_s: float, repeats: int, stages: bool = False
+    batches: int,
+    batch_size: int,
+    workers: int,
+    step_s: float,
+    repeats: int,
+    stages: bool = False,
+    iterable: bool = False,
 ) -> dict:
     """Best-of-``repeats`` wall times of the plain loop, the instrumented one and, with
-    ``stages``, the one instrumented with stage timing; costs against the plain loop."""
+    ``stages``, the one instrumented with stage timing; costs against the plain loop.
+    With ``iterable``, also an IterableDataset's plain and instrumented loops, its cost
+    (``stream_``) against its own plain loop."""
     from torch.utils.data import DataLoader
 
     from dsim.instrument import TrainingTimer, instrument_loader
@@ -86,9 +122,21 @@ def measure(
         timer = TrainingTimer(log_dir=tmp, rank=0)
         return loader, lambda lo: timer.iterate(lo, epoch=0)
 
+    def stream(timed: bool):
+        loader = DataLoader(stream_class()(batches * batch_size), batch_size=batch_size,
+                            num_workers=workers)  # fmt: skip
+        if not timed:
+            return loader, iter
+        loader = instrument_loader(loader, log_dir=tmp, rank=1)
+        timer = TrainingTimer(log_dir=tmp, rank=1)
+        return loader, lambda lo: timer.iterate(lo, epoch=0, total=batches)
+
     variants = {"plain": plain, "instrumented": instrumented}
     if stages:
         variants["staged"] = lambda: instrumented(True)
+    if iterable:
+        variants["stream_plain"] = lambda: stream(False)
+        variants["stream_instrumented"] = lambda: stream(True)
     for make in variants.values():
         loop_seconds(make, 0)  # warm up imports and caches
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -103,6 +151,11 @@ def measure(
             out[f"{name}_s"] = i
             out[f"{key}per_batch_us"] = (i - p) / (batches - 1) * 1e6
             out[f"{key}slowdown_pct"] = 100 * (i - p) / p
+    if iterable:
+        sp, si = min(times["stream_plain"]), min(times["stream_instrumented"])
+        out.update(stream_plain_s=sp, stream_instrumented_s=si)
+        out["stream_per_batch_us"] = (si - sp) / (batches - 1) * 1e6
+        out["stream_slowdown_pct"] = 100 * (si - sp) / sp
     return out
 
 
@@ -116,14 +169,24 @@ def main() -> None:
     ap.add_argument(
         "--stages", action="store_true", help="also measure instrument_loader(stages=True)"
     )
+    ap.add_argument(
+        "--iterable", action="store_true", help="also measure an IterableDataset's loader"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 200/30 batches, 1 ms step, 1 repeat"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.batches, args.step_batches, args.step_ms, args.repeats = 200, 30, 1.0, 1
 
     import torch
 
     torch.set_num_threads(1)
     print(f"dsim.instrument overhead (torch {torch.__version__}, best of {args.repeats})")
     for workers in (0, 2):
-        r = measure(args.batches, args.batch_size, workers, 0.0, args.repeats, args.stages)
+        r = measure(
+            args.batches, args.batch_size, workers, 0.0, args.repeats, args.stages, args.iterable
+        )
         print(
             f"  no step,  workers={workers}: plain {r['plain_s'] * 1e3:8.1f} ms, "
             f"instrumented {r['instrumented_s'] * 1e3:8.1f} ms "
@@ -134,6 +197,12 @@ def main() -> None:
                 f"  {'':22}with stages {r['staged_s'] * 1e3:8.1f} ms "
                 f"-> {r['staged_per_batch_us']:6.1f} µs per batch"
             )
+        if args.iterable:
+            print(
+                f"  {'':12}iterable: plain {r['stream_plain_s'] * 1e3:8.1f} ms, "
+                f"instrumented {r['stream_instrumented_s'] * 1e3:8.1f} ms "
+                f"-> {r['stream_per_batch_us']:6.1f} µs per batch"
+            )
     for workers in (0, 2):
         r = measure(
             args.step_batches,
@@ -142,15 +211,21 @@ def main() -> None:
             args.step_ms / 1e3,
             args.repeats,
             args.stages,
+            args.iterable,
         )
-        rows = [("instrumented", "")] + ([("with stages", "staged_")] if args.stages else [])
-        for label, key in rows:
+        rows = [("instrumented", "", "plain_s", "instrumented_s")]
+        if args.stages:
+            rows.append(("with stages", "staged_", "plain_s", "staged_s"))
+        if args.iterable:
+            rows.append(("iterable", "stream_", "stream_plain_s", "stream_instrumented_s"))
+        for label, key, base, timed in rows:
             slowdown = r[f"{key}slowdown_pct"]
-            seconds = r["instrumented_s" if not key else "staged_s"]
             verdict = "ok" if slowdown < 1 else "ABOVE TARGET"
+            if args.quick:
+                verdict = "not judged: --quick is a smoke run, not a measurement"
             print(
-                f"  {args.step_ms:g} ms step, workers={workers}: plain {r['plain_s']:7.3f} s, "
-                f"{label} {seconds:7.3f} s -> slowdown {slowdown:+.2f} % "
+                f"  {args.step_ms:g} ms step, workers={workers}: plain {r[base]:7.3f} s, "
+                f"{label} {r[timed]:7.3f} s -> slowdown {slowdown:+.2f} % "
                 f"(target < 1 %: {verdict})"
             )
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dsim.attribution import Attribution, attribute, attribution_table, describe
+from dsim.headline import pipeline_verdict_on, replays_policies
 from dsim.replay.arrays import IterationArrays
 from dsim.replay.models import DEFAULT_MODEL, get_model
 from dsim.replay.params import ReplayParams
@@ -70,6 +71,9 @@ class LiveWindow:
     attribution: Attribution | None = None
     straggler_lines: list[str] = field(default_factory=list)
     verdict: Verdict | None = None
+    #: The pipeline model's verdict on the window, printed first as `dsim run` prints its
+    #: headline (``verdict`` is then the original analysis's line below it).
+    headline: Verdict | None = None
 
 
 def window_rows(arrays: IterationArrays, window: int, warmup: int) -> np.ndarray:
@@ -88,9 +92,16 @@ def live_window(
     threshold_s: float = DEFAULT_THRESHOLD_S,
     policies: Sequence[Policy] = DEFAULT_POLICIES,
     trace: Mapping[str, Any] | None = None,
+    calibration: int | None = None,
 ) -> LiveWindow:
     """The window's numbers; ``trace`` (a ``run.json`` document) gives the verdict its epoch
-    length and GPU count, as ``dsim run``'s has."""
+    length and GPU count, as ``dsim run``'s has.
+
+    ``calibration``: the headline, as `dsim run`'s (``dsim.headline``): the pipeline model
+    calibrated on and replaying the complete iterations from ``calibration`` before the
+    window's first to the last (warm-up ones included, as `dsim run` calibrates on the whole
+    trace), judged over the window; ``None``: no headline. Bounded so that a refresh costs
+    the same however long the job has run."""
     rows = window_rows(arrays, window, warmup)
     base = LiveWindow(
         run=run,
@@ -135,7 +146,34 @@ def live_window(
         judged = verdict(table, trace=trace, model=DEFAULT_MODEL)
     except ValueError:  # only actual/actual asked for: nothing to compare
         judged = None
-    return replace(base, rows=table, attribution=attribution, straggler_lines=lines, verdict=judged)
+    head = None
+    if calibration is not None:
+        head = _headline(arrays, rows, table, calibration, threshold_s, trace)
+    return replace(
+        base,
+        rows=table,
+        attribution=attribution,
+        straggler_lines=lines,
+        verdict=judged,
+        headline=head,
+    )
+
+
+def _headline(
+    arrays: IterationArrays,
+    rows: np.ndarray,
+    table: Sequence[Mapping[str, Any]],
+    calibration: int,
+    threshold_s: float,
+    trace: Mapping[str, Any] | None,
+) -> Verdict | None:
+    """The pipeline model's verdict on the window (``dsim.headline``), calibrated on the
+    ``calibration`` complete iterations before it and the window itself."""
+    if not replays_policies(table):
+        return None
+    span = np.arange(max(int(rows[0]) - calibration, 0), arrays.n_iterations)
+    inside = np.isin(span, rows)
+    return pipeline_verdict_on(table, arrays.take(span), inside, threshold_s, trace)
 
 
 def _at(arrays: IterationArrays, rows: np.ndarray, k: int) -> tuple[int, int] | None:

@@ -83,3 +83,34 @@ def check_parse_and_replay(log_dir: Path, out: Path, iterations: int) -> None:
     assert len(rows) == 9 and {r["run"] for r in rows} == {log_dir.name}
     actual = next(r for r in rows if r["fetch_align"] == r["start_align"] == "actual")
     assert int(actual["iterations"]) == iterations - 1  # epoch 1 without iteration 0
+
+
+def check_cut_epoch(log_dir: Path, out: Path, epoch: int, iterations: int) -> None:
+    """A run of one epoch cut short (``max_steps``) after a resume: training lines for
+    iterations 0..iterations-1 of ``epoch`` on every rank, each with its fetch; the only
+    incomplete iterations are batches the workers built ahead that no step took (fetch
+    records without a training record, all past the last one trained); it replays."""
+    traces, results = out / "traces", out / "results"
+    parse = run_dsim("parse", log_dir, "--out", traces)
+    assert parse.returncode == 0, parse.stderr
+    from dsim.model.tables import read_run
+
+    run = read_run(traces / log_dir.name)
+    assert list(run.info.epochs_present) == [epoch]
+    report = run.info.report
+    assert report["rejected"] == 0 and report["other_lines"] == 0, report
+    train = run.train.to_pandas()
+    assert train.groupby("gpu").iteration.agg(sorted).to_dict() == {
+        g: list(range(iterations)) for g in range(RANKS)
+    }
+    fetch = run.fetch.to_pandas()
+    for g in range(RANKS):  # every trained batch was fetched; the rest lies beyond
+        fetched = set(fetch[fetch.gpu == g].iteration)
+        assert set(range(iterations)) <= fetched
+        assert min(fetched - set(range(iterations)), default=iterations) >= iterations
+    replay = run_dsim("run", log_dir.name, "--traces", traces, "--out", results,
+                      "--executor", "local", "--warmup", "0", "--quiet")  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    with open(results / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["iterations"]) for r in rows} == {iterations - 1}  # without iteration 0

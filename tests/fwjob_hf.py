@@ -4,7 +4,11 @@ Run by tests/test_instrument_hf.py as ``torchrun --nproc_per_node 2 fwjob_hf.py
 MODE LOG_ROOT ITERATIONS`` with MODE ``trainer`` (transformers.Trainer with
 DsimTrainerCallback, logs in LOG_ROOT/trainer), ``accelerate`` (a plain
 accelerate loop with instrument_accelerate, LOG_ROOT/accelerate) or ``both``.
-The model and data are plain PyTorch.
+The model and data are plain PyTorch. Every loop accumulates gradients over 2
+batches (``gradient_accumulation_steps``; accelerate's ``accumulate``). The Trainer
+saves a checkpoint mid-epoch 1; a second Trainer resumes from it
+(``resume_from_checkpoint``) and stops 3 optimizer steps into epoch 2
+(``max_steps``), logging in LOG_ROOT/trainer-cut.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 BATCH, EPOCHS, RANKS, WORKERS = 8, 2, 2, 2
+ACCUMULATE, SAVE_STEP, CUT_STEPS = 2, 9, 3  # batches per step; checkpoint; epoch 2's steps
 
 
 class Samples(Dataset):
@@ -45,25 +50,41 @@ class Model(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
 
 
-def trainer(log_dir: str, data: Dataset) -> None:
-    from transformers import Trainer, TrainingArguments
+def trainer(log_dir: str, data: Dataset, iterations: int) -> None:
+    """Two epochs with a checkpoint at step SAVE_STEP (mid-epoch 1); then a Trainer that
+    resumes from it and stops CUT_STEPS steps into epoch 2 (``max_steps``)."""
+    from transformers import Trainer
 
     from dsim.instrument.huggingface import DsimTrainerCallback
 
-    args = TrainingArguments(
-        output_dir=os.path.join(log_dir, "..", "..", "hf-output"),
+    output = os.path.join(log_dir, "..", "..", "hf-output")
+    args = _arguments(output, save_strategy="steps", save_steps=SAVE_STEP)
+    callback = DsimTrainerCallback(log_dir=log_dir)
+    Trainer(Model(), args, train_dataset=data, callbacks=[callback]).train()
+
+    steps = EPOCHS * iterations // ACCUMULATE + CUT_STEPS
+    args = _arguments(output + "-cut", save_strategy="no", max_steps=steps)
+    callback = DsimTrainerCallback(log_dir=log_dir + "-cut")
+    resumed = Trainer(Model(), args, train_dataset=data, callbacks=[callback])
+    resumed.train(resume_from_checkpoint=os.path.join(output, f"checkpoint-{SAVE_STEP}"))
+
+
+def _arguments(output: str, **more):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=output,
         per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATE,
         num_train_epochs=EPOCHS,
         dataloader_num_workers=WORKERS,
         use_cpu=True,
         ddp_backend="gloo",
         report_to="none",
-        save_strategy="no",
         logging_strategy="no",
         disable_tqdm=True,
+        **more,
     )
-    callback = DsimTrainerCallback(log_dir=log_dir)
-    Trainer(Model(), args, train_dataset=data, callbacks=[callback]).train()
 
 
 def accelerate(log_dir: str, data: Dataset) -> None:
@@ -71,7 +92,7 @@ def accelerate(log_dir: str, data: Dataset) -> None:
 
     from dsim.instrument.huggingface import instrument_accelerate
 
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE)
     model = Model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=WORKERS)
@@ -79,17 +100,18 @@ def accelerate(log_dir: str, data: Dataset) -> None:
     loader = instrument_accelerate(loader, log_dir=log_dir)
     for _ in range(EPOCHS):
         for batch in loader:
-            loss = model(**batch)["loss"]
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):
+                loss = model(**batch)["loss"]
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
 
 
 def main(mode: str, log_dir: str, iterations: int) -> None:
     torch.set_num_threads(1)
     data = Samples(iterations * BATCH * RANKS, int(os.environ["RANK"]))
     if mode in ("trainer", "both"):
-        trainer(os.path.join(log_dir, "trainer"), data)
+        trainer(os.path.join(log_dir, "trainer"), data, iterations)
     if mode in ("accelerate", "both"):
         accelerate(os.path.join(log_dir, "accelerate"), data)
 

@@ -450,10 +450,10 @@ def test_timer_logs_each_finished_iteration_syncs_once_and_skips_a_broken_one(
 def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead(
     torch, tmp_path: Path
 ) -> None:
-    """Framework loops (Lightning, accelerate) ask for batch k+1 before step k, and
-    Lightning never asks past the last batch: iteration k then ends where batch k+1 is
-    asked for, the last one where ``_dsim_finish`` is called, each epoch numbered by
-    ``epoch()`` when the epoch's iterator is made."""
+    """Framework loops that ask for batch k+1 before step k (accelerate) and never ask
+    past the last batch: iteration k then ends where batch k+1 is asked for, the last one
+    where ``_dsim_finish`` is called, each epoch numbered by ``epoch()`` when the epoch's
+    iterator is made."""
     from torch.utils.data import DataLoader
 
     from dsim.instrument import TrainingTimer, instrument_loader
@@ -474,7 +474,7 @@ def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead
                 current, ahead = ahead, next(batches)
             else:
                 current = ahead
-                loader._dsim_finish()  # where Lightning's last step starts
+                loader._dsim_finish()  # where the loop stops asking
             time.sleep(0.02)  # the step
             steps.append(current)
     assert all(map(same, steps, list(plain) * 2))
@@ -490,6 +490,32 @@ def test_a_timed_loader_logs_the_iterations_of_a_loop_that_reads_one_batch_ahead
     loader._dsim_finish()  # nothing running: a no-op
     with pytest.raises(UsageError, match="both timer= and epoch="):
         instrument_loader(plain, log_dir=tmp_path, timer=timer)
+
+
+def test_finishing_mid_epoch_logs_the_running_iteration_and_asks_for_no_batch(
+    torch, tmp_path: Path
+) -> None:
+    """A framework loop that stops mid-epoch (``max_steps``, a resumed epoch's end) ends
+    the iteration in flight with ``_dsim_finish``: its training line is written, and no
+    further batch is asked of the loader (no fetch line, no time spent building it)."""
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    timer = TrainingTimer(log_dir=tmp_path, rank=0, batch_size=2)
+    plain = DataLoader(Squares(12), batch_size=2, collate_fn=tuple_collate)  # 6 batches
+    loader = instrument_loader(plain, log_dir=tmp_path, timer=timer, epoch=lambda: 0)
+    batches = iter(loader)
+    ahead = next(batches)
+    for _ in range(2):  # steps on batches 0 and 1, each after asking for the next
+        ahead = next(batches)
+    loader._dsim_finish()  # the loop stops after the step on batch 1; batch 2 in flight
+    fetches, trains = read_log(tmp_path / "rank0.log")
+    assert [r["it"] for r in trains] == ["0", "1", "2"]
+    assert [r["idx"] for r in fetches] == ["0", "1", "2"]  # nothing built past batch 2
+    assert same(ahead, list(plain)[2])
+    loader._dsim_finish()  # nothing running any more: a no-op
+    assert len(read_log(tmp_path / "rank0.log")[1]) == 3
 
 
 def test_a_loader_rebuilt_from_the_instrumented_ones_attributes_still_collates(

@@ -1,7 +1,8 @@
 """dsim.instrument.huggingface: real Hugging Face DDP jobs (2 CPU ranks under torchrun,
-gloo on loopback) — a transformers.Trainer with the callback and a plain accelerate loop
-with instrument_accelerate, run in one job — give logs that `dsim parse` and `dsim run`
-replay."""
+gloo on loopback) — a transformers.Trainer with the callback (then resumed from a
+checkpoint and cut by max_steps) and a plain accelerate loop with instrument_accelerate,
+all accumulating gradients over 2 batches, run in one job — give logs that `dsim parse`
+and `dsim run` replay."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fwcheck import HERE, check_parse_and_replay, free_port, job_env, require
+from fwcheck import HERE, check_cut_epoch, check_parse_and_replay, free_port, job_env, require
 
 pytestmark = pytest.mark.torch
 
@@ -34,6 +35,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_trainer_job_parses_and_replays(logs: Path) -> None:
     check_parse_and_replay(logs / "logs" / "trainer", logs / "trainer", ITERATIONS)
+
+
+def test_a_resumed_trainer_cut_by_max_steps_logs_up_to_its_last_step(logs: Path) -> None:
+    """Resumed mid-epoch 1 (step 9 of 6 per epoch): the rest of epoch 1 is not logged
+    (the Trainer skips the batches done through a loader accelerate builds anew); epoch 2
+    stops after 3 steps (6 batches): iterations 0-5, and iteration 6 (the wait for batch
+    6, then step 3's two batches) ended where max_steps stopped the Trainer."""
+    check_cut_epoch(logs / "logs" / "trainer-cut", logs / "trainer-cut", 2, 7)
 
 
 def test_accelerate_job_parses_and_replays(logs: Path) -> None:

@@ -43,17 +43,24 @@ def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) if isinstance(a, float) and math.isnan(a) else a == b
 
 
-def _dsim_run_rows(logs: Path, tmp: Path, epoch: int, warmup: int) -> dict:
-    """`dsim run`'s summary rows (by policy) and straggler for one epoch past ``warmup``."""
+def _dsim_run_rows(logs: Path, tmp: Path, epochs: list[int], warmup: int) -> tuple:
+    """`dsim run`'s summary rows (by policy), straggler, last shares and headline (the
+    pipeline model's verdict, as its terminal leads with it) for ``epochs`` past ``warmup``."""
     import dsim
+    from dsim.app.headline import pipeline_verdict
+    from dsim.model.tables import read_run
 
     trace = dsim.parse(logs, out=tmp / "traces", quiet=True)
-    results = dsim.run(trace, out=tmp / "results", epochs=[epoch], warmup=warmup, quiet=True)
-    rows = {(r["fetch_align"], r["start_align"]): r for r in results.summary.to_dict("records")}
+    results = dsim.run(trace, out=tmp / "results", epochs=epochs, warmup=warmup, quiet=True)
+    summary = results.summary.to_dict("records")
+    rows = {(r["fetch_align"], r["start_align"]): r for r in summary}
     import pandas as pd
 
     blame = pd.read_parquet(tmp / "results" / "attribution.parquet")
-    return rows, int(blame["straggler_gpu"].iloc[0]), blame.groupby("gpu")["gpu_last_pct"].first()
+    run_dir = tmp / "traces" / logs.name
+    headline = pipeline_verdict(summary, run_dir, read_run(run_dir).info.document())
+    last_pct = blame.groupby("gpu")["gpu_last_pct"].first()
+    return rows, int(blame["straggler_gpu"].iloc[0]), last_pct, headline
 
 
 def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
@@ -94,7 +101,7 @@ def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
     assert (view.first, view.last, view.iterations) == ((1, 280), (1, 299), 20)
 
     # `dsim run` on the whole logs, selecting the same 20 iterations (epoch 1, > 279).
-    rows, straggler, last_pct = _dsim_run_rows(SAMPLE, tmp_path, epoch=1, warmup=279)
+    rows, straggler, last_pct, _ = _dsim_run_rows(SAMPLE, tmp_path, [1], warmup=279)
     assert len(view.rows) == len(rows) == 9
     for row in view.rows:
         theirs = rows[(row["fetch_align"], row["start_align"])]
@@ -102,6 +109,58 @@ def test_a_growing_rotating_log_gives_dsim_runs_numbers(tmp_path: Path) -> None:
             assert _same(row[key], theirs[key]), (row["fetch_align"], row["start_align"], key)
     assert view.attribution.straggler_gpu == straggler
     assert {r.gpu: r.last_pct for r in view.attribution.ranks} == last_pct.to_dict()
+
+
+def test_the_view_leads_with_dsim_runs_headline_word_for_word(tmp_path: Path, dsim_cli) -> None:
+    """Like `dsim run`, the view leads with the pipeline model's verdict and puts the
+    per-iteration one a line below (SPEC §5.1). A window of every iteration past the
+    warm-up calibrates the pipeline model on the whole logs, as `dsim run` does: the
+    verdict is `dsim run`'s bit for bit, and the paragraph reads word for word as the one
+    `dsim run` prints first."""
+    with Watch(SAMPLE, window=598, warmup=0) as watch:
+        view = watch.look().view
+    assert (view.iterations, view.first, view.last) == (598, (0, 1), (1, 299))
+    _, _, _, headline = _dsim_run_rows(SAMPLE, tmp_path, [0, 1], warmup=0)
+    assert view.headline is not None and view.headline.model == "pipeline"
+    assert repr(view.headline) == repr(headline)  # repr: every float's digits, NaN too
+    assert view.verdict.model == "per-iteration"
+
+    env = {"COLUMNS": "100"}
+    run = dsim_cli("run", SAMPLE.name, "--traces", tmp_path / "traces", "--out",
+                   tmp_path / "again", "--epochs", "0,1", "--warmup", "0", env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    paragraph = run.stdout[: run.stdout.index("\n\n")]
+    assert paragraph.startswith(headline.text[:40])
+    assert "the original analysis's per-iteration replay says" in paragraph
+    watched = dsim_cli("watch", SAMPLE, "--once", "--window", "598", "--warmup", "0", env=env)
+    assert watched.returncode == 0, watched.stderr
+    assert f"skipped):\n{paragraph}\n\nPolicies, per-iteration replay:" in watched.stdout
+
+
+def test_the_loader_line_is_kept_when_older_lines_are_let_go(tmp_path: Path) -> None:
+    """A loader line comes once per epoch: the lines let go keep their last one, so the
+    headline's pipeline model keeps the logged loader settings (as `dsim run` has them)
+    long after the epoch's first lines went."""
+    logs = tmp_path / SAMPLE.name
+    logs.mkdir()
+    texts = {}
+    for log in sorted(SAMPLE.glob("*.log")):
+        gpu = log.stem.removeprefix("rank")
+        first = log.read_text().splitlines()[0][:26]  # the first line's timestamp
+        loader = f"{first} GPU: {gpu} LOADER num_workers 2 prefetch_factor 3 batch_size 128 "
+        loader += "persistent_workers 0 pin_memory 0\n"
+        texts[log.name] = (loader + log.read_text()).encode()
+        (logs / log.name).touch()
+    with Watch(logs, window=20) as watch:
+        for k in (1, 2):  # the first half, its old lines let go; then the rest
+            for name, text in texts.items():
+                half = text.index(b"\n", len(text) // 2) + 1
+                with open(logs / name, "ab") as handle:
+                    handle.write(text[:half] if k == 1 else text[half:])
+            view = watch.look().view
+        held = sum(len(lines) for lines in watch._held.values())
+    assert held < sum(t.count(b"\n") for t in texts.values()) / 4  # old lines were let go
+    assert "prefetch 3 (measured: the run's LOADER lines)" in view.headline.text
 
 
 def test_the_view_waits_for_an_iteration_past_the_warm_up(tmp_path: Path) -> None:
@@ -231,10 +290,18 @@ def test_a_real_ddp_job_watched_while_it_trains(tmp_path: Path, dsim_cli) -> Non
         {"epoch": 1, "iteration": 11},
         {"epoch": 1, "iteration": 29},
     )
-    rows, straggler, _ = _dsim_run_rows(logs, tmp_path, epoch=1, warmup=10)
+    rows, straggler, _, headline = _dsim_run_rows(logs, tmp_path, [1], warmup=10)
     for row in window["policies"]:
         theirs = rows[(row["fetch_align"], row["start_align"])]
         for key in COMPARED:
             value = math.nan if row[key] is None else row[key]
             assert _same(value, theirs[key]), (row["fetch_align"], row["start_align"], key)
     assert window["straggler"]["gpu"] == straggler
+    # The whole job is held (60 iterations, within the headline's calibration span): the
+    # headline is `dsim run`'s, bit for bit (JSON keeps every float's digits).
+    from dsim.render.machine import plain
+
+    assert headline is not None
+    assert window["headline"] == json.loads(
+        json.dumps({k: plain(v) for k, v in headline.as_dict().items()})
+    )

@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from dsim.errors import DsimError
+from dsim.headline import pipeline_verdict_on, replays_policies
 from dsim.model.selection import selection_mask
-from dsim.replay.models import get_model
-from dsim.replay.models.pipeline import SUPPORTED
-from dsim.replay.params import ReplayParams
-from dsim.summary import add_what_if, summarize_metrics
-from dsim.verdict import DEFAULT_MODEL, Verdict, verdict
+from dsim.verdict import DEFAULT_MODEL, Verdict
 
 #: The model FIDELITY.md shows more accurate, per kind of what-if `dsim run` verdicts make.
 MORE_ACCURATE = {"alignment": "pipeline"}
@@ -49,12 +46,9 @@ def pipeline_verdict(
     the pipeline model does not replay, no selection recorded): the
     per-iteration verdict then stays the headline.
     """
-    import pandas as pd
-
     from dsim.app.tune import fetch_arrays
 
-    policies = [(str(r["fetch_align"]), str(r["start_align"])) for r in rows]
-    if any(side not in SUPPORTED for policy in policies for side in policy):
+    if not replays_policies(rows):
         return None
     selection = _selection(rows)
     if selection is None:
@@ -65,24 +59,7 @@ def pipeline_verdict(
     except DsimError:
         return None
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
-    if not mask.any():
-        return None
-    model = get_model("pipeline")
-    prepared = model.prepare(arrays, ReplayParams())
-    out = []
-    for row, policy in zip(rows, policies, strict=True):
-        stats = summarize_metrics(
-            model.replay(prepared, policy, ReplayParams()).metrics(), mask, threshold
-        )
-        keep = {
-            k: row.get(k) for k in ("run", "fetch_align", "start_align", "selected_epochs", "gpus")
-        }
-        out.append({**keep, **stats})
-    table = add_what_if(pd.DataFrame(out)).to_dict("records")
-    try:
-        return verdict(table, trace=trace, model="pipeline", loader_record=_record(arrays))
-    except ValueError:
-        return None
+    return pipeline_verdict_on(rows, arrays, mask, threshold, trace)
 
 
 def headlines(
@@ -102,14 +79,3 @@ def headlines(
         if better is not None:
             found[v.results] = better
     return found
-
-
-def _record(arrays: Any) -> dict[str, Any]:
-    """The loader record ``dsim run --model pipeline`` keeps in result.json, for the verdict."""
-    from dsim.replay.models.pipeline import cpu_assumption, measured_loader
-
-    record: dict[str, Any] = {"measured": measured_loader(arrays).document()}
-    cpu = cpu_assumption(arrays)
-    if cpu is not None:
-        record["cpu"] = cpu
-    return record

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsim.app.parse import with_clocks_set
+from dsim.app.runplan import logged_loader
 from dsim.errors import InputError, UsageError
 from dsim.live import (
     DEFAULT_POLICIES,
@@ -46,7 +47,8 @@ from dsim.sources import RunSource, get_source
 from dsim.sources.follow import LogFollower
 from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
-#: Complete iterations held before the window, at least (see the module docstring).
+#: Complete iterations held before the window, at least (see the module docstring); the
+#: headline's pipeline model is calibrated on as many before the window (``dsim.live``).
 MARGIN = 50
 #: Lines held at most, all logs together, whatever the window (about 400 MB at 200 bytes a
 #: line): each log keeps its even share, at least ``MIN_HELD_LINES``.
@@ -110,7 +112,7 @@ class Watch:
         cap = max(MAX_HELD_LINES // max(len(self._held), 1), MIN_HELD_LINES)
         for held in self._held.values():
             if len(held) > cap:
-                del held[: len(held) - cap]
+                _let_go(held, len(held) - cap)
         if self._last is not None and not new:
             if self._last.files != self.follower.stats.files:
                 self._last = replace(self._last, files=self.follower.stats.files)
@@ -153,6 +155,8 @@ class Watch:
         first = int(np.asarray(starts.to_numpy()).min())
         self._origin_ns = first if self._origin_ns is None else min(self._origin_ns, first)
         arrays = build_iteration_arrays(tables.fetch, tables.train, origin_ns=self._origin_ns)
+        # The loader settings as `dsim run` gives them to the pipeline model (the headline).
+        arrays = replace(arrays, loader=logged_loader(tables.info))
         view = live_window(
             self.name,
             arrays,
@@ -162,6 +166,7 @@ class Watch:
             threshold_s=self.threshold_s,
             policies=self.policies,
             trace=tables.info.document(),
+            calibration=max(self.window, MARGIN),
         )
         self._let_go_before(parsed.lines, tables, arrays, files, view)
         if not view.rows:
@@ -228,7 +233,26 @@ class Watch:
                 continue
             gone = (lines["train"][0] == index) & (lines["train"][1] < cut)
             self._let_go.update(int(g) for g in train_gpu[gone])
-            del self._held[path.name][: cut - 1]
+            _let_go(self._held[path.name], cut - 1)
+
+
+#: The mark of a loader line (SPEC §1.2), as the parser's fast path finds it.
+LOADER_MARK = b" LOADER "
+
+
+def _let_go(held: list[bytes], count: int) -> None:
+    """Drop a log's first ``count`` held lines, but keep the last loader line among them.
+
+    A loader line comes once per epoch and rank; the window's epoch may have started
+    long before the lines held, and without it the headline's pipeline model would fall
+    back to implied loader settings (and no CPU-aware replay), unlike `dsim run`'s. A
+    line's place in a log does not matter to the parser (SPEC §1.2).
+    """
+    gone = held[:count]
+    loader = next((line for line in reversed(gone) if LOADER_MARK in line), None)
+    del held[:count]
+    if loader is not None:
+        held.insert(0, loader)
 
 
 def _progress_only(watch: Watch, ranks: list[RankProgress]) -> LiveWindow:

@@ -135,13 +135,24 @@ def callback_class() -> type:
             if (log_dir is None) == (logger is None):
                 raise UsageError("give exactly one of log_dir= and logger=")
             self.log_dir, self.logger, self.sync = log_dir, logger, sync
+            self.loader: Any = None
 
         def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
             if train_dataloader is None:
                 raise UsageError("DsimTrainerCallback: the Trainer passed no train_dataloader")
-            instrument_accelerate(
+            self.loader = instrument_accelerate(
                 train_dataloader, self.log_dir, logger=self.logger, sync=self.sync
             )
+
+        def on_step_end(self, args, state, control, **kwargs):
+            # max_steps reached (or a callback's stop): the Trainer leaves its loop after
+            # this step, with the next batch already asked for. That iteration (its wait,
+            # then this step) ends here, where the next request would have come.
+            if control.should_training_stop:
+                inner = getattr(self.loader, "base_dataloader", None)
+                finish = getattr(inner, "_dsim_finish", None)
+                if finish is not None:
+                    finish()
 
     _callback = DsimTrainerCallback
     return _callback

@@ -14,11 +14,14 @@ is iterated, after all of Lightning's processing, and again whenever
 Lightning reloads them (``reload_dataloaders_every_n_epochs``). Each is
 replaced by ``instrument_loader``'s loader with a ``TrainingTimer``: the
 same fetch, training and loader lines as a hand-written loop, and an
-iteration ends when Lightning asks for the next batch. Lightning reads one
-batch ahead (to know the last one), so iteration i is the wait for batch i
-and then the step on batch i−1, which that wait gates; the last step starts
-without a request, so ``on_train_batch_start`` ends the epoch's last
-iteration there (docs/SPEC.md §1.10).
+iteration ends when Lightning asks for the next batch. Lightning 2.x does not
+read ahead of a loader with a length (its fetcher knows the last batch from
+the count), so iteration i is the wait for batch i and the step on it, as in a
+hand-written loop; after the batch its epoch loop ends with (the last one,
+``max_steps``, a stop request) it asks for nothing, so ``on_train_batch_end``
+ends the running iteration there when the loop is done. A fetcher that does
+read one ahead (a loader without a length) leaves iteration i+1 running at a
+``max_steps`` stop, which that hook ends the same way (docs/SPEC.md §1.10).
 
 Lightning is imported when the callback class is first used, never by
 ``import dsim``; ``lightning`` is preferred, ``pytorch_lightning`` used when
@@ -155,19 +158,39 @@ def callback_class(package: str | None = None) -> type:
             source.dataloader = dataloader
             source._dsim_wrapped = True
 
-        def on_train_batch_start(
-            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
-            # Lightning never asks past an epoch's last batch (it knows the length):
-            # the last iteration ends here, where it would have asked.
-            loaders = getattr(trainer.fit_loop._combined_loader, "flattened", ())
-            for loader in loaders:
-                finish = getattr(loader, "_dsim_finish", None)
-                if finish is not None and batch_idx == len(loader) - 1:
-                    finish()
+            # Lightning never asks past the batch its epoch loop ends with (it knows the
+            # length; limit_train_batches, max_steps, a stop request, a resumed epoch's
+            # remainder): the iteration running ends here, where it would have asked.
+            if _loop_done(trainer):
+                _finish(trainer)
 
     _classes[key] = DsimCallback
     return DsimCallback
+
+
+def _loaders(trainer: Any) -> Any:
+    return getattr(trainer.fit_loop._combined_loader, "flattened", ())
+
+
+def _finish(trainer: Any) -> None:
+    """End the running iteration of each instrumented train loader now (``_dsim_finish``)."""
+    for loader in _loaders(trainer):
+        finish = getattr(loader, "_dsim_finish", None)
+        if finish is not None:
+            finish()
+
+
+def _loop_done(trainer: Any) -> bool:
+    """Whether the epoch loop stops after the batch just trained: its last batch (the
+    loader's length, ``limit_train_batches``, a resumed epoch's offset), ``max_steps``
+    reached, ``trainer.should_stop``; ``False`` where this Lightning version cannot tell."""
+    try:
+        return bool(trainer.fit_loop.epoch_loop.done)
+    except AttributeError:
+        return False
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ the loop out of sampler order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +31,7 @@ from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 from dsim.instrument.proxy import DatasetProxy
 from dsim.instrument.stages import Stages, read_then_collate
-from dsim.instrument.timer import TrainingTimer
+from dsim.instrument.timer import LAST, TrainingTimer
 
 
 class _Tagged(NamedTuple):
@@ -204,13 +205,17 @@ def _instrumented_loader_class() -> type:
                 return running
 
             def _dsim_finish(self) -> None:
-                """Log the epoch's last iteration now: for loops that never ask past the
-                last batch (Lightning knows the length), called when the loop would have
-                asked. The timer's next step finds the sampler exhausted and ends.
+                """Log the iteration running now as ending now, asking for no other batch:
+                for framework loops that stop without asking past their last batch
+                (Lightning knows an epoch's length; ``max_steps``, a resumed epoch's
+                remainder), called where the loop would have asked. A no-op when no
+                iteration is running.
                 """
                 running, self._dsim_running = self._dsim_running, None
                 if running is not None:
-                    next(running, None)
+                    # StopIteration: it had ended; TypeError: never started (nothing runs).
+                    with contextlib.suppress(StopIteration, TypeError):
+                        running.send(LAST)
 
             def _dsim_iter(self):
                 iterator = super().__iter__()

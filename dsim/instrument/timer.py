@@ -26,6 +26,11 @@ from dsim.instrument.lines import make_sink, resolve_rank, training_line
 
 T = TypeVar("T")
 
+#: Sent into ``TrainingTimer.iterate``'s generator (``gen.send(LAST)``): log the iteration
+#: running now, ending now, and ask the loader for nothing more. For framework loops that
+#: stop without asking for another batch (an epoch's known last batch, ``max_steps``).
+LAST = object()
+
 
 class _Mean:
     __slots__ = ("count", "total")
@@ -69,6 +74,9 @@ class TrainingTimer:
         ``total`` (iterations in the epoch) defaults to ``len(loader)``. An
         iteration the loop leaves with ``break`` or an exception is not
         logged: its end is unknown, and a wrong record is worse than none.
+        Sending ``LAST`` (``gen.send(LAST)``) logs the running iteration as
+        ending then and stops the generator without asking ``loader`` for
+        another batch: for a framework that knows where its loop stops.
         """
         if total is None:
             try:
@@ -91,7 +99,7 @@ class TrainingTimer:
                 return
             arrived = clock()
             arrived_wall = time.time()
-            yield batch
+            signal = yield batch
             if sync is not None:
                 sync()
             end = clock()
@@ -114,4 +122,6 @@ class TrainingTimer:
                     None if runq is None else runqs.add(runq),
                 )
             )
+            if signal is LAST:
+                return
             begin, cpu_begin, runq_begin = end, cpu_end, runq_end

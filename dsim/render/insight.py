@@ -44,18 +44,34 @@ def print_verdicts(
     for v in verdicts:
         prefix = f"{v.run}: " if len(verdicts) > 1 else ""
         head = headlines.get(v.results) if v.results is not None else None
-        said = v if head is None else head
-        say(f"{prefix}{said.text}", style="bold")
-        if head is not None:
-            from dsim.verdict import original_line
-
-            say(original_line(v), "  ")
-        for note in said.caveats:
-            say(f"caveat: {note}", "  ")
-        for line in blame.get(v.results or "", blame.get(v.run, ())):
-            say(line, "  ")
+        lines = blame.get(v.results or "", blame.get(v.run, ()))
+        for text, indent, style in verdict_block(v, head, lines, prefix):
+            say(text, indent, style)
     if verdicts:
         console.print()
+
+
+def verdict_block(
+    v: Verdict | None,
+    head: Verdict | None = None,
+    blame: Sequence[str] = (),
+    prefix: str = "",
+) -> list[tuple[str, str, str]]:
+    """One run's paragraph as (text, indent, style): the headline (the more accurate
+    model's verdict, ``dsim.app.headline``) with the original verdict's number one line
+    below, else the verdict; its caveats; the attribution lines. `dsim run` and `dsim
+    watch` both print this, so the same iterations read the same (SPEC §5.1, §9.4)."""
+    out: list[tuple[str, str, str]] = []
+    said = v if head is None else head
+    if said is not None:
+        out.append((f"{prefix}{said.text}", "", "bold"))
+        if head is not None and v is not None:
+            from dsim.verdict import original_line
+
+            out.append((original_line(v), "  ", ""))
+        out.extend((f"caveat: {note}", "  ", "") for note in said.caveats)
+    out.extend((line, "  ", "") for line in blame)
+    return out
 
 
 def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:

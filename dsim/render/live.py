@@ -13,6 +13,7 @@ from typing import Any
 
 from dsim.live import LiveWindow, Snapshot
 from dsim.render.console import wrap_prose
+from dsim.render.insight import verdict_block
 from dsim.render.machine import MACHINE_FORMAT_VERSION, plain
 from dsim.words import counted
 
@@ -86,9 +87,15 @@ def _window(view: LiveWindow, width: int) -> list[Any]:
     title = (
         f"Last {counted(view.iterations, 'complete iteration')} "
         f"({_where(view.first)} to {_where(view.last)}; window {view.window}, "
-        f"warm-up iterations <= {view.warmup} skipped; {view.model} replay):"
+        f"warm-up iterations <= {view.warmup} skipped):"
     )
     out.extend(Text(line) for line in wrap_prose(title, width))
+    # First, as `dsim run` prints it first, word for word: the headline, the original
+    # analysis's line (which points at the table below), caveats, straggler lines.
+    for text, indent, style in verdict_block(view.verdict, view.headline, view.straggler_lines):
+        out.extend(Text(line, style=style) for line in wrap_prose(text, width, indent))
+    out.append(Text(""))
+    out.extend(Text(line) for line in wrap_prose(f"Policies, {view.model} replay:", width))
     table = Table(box=None, pad_edge=False, show_edge=False)
     table.add_column("fetch/start")
     for name in ("iteration ms", "stall ms", "delay ms", "eff. delay %", "speed-up"):
@@ -103,12 +110,7 @@ def _window(view: LiveWindow, width: int) -> list[Any]:
             _pct(row["effective_delay_pct"]),
             "-" if not math.isfinite(speedup) else f"{speedup:.2f}×",
         )
-    out.extend([table, Text("")])
-    prose = [*view.straggler_lines]
-    if view.verdict is not None:
-        prose.insert(0, view.verdict.text)
-    for text in prose:
-        out.extend(Text(line) for line in wrap_prose(text, width))
+    out.append(table)
     return out
 
 
@@ -156,5 +158,8 @@ def document(snapshot: Snapshot) -> dict[str, Any]:
         "verdict": None
         if view.verdict is None
         else {k: plain(v) for k, v in view.verdict.as_dict().items()},
+        "headline": None
+        if view.headline is None
+        else {k: plain(v) for k, v in view.headline.as_dict().items()},
     }
     return doc
