@@ -195,8 +195,9 @@ def _loader_window(prepared: PreparedPipeline, workers: int | None, prefetch: in
     return max(w * p, 1)
 
 
-#: Passes of the trainers' per-iteration stretch (each replays once more; the
-#: re-runs' predictions move < 0.3 ms between 2 and 12 passes).
+#: Passes of the trainers' per-iteration stretch (each replays once more). The passes
+#: alternate, not converge: 12 move the re-runs' predictions < 0.3 ms from 2, but 3
+#: give the cpu regime's drain 22-28 ms per iteration instead of 27-33 ms (SPEC §4.2).
 TRAINER_PASSES = 2
 
 
