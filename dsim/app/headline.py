@@ -1,10 +1,10 @@
 """`dsim run`'s headline: the verdict of the more accurate model for alignment what-ifs.
 
-FIDELITY.md ("Absolute errors in short"): for alignment what-ifs the
-pipeline model's mean iteration-time error against physical re-runs is
-2.7 %, the per-iteration model's (the original analysis, `dsim run`'s
-default) 3.6 %, and the effective-delay share 0.5 against 7.6 points. So
-when a run was replayed with the per-iteration model and its trace has the
+FIDELITY.md ("Targets, met / judged"): for alignment what-ifs against
+physical re-runs the pipeline model is within its band in far more cells
+than the per-iteration model (the original analysis, `dsim run`'s default),
+for the mean iteration time and for the effective-delay share alike, on the
+contention sweep and on both held-out sweeps. So when a run was replayed with the per-iteration model and its trace has the
 fetch records the pipeline model needs, `dsim run` says first what the
 pipeline model predicts for the same policies, and the original analysis's
 number one line below; the report's verdict section does the same (it
