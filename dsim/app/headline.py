@@ -1,7 +1,7 @@
 """`dsim run`'s headline: the verdict of the more accurate model for alignment what-ifs.
 
 FIDELITY.md ("Targets, met / judged"): for alignment what-ifs against
-physical re-runs the pipeline model is within its band in far more cells
+physical re-runs the pipeline model is within its band in more cells
 than the per-iteration model (the original analysis, `dsim run`'s default),
 for the mean iteration time and for the effective-delay share alike, on the
 contention sweep and on both held-out sweeps. So when a run was replayed with the per-iteration model and its trace has the
