@@ -4,7 +4,8 @@ FIDELITY.md ("Targets, met / judged"): for alignment what-ifs against
 physical re-runs the pipeline model is within its band in more cells
 than the per-iteration model (the original analysis, `dsim run`'s default),
 for the mean iteration time and for the effective-delay share alike, on the
-contention sweep and on both held-out sweeps. So when a run was replayed with the per-iteration model and its trace has the
+contention sweep and on both held-out sweeps. So when a run was replayed with
+the per-iteration model and its trace has the
 fetch records the pipeline model needs, `dsim run` says first what the
 pipeline model predicts for the same policies, and the original analysis's
 number one line below; the report's verdict section does the same (it
