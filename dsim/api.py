@@ -392,6 +392,7 @@ def report(
             threshold_s=threshold_s,
             timeline_run=timeline_run,
             traces=Path(traces),
+            force=force,
         ),
     )
     if not quiet:

@@ -42,6 +42,7 @@ from dsim.live import (
 from dsim.model.consistency import consistency
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.policies import Policy
+from dsim.sanity import check_threshold
 from dsim.sources import RunSource, get_source
 from dsim.sources.follow import LogFollower
 from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
@@ -72,6 +73,7 @@ class Watch:
         threshold_s: float = DEFAULT_THRESHOLD_S,
         policies: Sequence[Policy] = DEFAULT_POLICIES,
     ) -> None:
+        check_threshold(threshold_s, force=False)  # in seconds: 30 meant as 30 ms is refused
         if window < 1:
             raise UsageError(f"--window {window}: the window needs at least 1 iteration")
         self.name, self.path = _the_run(Path(path))
