@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import original_method
 
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
 from dsim.io.atomic import write_json
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models.per_iteration import Prepared, ReplayParams, prepare, replay_prepared
 from dsim.replay.policies import KNOWN
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
 
 ALL_PAIRS = list(itertools.product(KNOWN, KNOWN))
 PARAMS = ReplayParams()

@@ -24,13 +24,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsim.attribution import Attribution, attribute, attribution_table, describe
+from dsim.analysis.attribution import Attribution, attribute, attribution_table, describe
+from dsim.analysis.summary import (
+    DEFAULT_THRESHOLD_S,
+    DEFAULT_WARMUP,
+    add_what_if,
+    summarize_metrics,
+)
+from dsim.analysis.verdict import Verdict, verdict
 from dsim.replay.arrays import IterationArrays
 from dsim.replay.models import DEFAULT_MODEL, get_model
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import DEFAULT, Policy, policy_pairs
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, add_what_if, summarize_metrics
-from dsim.verdict import Verdict, verdict
 
 DEFAULT_WINDOW = 100  # iterations
 DEFAULT_INTERVAL_S = 2.0

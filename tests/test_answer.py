@@ -207,7 +207,7 @@ class _Page(HTMLParser):
 
 
 def _original_line(v: dict) -> str:
-    """The per-iteration verdict's line under a headline (``dsim.verdict.original_line``),
+    """The per-iteration verdict's line under a headline (``dsim.analysis.verdict.original_line``),
     from the JSON's numbers: the report says the pipeline model's verdict first."""
     policy = f"{v['best_fetch_align']}/{v['best_start_align']}"
     if v["helps"]:

@@ -18,7 +18,7 @@ from conftest import REPO, run_dsim
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dsim.summary import summarize_metrics
+from dsim.analysis.summary import summarize_metrics
 from validation.indexing import Layout, TableSampler
 from validation.metrics import error, run_metrics
 from validation.predict import predict_per_iteration, predict_pipeline

@@ -194,7 +194,7 @@ def check_against_summary(results: Path, measured: dict[str, dict[str, float]]) 
         if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in pairs_):
             raise ToolFailed(
                 f"run {row.run}: the harness's metrics differ from dsim's summary "
-                "(selection rules out of step with dsim.summary?)"
+                "(selection rules out of step with dsim.analysis.summary?)"
             )
 
 

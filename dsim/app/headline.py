@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dsim.analysis.summary import add_what_if, summarize_metrics
+from dsim.analysis.verdict import DEFAULT_MODEL, Verdict, verdict
 from dsim.errors import DsimError
 from dsim.model.selection import selection_mask
 from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED
 from dsim.replay.params import ReplayParams
-from dsim.summary import add_what_if, summarize_metrics
-from dsim.verdict import DEFAULT_MODEL, Verdict, verdict
 
 #: The model FIDELITY.md shows more accurate, per kind of what-if `dsim run` verdicts make.
 MORE_ACCURATE = {"alignment": "pipeline"}

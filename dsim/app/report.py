@@ -4,7 +4,7 @@ The command (``dsim.commands.report``) turns options into a ``ReportRequest``
 and prints what ``make_report`` did; everything between lives here:
 
 * which runs and policies are shown, and the names the page gives them;
-* the summary over the selection (``dsim.summary``) with the bars' p10/p90;
+* the summary over the selection (``dsim.analysis.summary``) with the bars' p10/p90;
 * the runs of the timeline/CDF/attribution switcher, largest predicted gain first;
 * the answer (``dsim.app.answer.build_answer``): per run the verdict, best policy and
   attribution lines, the terminal's and every other output's, computed once;
@@ -25,6 +25,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsim.analysis.attribution import attribution_table
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import summarize_results
 from dsim.app.answer import Answer, build_answer, with_headlines
 from dsim.app.attribution import (
     find_trace,
@@ -33,7 +36,6 @@ from dsim.app.attribution import (
     trace_attribution,
 )
 from dsim.app.summarize import runs_with_epochs
-from dsim.attribution import attribution_table
 from dsim.config import DEFAULT_TRACES
 from dsim.errors import DsimError, InputError, OutputError, UsageError
 from dsim.io import lock
@@ -47,8 +49,6 @@ from dsim.model.results import (
 from dsim.model.selection import selection_mask
 from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
-from dsim.sanity import check_threshold
-from dsim.summary import summarize_results
 from dsim.words import counted
 
 if TYPE_CHECKING:

@@ -28,11 +28,13 @@ from typing import Any
 
 import pandas as pd
 
+from dsim.analysis.checks import Condition
+from dsim.analysis.sanity import check_threshold, recorded_selections, selection_changes
+from dsim.analysis.summary import summary_rows, summary_table
 from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
 from dsim.app.attribution import write_directory_attributions
 from dsim.app.runplan import RunPlan, logged_loader, pending_policies, plan_runs_of, refusal
 from dsim.app.runtask import RunReport, RunTask, finish_run, run_task
-from dsim.checks import Condition
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
@@ -48,8 +50,6 @@ from dsim.model.results import (
 )
 from dsim.model.tables import read_run
 from dsim.render.files import write_answer_files
-from dsim.sanity import check_threshold, recorded_selections, selection_changes
-from dsim.summary import summary_rows, summary_table
 
 __all__ = ["RunOutcome", "logged_loader", "run_replays"]  # logged_loader: from runplan
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsim.analysis.checks import Condition
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import summarize_results
 from dsim.app.answer import Answer, attribution_rows, build_answer
-from dsim.checks import Condition
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import (
@@ -28,8 +30,6 @@ from dsim.model.selection import Epochs
 from dsim.options import select_runs
 from dsim.render.files import write_answer_files
 from dsim.replay.policies import Policy
-from dsim.sanity import check_threshold
-from dsim.summary import summarize_results
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
@@ -22,7 +23,6 @@ from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED, check_stream_workers, measured_loader
 from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import KNOWN
-from dsim.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.tuning import (
     DEFAULT_PREFETCH,
     LOADER_WHATIF_ERROR,

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 from dsim.app.parse import with_clocks_set
 from dsim.errors import InputError, UsageError
 from dsim.live import (
@@ -42,10 +44,8 @@ from dsim.live import (
 from dsim.model.consistency import consistency
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.policies import Policy
-from dsim.sanity import check_threshold
 from dsim.sources import RunSource, get_source
 from dsim.sources.follow import LogFollower
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
 #: Complete iterations held before the window, at least (see the module docstring).
 MARGIN = 50

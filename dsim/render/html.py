@@ -26,7 +26,8 @@ import plotly.io as pio
 from markupsafe import Markup, escape
 
 from dsim import __version__
-from dsim.attribution import FIXED_STRAGGLER_SHARE
+from dsim.analysis.attribution import FIXED_STRAGGLER_SHARE
+from dsim.analysis.verdict import original_line
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
@@ -34,12 +35,11 @@ from dsim.render.units import time_number, time_text, time_unit
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 from dsim.spec import COMMAND as SPEC_COMMAND
 from dsim.spec import cite
-from dsim.verdict import original_line
 from dsim.words import counted
 
 if TYPE_CHECKING:
+    from dsim.analysis.attribution import LastOverTime
     from dsim.app.answer import Answer
-    from dsim.attribution import LastOverTime
 
 PLOT_CONFIG = {
     "displaylogo": False,
@@ -372,7 +372,7 @@ def verdicts_view(answer: Answer, labels: Mapping[str, str]) -> list[dict[str, o
         if v is None:
             continue
         said = v if run.headline is None else run.headline
-        original = [] if run.headline is None else [original_line(v)]  # dsim.verdict
+        original = [] if run.headline is None else [original_line(v)]  # dsim.analysis.verdict
         caveats = [f"caveat: {note}" for note in said.caveats]
         out.append(
             {

@@ -14,7 +14,7 @@ from dsim.render.console import wrap_prose
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from dsim.verdict import Verdict
+    from dsim.analysis.verdict import Verdict
 
 
 def print_verdicts(
@@ -47,7 +47,7 @@ def print_verdicts(
         said = v if head is None else head
         say(f"{prefix}{said.text}", style="bold")
         if head is not None:
-            from dsim.verdict import original_line
+            from dsim.analysis.verdict import original_line
 
             say(original_line(v), "  ")
         for note in said.caveats:
@@ -61,7 +61,7 @@ def print_verdicts(
 def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
     """Run → attribution lines, for runs whose recorded selection is the summary's own
     (lines computed over other iterations than the table below would mislead)."""
-    from dsim.attribution import describe
+    from dsim.analysis.attribution import describe
 
     if attributions is None or attributions.empty:
         return {}

@@ -3,7 +3,7 @@
 One JSON object on stdout, nothing else, so that ``jq`` and scripts read it:
 ``format_version``, ``dsim_version``, ``summary`` (the summary rows, the
 same records as ``summary.json``), ``verdicts`` (one per run and results
-directory, ``dsim.verdict.Verdict`` fields) and ``checks`` (the ``--fail-if``
+directory, ``dsim.analysis.verdict.Verdict`` fields) and ``checks`` (the ``--fail-if``
 conditions evaluated per run). JSON has no NaN or infinity: such numbers are
 written as null, and ``json.dumps(allow_nan=False)`` guarantees that no
 other one slips through.
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.analysis.checks import CheckResult
+    from dsim.analysis.comparison import Comparison
+    from dsim.analysis.verdict import Verdict
     from dsim.app.answer import Answer
-    from dsim.checks import CheckResult
-    from dsim.comparison import Comparison
     from dsim.model.runinfo import RunInfo
-    from dsim.verdict import Verdict
 
 #: Version of the document's layout; a change of meaning adds a key or bumps it.
 MACHINE_FORMAT_VERSION = 1

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsim import __version__
+from dsim.analysis.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
 from dsim.model.results import RESULTS_FORMAT_VERSION
 from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.machine import answer_table
-from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
