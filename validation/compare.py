@@ -40,6 +40,7 @@ from dsim.io.atomic import write_text
 from dsim.replay.policies import START_KNOWN
 from validation.cells import Cell, group_runs, parse_run_name, stat, stats_of
 from validation.machine import REPO, git_commit
+from validation.manifest import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.metrics import METRICS, error
 from validation.predict import (
     PipelineBase,
@@ -50,7 +51,6 @@ from validation.predict import (
     supports,
 )
 from validation.swaps import term_swaps
-from validation.sweep import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.targets import verdicts
 from validation.tunecheck import tune_rows
 
