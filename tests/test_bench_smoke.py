@@ -100,3 +100,28 @@ def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "failed" not in done.stdout, done.stdout
         assert done.stdout.count("\n") >= 4, done.stdout
+
+
+def test_one_reader_of_the_machine_for_every_benchmark() -> None:
+    """bench_e2e.py, bench_replay.py and bench_pipeline.py each had a copy of machine(),
+    with other keys for the same facts; now bench/machine_facts.py is the one reader."""
+    import ast
+
+    copies = [
+        path.name
+        for path in sorted((REPO / "bench").glob("*.py"))
+        if path.name != "machine_facts.py"
+        and any(
+            isinstance(node, ast.FunctionDef) and node.name == "machine"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    ]
+    assert copies == []
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from machine_facts import machine
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    facts = machine(numpy="1.0")
+    assert {"nproc", "cpu", "memory_gib", "python", "load_average_at_start"} <= set(facts)
+    assert facts["numpy"] == "1.0" and facts["nproc"] >= 1
