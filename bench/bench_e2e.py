@@ -40,7 +40,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -50,6 +49,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_facts import machine
 
 STAGES = ("parse", "run", "summarize")
 TARGET_S = 60.0  # issue 6: 100 runs x 9 policies of 10,000 x 8, parse to summary, 2 cores
@@ -257,22 +259,6 @@ def growth(points: list[tuple[int, float]]) -> dict[str, float | None]:
 
 
 # --------------------------------------------------------------------------- report
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    mem_gib = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "memory_gib": mem_gib, "python": sys.version}
 
 
 def print_report(res: dict[str, Any]) -> None:

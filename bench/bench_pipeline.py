@@ -20,7 +20,6 @@ import importlib.util
 import itertools
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,9 @@ import numpy as np
 from dsim.replay.arrays import IterationArrays, LoaderSettings
 from dsim.replay.models import get_model
 from dsim.replay.params import ReplayParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_facts import machine
 
 PAIRS = list(itertools.product(("actual", "min", "avg"), repeat=2))
 REPO = Path(__file__).resolve().parents[1]
@@ -156,25 +158,10 @@ def bench_reference(n: int, gpus: int) -> dict[str, Any]:
             "ratio": t_ref / t_kernel}  # fmt: skip
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def _numba_version() -> str:
     import numba
 
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "numba": numba.__version__,
-        "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
+    return numba.__version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [1_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000]
     repeats = 2 if args.quick else 3
     res = {
-        "machine": machine(),
+        "machine": machine(numpy=np.__version__, numba=_numba_version()),
         "pinned_core": core,
         "models": bench_models(sizes, 8, repeats),
         "reference": bench_reference(200 if args.quick else 2_000, 8),
     }
-    print(f"one core ({res['machine']['cpu']}), load {res['machine']['load_1min']:.2f}")
+    load = res["machine"]["load_average_at_start"]
+    print(f"one core ({res['machine']['cpu']}), load {load[0] if load else float('nan'):.2f}")
     print(f"{'model':<14}{'iterations':>11}{'prepare':>10}{'1 replay':>10}"
           f"{'GPU-it/s per policy':>21}{'GPU-it/s replay':>17}")  # fmt: skip
     for r in res["models"]:

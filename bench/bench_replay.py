@@ -23,7 +23,6 @@ import gc
 import itertools
 import math
 import os
-import platform
 import sys
 import time
 import tracemalloc
@@ -37,13 +36,14 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import original_method
+from machine_facts import machine
 
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
 from dsim.io.atomic import write_json
 from dsim.model.tables import FETCH_SCHEMA, TRAIN_SCHEMA, read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models.per_iteration import Prepared, ReplayParams, prepare, replay_prepared
 from dsim.replay.policies import KNOWN
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, summarize_metrics
 
 ALL_PAIRS = list(itertools.product(KNOWN, KNOWN))
 PARAMS = ReplayParams()
@@ -392,32 +392,6 @@ def bench_compare(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- report
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        import psutil
-
-        mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "memory_gib": mem_gb,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:,.1f} M"
 
@@ -518,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--compare needs --trace")
     args.original_policies = max(1, min(9, args.original_policies))
 
-    res: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    res: dict[str, Any] = {"machine": machine(numpy=np.__version__), "quick": args.quick}
     res["real_sized"] = bench_real_sized(args)
     res["throughput"] = bench_throughput(args)
     res["memory"] = bench_memory(args)

@@ -54,7 +54,7 @@ LINEAR_MAX = 1.15  # a fitted exponent at or below this counts as linear growth
 def environment() -> dict[str, Any]:
     """Machine and versions, read without importing the heavy packages."""
     sys.path.insert(0, str(HERE))
-    from bench_e2e import machine  # one reader of /proc for every benchmark
+    from machine_facts import machine  # one reader of /proc for every benchmark
 
     facts = machine()
     versions = {}

@@ -41,13 +41,13 @@ from dsim.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.analysis.checks import CheckResult
+    from dsim.analysis.comparison import Comparison
+    from dsim.analysis.verdict import Verdict
     from dsim.app.answer import Answer
     from dsim.app.tune import TuneResult
-    from dsim.checks import CheckResult
-    from dsim.comparison import Comparison
     from dsim.model.results import ResultRun
     from dsim.model.runinfo import RunInfo
-    from dsim.verdict import Verdict
 
 PathLike = str | Path
 
@@ -151,7 +151,7 @@ class Results:
 
     def check(self, *conditions: str) -> list[CheckResult]:
         """``--fail-if`` conditions (``"effective_delay_pct>10"``) evaluated per run (§5.6)."""
-        from dsim.checks import evaluate, parse_condition
+        from dsim.analysis.checks import evaluate, parse_condition
 
         return evaluate(self.summary, [parse_condition(c) for c in conditions])
 
@@ -247,10 +247,10 @@ def run(
     reused unless ``force``) and returns its results. ``executor`` is
     ``local`` (in-process, the default here), ``ray`` or ``auto``.
     """
+    from dsim.analysis.sanity import check_threshold
     from dsim.app.run import outcome_answer, run_replays
     from dsim.config import Overrides, load_config
     from dsim.options import parse_policy_option
-    from dsim.sanity import check_threshold
 
     items = [traces] if isinstance(traces, Trace | str | Path) else list(traces)
     dirs = [t.directory if isinstance(t, Trace) else Path(t) for t in items]
@@ -375,9 +375,9 @@ def report(
     where it wrote, and the report's notes (``quiet=True``: neither); returns
     the file's path (``IPython.display.IFrame(path, 1000, 600)`` shows it).
     """
+    from dsim.analysis.sanity import check_threshold
     from dsim.app.report import ReportRequest, make_report
     from dsim.options import parse_policy_option
-    from dsim.sanity import check_threshold
 
     check_threshold(threshold_s, force=force)
     target = Path(out)
@@ -392,6 +392,7 @@ def report(
             threshold_s=threshold_s,
             timeline_run=timeline_run,
             traces=Path(traces),
+            force=force,
         ),
     )
     if not quiet:

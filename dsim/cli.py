@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from dsim import __version__, processes
 from dsim.commands import compare as compare_cmd
+from dsim.commands import help as help_cmd
 from dsim.commands import parse as parse_cmd
 from dsim.commands import report as report_cmd
 from dsim.commands import run as run_cmd
@@ -81,7 +82,8 @@ app = typer.Typer(
         "\n\nTypical session:\n\n"
         "  dsim parse logs/myrun/            # raw logs -> traces/myrun/*.parquet\n\n"
         "  dsim run --conf configs/sim_conf.json   # replay 9 policies -> results/\n\n"
-        "  dsim report results/ --out report.html"
+        "  dsim report results/ --out report.html\n\n"
+        "  dsim help spec 5.6                # the specification, section 5.6"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -115,6 +117,19 @@ app.command("compare", cls=_Command)(compare_cmd.command)
 app.command("synth", cls=_Command)(synth_cmd.command)
 app.command("tune", cls=_Command)(tune_cmd.command)
 app.command("watch", cls=_Command)(watch_cmd.command)
+
+help_app = typer.Typer(
+    name="help",
+    cls=_Group,
+    rich_markup_mode="rich",
+    help="Documentation that ships with dsim: `dsim help spec [SECTION]`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+help_app.command("spec", cls=_Command)(help_cmd.spec)
+app.add_typer(help_app, name="help")
 
 
 def _debugging(argv: list[str]) -> bool:

@@ -24,14 +24,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsim.attribution import Attribution, attribute, attribution_table, describe
-from dsim.headline import pipeline_verdict_on, replays_policies
+from dsim.analysis.attribution import Attribution, attribute, attribution_table, describe
+from dsim.analysis.headline import pipeline_verdict_on, replays_policies
+from dsim.analysis.summary import (
+    DEFAULT_THRESHOLD_S,
+    DEFAULT_WARMUP,
+    add_what_if,
+    summarize_metrics,
+)
+from dsim.analysis.verdict import Verdict, verdict
 from dsim.replay.arrays import IterationArrays
 from dsim.replay.models import DEFAULT_MODEL, get_model
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import DEFAULT, Policy, policy_pairs
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, add_what_if, summarize_metrics
-from dsim.verdict import Verdict, verdict
 
 DEFAULT_WINDOW = 100  # iterations
 DEFAULT_INTERVAL_S = 2.0
@@ -97,7 +102,7 @@ def live_window(
     """The window's numbers; ``trace`` (a ``run.json`` document) gives the verdict its epoch
     length and GPU count, as ``dsim run``'s has.
 
-    ``calibration``: the headline, as `dsim run`'s (``dsim.headline``): the pipeline model
+    ``calibration``: the headline, as `dsim run`'s (``dsim.analysis.headline``): the pipeline model
     calibrated on and replaying the complete iterations from ``calibration`` before the
     window's first to the last (warm-up ones included, as `dsim run` calibrates on the whole
     trace), judged over the window; ``None``: no headline. Bounded so that a refresh costs
@@ -167,7 +172,7 @@ def _headline(
     threshold_s: float,
     trace: Mapping[str, Any] | None,
 ) -> Verdict | None:
-    """The pipeline model's verdict on the window (``dsim.headline``), calibrated on the
+    """The pipeline model's verdict on the window (``dsim.analysis.headline``), calibrated on the
     ``calibration`` complete iterations before it and the window itself."""
     if not replays_policies(table):
         return None

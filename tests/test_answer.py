@@ -9,10 +9,12 @@ attribution line; a mixed selection skips what does not apply with a note.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -145,3 +147,227 @@ def test_report_and_summarize_epochs_skip_a_run_without_that_epoch(work: Path) -
     assert {r["run"] for r in doc["runs"]} == {A, B}
     assert any("no epoch(s) 1" in note for note in doc["notes"])
     dsim("summarize", f"results/{P}@stall-only", "--epochs", "1", cwd=work, code=2)  # alone
+
+
+class _Page(HTMLParser):
+    """The report's summary table (per row: the run it belongs to and its cells) and the
+    verdict section's texts (sentences and the lines below them), read from the HTML."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, list[str]]] = []
+        self.verdict: list[str] = []
+        self._stack: list[tuple[str, dict[str, str]]] = []
+        self._run = ""
+        self._cells: list[str] | None = None
+        self._text: list[str] | None = None
+        self._in_verdict = False
+        self._in_summary = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        attr = {k: v or "" for k, v in attrs}
+        if tag == "section":
+            self._in_verdict = attr.get("id") == "verdict"
+        if tag == "table":
+            self._in_summary = attr.get("id") == "summary-table"
+        if self._in_summary and tag == "tr":
+            self._cells = [] if "policy" in attr.get("class", "") else None
+        if (self._in_summary and tag == "td") or (self._in_verdict and tag in ("p", "li")):
+            self._text = []
+        self._stack.append((tag, attr))
+
+    def handle_startendtag(self, tag: str, attrs: list) -> None:  # <wbr>: no text
+        pass
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._stack and self._stack[-1][0] != tag:
+            self._stack.pop()  # void elements (<wbr>, <meta>) have no end tag
+        _, attr = self._stack.pop() if self._stack else ("", {})
+        text = "".join(self._text or [])
+        if tag == "td" and self._in_summary and self._text is not None:
+            if "run" in attr.get("class", "").split():
+                self._run = text
+            elif self._cells is not None:
+                self._cells.append(text)
+            self._text = None
+        elif tag == "tr" and self._cells is not None:
+            self.rows.append((self._run, self._cells))
+            self._cells = None
+        elif tag in ("p", "li") and self._in_verdict and self._text is not None:
+            self.verdict.append(_words(text))
+            self._text = None
+        elif tag == "table":
+            self._in_summary = False
+        elif tag == "section":
+            self._in_verdict = False
+
+
+def _original_line(v: dict) -> str:
+    """The per-iteration verdict's line under a headline (``dsim.analysis.verdict.original_line``),
+    from the JSON's numbers: the report says the pipeline model's verdict first."""
+    policy = f"{v['best_fetch_align']}/{v['best_start_align']}"
+    if v["helps"]:
+        said = f"{v['speedup']:.2f}× ({policy})"
+    else:
+        said = f"no policy saves ≥ 1 % (best {policy}: {v['speedup']:.2f}×)"
+    return f"the original analysis's per-iteration replay says {said}"
+
+
+def _check_html_agrees(doc: dict, html: str) -> None:
+    """The report of the results directory says the JSON's numbers, verdicts and lines."""
+    from dsim.render.html import _mean_std
+
+    page = _Page()
+    page.feed(html)
+    by_row = {(run, cells[0]): cells for run, cells in page.rows}
+    assert len(by_row) == len(doc["summary"]) == 30
+    for record in doc["summary"]:
+        name = Path(record["results"]).name  # the report names a run by its directory
+        cells = by_row[(name, f"{record['fetch_align']} / {record['start_align']}")]
+        assert int(cells[1]) == record["iterations"]
+        metrics = ("iteration_s", "stall_s", "delay_s", "start_diff_s", "fetch_diff_s")
+        for cell, metric in zip(cells[2:7], metrics, strict=True):
+            assert cell == _mean_std(record, metric), (name, metric, cell)
+        pct = record["effective_delay_pct"]
+        assert cells[7] == ("–" if pct is None else f"{pct:.1f}")
+        assert cells[8] == ("–" if record["speedup"] is None else f"{record['speedup']:.3f}")
+    said = " ".join(page.verdict)
+    for verdict, run in zip(doc["verdicts"], doc["runs"], strict=True):
+        assert _words(verdict["text"]) in said or _words(_original_line(verdict)) in said, verdict
+        for line in run["attribution"]:
+            assert _words(line) in page.verdict, (run["run"], line)
+
+
+def _check_csv_agrees(doc: dict, csv: pd.DataFrame) -> None:
+    """Every cell of the CSV is the JSON's, and its answer columns are the answer's."""
+    rows = doc["summary"]
+    assert len(rows) == len(csv) == 30
+    for record, (_, row) in zip(rows, csv.iterrows(), strict=True):
+        for key, value in record.items():
+            cell = row[key]
+            cell = None if isinstance(cell, float) and math.isnan(cell) else cell
+            assert _numbers_equal(value, cell.item() if hasattr(cell, "item") else cell), key
+    runs = {r["results"]: r for r in doc["runs"]}
+    overview = {o["results"]: o for o in doc["overview"]}
+    verdicts = {v["results"]: v for v in doc["verdicts"]}
+    for _, row in csv.iterrows():
+        policy = f"{row['fetch_align']}/{row['start_align']}"
+        assert bool(row["best"]) == (overview[row["results"]]["best"] == policy)
+        verdict = verdicts.get(row["results"])
+        assert _numbers_equal(row["verdict"], None if verdict is None else verdict["text"])
+        lines = runs[row["results"]]["attribution"]
+        assert _numbers_equal(row["attribution"], " | ".join(lines) or None)
+    assert csv["best"].sum() == sum(o["best"] is not None for o in doc["overview"]) >= 3
+
+
+def _check_terminal_agrees(doc: dict, terminal: str) -> None:
+    said = _words(terminal)
+    for verdict, run in zip(doc["verdicts"], doc["runs"], strict=True):
+        assert _words(verdict["text"]) in said
+        for line in run["attribution"]:
+            assert _words(line) in said
+    for record in doc["summary"]:
+        assert f"{record['speedup']:.2f}×" in terminal
+    marked = [line.split()[0] for line in terminal.splitlines() if line.rstrip().endswith("best")]
+    assert marked == [o["best"] for o in doc["overview"] if o["best"] is not None]
+
+
+def _check_mlflow_agrees(doc: dict, uri: str) -> None:
+    """Each MLflow run (one per results run directory) logs the JSON's numbers per policy,
+    and the answer's best policy, verdict and attribution lines as tags."""
+    from mlflow.tracking import MlflowClient
+
+    from dsim.render.mlflow import METRIC_COLUMNS
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dsim")
+    found = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = {r.data.tags["dsim.directory"]: r for r in found
+               if "mlflow.parentRunId" not in r.data.tags}  # fmt: skip
+    children = {(r.data.tags["mlflow.parentRunId"], r.data.tags["dsim.policy"]): r
+                for r in found if "mlflow.parentRunId" in r.data.tags}  # fmt: skip
+    verdicts = {v["results"]: v for v in doc["verdicts"]}
+    assert len(parents) == len(doc["runs"]) == 4 and len(children) == 30
+    for run, overview in zip(doc["runs"], doc["overview"], strict=True):
+        parent = parents[Path(run["results"]).name]
+        tags, metrics = parent.data.tags, parent.data.metrics
+        assert tags["dsim.best_policy"] == f"{run['best_fetch_align']}/{run['best_start_align']}"
+        verdict = verdicts.get(run["results"])
+        assert tags.get("dsim.verdict_text") == (None if verdict is None else verdict["text"])
+        assert tags.get("dsim.attribution_lines") == ("\n".join(run["attribution"]) or None)
+        assert _numbers_equal(metrics.get("measured_iteration_s_mean"), overview["iteration_s"])
+        for record in (r for r in doc["summary"] if r["results"] == run["results"]):
+            policy = f"{record['fetch_align']}/{record['start_align']}"
+            logged = children[(parent.info.run_id, policy)].data.metrics
+            for column in METRIC_COLUMNS:
+                assert _numbers_equal(logged.get(column), record.get(column)), (policy, column)
+            best = (run["best_fetch_align"], run["best_start_align"])
+            if (record["fetch_align"], record["start_align"]) == best:
+                assert _numbers_equal(metrics.get("best_speedup"), record["speedup"])
+
+
+def _outputs(work: Path) -> tuple[dict, pd.DataFrame, str]:
+    doc = json.loads(dsim("summarize", "results", "--json", cwd=work).stdout)
+    csv = pd.read_csv(io.StringIO(dsim("summarize", "results", "--out", "-", "--format", "csv",
+                                       cwd=work).stdout))  # fmt: skip
+    return doc, csv, dsim("summarize", "results", cwd=work).stdout
+
+
+def test_the_report_agrees_with_json_csv_and_terminal(work: Path) -> None:
+    """Four of the five outputs, without MLflow (the next test adds it where installed)."""
+    doc, csv, terminal = _outputs(work)
+    dsim("report", "results", "--out", "four.html", "-q", cwd=work)
+    _check_csv_agrees(doc, csv)
+    _check_terminal_agrees(doc, terminal)
+    _check_html_agrees(doc, (work / "four.html").read_text(encoding="utf-8"))
+
+
+def test_terminal_json_csv_html_and_mlflow_agree(work: Path, tmp_path: Path) -> None:
+    """Issue #22's "done when": the five outputs of one results directory — terminal, JSON,
+    CSV, HTML and MLflow (a local file store) — agree on every number, verdict and
+    attribution line, each rendered from one answer."""
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("needs the mlflow extra (pip install -e '.[mlflow]'; CI installs it)")
+    uri = (tmp_path / "mlruns").as_uri()  # file:///…: MLflow's local file store
+    env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}  # fmt: skip
+    proc = run_dsim("report", "results", "--out", tmp_path / "five.html", "--mlflow", "-q",
+                    cwd=work, env={**WIDE, **env}, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc, csv, terminal = _outputs(work)
+    _check_terminal_agrees(doc, terminal)
+    _check_csv_agrees(doc, csv)
+    _check_html_agrees(doc, (tmp_path / "five.html").read_text(encoding="utf-8"))
+    _check_mlflow_agrees(doc, uri)
+
+
+def test_mlflow_logs_the_answer_without_computing_its_own(work: Path) -> None:
+    """What MLflow gets (``dsim.render.mlflow.answer_runs``, pure: no mlflow needed) is the
+    answer's: its best policy, verdict and attribution lines as tags, its rows' numbers."""
+    from dsim.app.summarize import summarize_answer
+    from dsim.render.mlflow import answer_runs, policy_metrics
+
+    answer = summarize_answer([work / "results"])
+    records = answer_runs(answer, command="report")
+    assert [r.directory for r in records] == [r.results for r in answer.runs]
+    for record, run in zip(records, answer.runs, strict=True):
+        assert record.tags["dsim.best_policy"] == "/".join(run.best)
+        assert record.tags["dsim.command"] == "report"
+        assert record.tags.get("dsim.verdict_text") == (run.verdict.text if run.verdict else None)
+        assert record.tags.get("dsim.attribution_lines") == ("\n".join(run.attribution) or None)
+        best = next(r for r in run.rows if (r["fetch_align"], r["start_align"]) == run.best)
+        assert record.metrics["best_speedup"] == best["speedup"]
+        assert [p.label for p in record.policies] == [
+            f"{r['fetch_align']}/{r['start_align']}" for r in run.rows
+        ]
+        assert [p.metrics for p in record.policies] == [policy_metrics(r) for r in run.rows]
+        assert list(record.rows["best"]) == [
+            f"{r['fetch_align']}/{r['start_align']}" == o.best
+            for r in run.rows
+            for o in [next(o for o in answer.overview if o.results == run.results)]
+        ]
+        assert record.params["run"] == run.run.split("@")[0]

@@ -1,4 +1,5 @@
-"""Attribution (dsim.attribution) against hand-computed shares on tiny hand-written traces."""
+"""Attribution (dsim.analysis.attribution) against hand-computed shares on tiny hand-written
+traces."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pytest
 from conftest import run_dsim
 
-from dsim.attribution import (
+from dsim.analysis.attribution import (
     FIXED,
     NONE,
     WANDERING,

@@ -121,3 +121,28 @@ def test_bench_instrument_quick_measures_the_iterable_path_beside_the_map_style_
     assert done.stdout.count("iterable: plain") == 2  # no step, workers 0 and 2
     assert done.stdout.count(", iterable ") == 2  # 1 ms step, workers 0 and 2
     assert "ABOVE TARGET" not in done.stdout and "not judged" in done.stdout
+
+
+def test_one_reader_of_the_machine_for_every_benchmark() -> None:
+    """bench_e2e.py, bench_replay.py and bench_pipeline.py each had a copy of machine(),
+    with other keys for the same facts; now bench/machine_facts.py is the one reader."""
+    import ast
+
+    copies = [
+        path.name
+        for path in sorted((REPO / "bench").glob("*.py"))
+        if path.name != "machine_facts.py"
+        and any(
+            isinstance(node, ast.FunctionDef) and node.name == "machine"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    ]
+    assert copies == []
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from machine_facts import machine
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    facts = machine(numpy="1.0")
+    assert {"nproc", "cpu", "memory_gib", "python", "load_average_at_start"} <= set(facts)
+    assert facts["numpy"] == "1.0" and facts["nproc"] >= 1

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import run_dsim
 
-from dsim.comparison import compare
+from dsim.analysis.comparison import compare
 from dsim.errors import UsageError
 from dsim.model.results import replay_table, write_replay, write_result_info
 

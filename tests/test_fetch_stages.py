@@ -18,7 +18,7 @@ import pytest
 from conftest import run_dsim
 from test_attribution import FETCH, STALL, WORKERS, _tables
 
-from dsim.attribution import attribute, attribution_table, describe
+from dsim.analysis.attribution import attribute, attribution_table, describe
 from dsim.fetchstages import STAGE_COLUMNS, describe_stages, stage_shares
 from dsim.instrument import fetch_line
 from dsim.instrument.stages import Stages, read_then_collate

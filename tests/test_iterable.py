@@ -103,11 +103,11 @@ def test_parser_keeps_stream_positions_and_says_what_replays(tmp_path: Path) -> 
 
 
 def test_pipeline_refuses_other_worker_counts_and_keeps_measured_workers(tmp_path: Path) -> None:
+    from dsim.analysis.verdict import STREAM_NOTE, verdict
     from dsim.model.tables import read_run
     from dsim.replay.arrays import build_iteration_arrays
     from dsim.replay.models.pipeline import check_stream_workers
     from dsim.replay.params import ReplayParams
-    from dsim.verdict import STREAM_NOTE, verdict
 
     _stream_log(tmp_path / "logs" / "s" / "rank0.log")
     _stream_log(tmp_path / "logs" / "m" / "rank0.log", marked=False)

@@ -341,15 +341,17 @@ def test_a_store_error_is_one_output_error_without_mlflows_traceback(
     readonly = type("OperationalError", (Exception,), {"__module__": "sqlalchemy.exc"})
     _fake_mlflow(monkeypatch, readonly("attempt to write a readonly database"))
     monkeypatch.delenv("DSIM_DEBUG", raising=False)
-    summary = pd.DataFrame({"results": pd.Series([], dtype=str)})
+    from dsim.app.answer import build_answer
+
+    answer = build_answer(pd.DataFrame({"results": pd.Series([], dtype=str)}), {})
     settings = MlflowSettings(f"sqlite:///{tmp_path / 'ro.db'}")
     with pytest.raises(OutputError, match="OperationalError: attempt to write a readonly"):
-        tracking.track_summary(summary, settings)
+        tracking.track_answer(answer, settings)
     assert capsys.readouterr().err == ""
 
     _fake_mlflow(monkeypatch, KeyError("a bug of dsim's own is not a store error"))
     with pytest.raises(KeyError):
-        tracking.track_summary(summary, settings)
+        tracking.track_answer(answer, settings)
 
 
 def test_http_requests_are_bounded_unless_the_user_says_otherwise(monkeypatch) -> None:

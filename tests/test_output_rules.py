@@ -9,13 +9,13 @@ import pandas as pd
 from rich.console import Console
 from test_terminal import one_run
 
-from dsim.comparison import MetricDelta
+from dsim.analysis.comparison import MetricDelta
+from dsim.analysis.verdict import run_verdicts
 from dsim.render.columns import METRICS, header
 from dsim.render.html import summary_table_html
 from dsim.render.insight import print_comparison
 from dsim.render.terminal import BEST, marks, overview_table
 from dsim.render.units import time_text, time_unit
-from dsim.verdict import run_verdicts
 
 
 def tied() -> pd.DataFrame:

@@ -395,6 +395,9 @@ LAYOUT_JS = """
     ['ytick', 'g[class^="y"][class$="tick"] > text'], ['legend', '.legend .bg'],
     ['toolbar', '.modebar'], ['menu', '.updatemenu-header-group, .updatemenu-button'],
     ['colorbar', '.colorbar'],
+    // heatmap cells' own labels (what-if, worker and tune heatmaps): numbers must not run into
+    // each other, a title, a legend or a colour bar
+    ['cell', '.heatmap-label text'],
   ];
   document.querySelectorAll('.js-plotly-plot').forEach(d => {
     if (d.offsetParent === null) { return; }  // a run the switcher hides
@@ -457,6 +460,14 @@ def test_layout_check_finds_overlaps_and_cut_texts() -> None:
         "'title' sticks out of its figure"
     ]
     assert layout_defects([fig, item("legend", 400, 50), item("xtick", 10, 300)]) == []
+    # two heatmap cells whose numbers run into each other; a cell text under a colour bar
+    assert layout_defects([fig, item("cell", 10, 100), item("cell", 60, 100)]) == [
+        "'cell' overlaps 'cell'"
+    ]
+    assert layout_defects([fig, item("cell", 10, 100), item("colorbar", 40, 90)]) == [
+        "'cell' overlaps 'colorbar'"
+    ]
+    assert layout_defects([fig, item("cell", 10, 100), item("cell", 80, 100)]) == []
 
 
 @pytest.fixture(scope="module")
@@ -510,8 +521,9 @@ PROFILED = "prof<b>x&y"
 def test_report_layout_has_no_overlaps_at_1400_and_800_px(  # type: ignore[no-untyped-def]
     browser, layout_reports: dict, which: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Issue #22: no overlapping texts, legends, menus or toolbars in any figure, no text
-    cut off at the figure's edge, and a runs table that does not scroll sideways."""
+    """Issue #22: no overlapping texts (heatmap cell numbers included), legends, menus or
+    toolbars in any figure, no text cut off at the figure's edge, and a runs table that
+    does not scroll sideways."""
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
@@ -529,8 +541,11 @@ def test_report_layout_has_no_overlaps_at_1400_and_800_px(  # type: ignore[no-un
         shot = artifacts / f"layout-{which}-{width}.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"screenshot: {shot}")
-        defects = layout_defects(page.evaluate(LAYOUT_JS))
+        boxes = page.evaluate(LAYOUT_JS)
+        defects = layout_defects(boxes)
         assert not defects, (which, width, defects)
+        # the heatmaps' cell numbers were drawn, so the check above looked at them
+        assert any(b["kind"] == "cell" for b in boxes), (which, width, "no heatmap cell text")
         scroll = page.evaluate(
             "() => { const t = document.querySelector('#runs .table-wrap');"
             " return [t.scrollWidth, t.clientWidth]; }"

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsim.attribution import NONE, LastOverTime
+from dsim.analysis.attribution import NONE, LastOverTime
 from dsim.render.figures import last_figure, timeline_figure, workers_figure
 from dsim.render.figures.ranks import (
     MANY_RANKS,

@@ -9,9 +9,9 @@ import pytest
 from conftest import run_dsim
 from tracegen import write_synthetic
 
+from dsim.analysis.sanity import check_threshold, selection_changes
 from dsim.errors import UsageError
 from dsim.model.runname import parse_run_name
-from dsim.sanity import check_threshold, selection_changes
 from dsim.synth import SynthParams
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim.attribution import FIXED, attribute, attribution_table, describe
+from dsim.analysis.attribution import FIXED, attribute, attribution_table, describe
 from dsim.errors import UsageError
 from dsim.options import parse_policy_option
 from dsim.replay.arrays import build_iteration_arrays
@@ -206,7 +206,7 @@ def _row(fetch: str, iteration: float, stall: float, eff: float) -> dict:
 
 
 def test_the_verdict_says_what_a_stall_what_if_replays() -> None:
-    from dsim.verdict import verdict
+    from dsim.analysis.verdict import verdict
 
     rows = [_row("actual", 0.026, 0.012, 12.5), _row("stall-avg", 0.019, 0.005, 0.0)]
     rows.append(_row("stall-min", 0.019, 0.001, 0.0))  # a tie goes to stall-avg (first)

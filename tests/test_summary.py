@@ -8,15 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsim.errors import UsageError
-from dsim.model.results import find_result_runs, replay_table, write_replay, write_result_info
-from dsim.model.selection import default_epochs, resolve_epochs, selection_mask
-from dsim.summary import (
+from dsim.analysis.summary import (
     SUMMARY_COLUMNS,
     add_what_if,
     summarize_metrics,
     summarize_results,
 )
+from dsim.errors import UsageError
+from dsim.model.results import find_result_runs, replay_table, write_replay, write_result_info
+from dsim.model.selection import default_epochs, resolve_epochs, selection_mask
 
 RUN = "fsNprepNloadNtrain_openimage_randaugment_resnet50_epoch2_b2048_worker12_thread0"
 EPOCH = np.array([0, 0, 0, 0, 1, 1, 1, 1])

@@ -13,7 +13,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import write_synthetic
 
-from dsim.throughput import (
+from dsim.analysis.throughput import (
     NO_BATCH,
     NO_JOB,
     ONE_SIZE,

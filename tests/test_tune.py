@@ -214,14 +214,14 @@ def test_the_report_shows_the_tune_heatmap(traces, tmp_path):
     request = ReportRequest(
         results=[results], out=tmp_path / "r.html", traces=traces["loading"].parent
     )
-    data, _ = read_report_input(request)
-    assert data.tune == {}  # no tune table yet: no section
-    assert "id='tune'" not in render_report(data)
+    answer, view, _ = read_report_input(request)
+    assert view.tune == {}  # no tune table yet: no section
+    assert "id='tune'" not in render_report(answer, view)
     dsim.tune(traces["loading"], workers=[1, 2, 4], prefetch=[2], out=results)
-    data, _ = read_report_input(request)
-    [table] = data.tune.values()
+    answer, view, _ = read_report_input(request)
+    [table] = view.tune.values()
     assert len(table) == 2 * 3 and table["recommended"].sum() == 2
-    page = render_report(data)
+    page = render_report(answer, view)
     assert "id='tune'" in page and "fig-tune-0" in page and "href='#tune'" in page
 
 

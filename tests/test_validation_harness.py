@@ -18,7 +18,7 @@ from conftest import REPO, run_dsim
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dsim.summary import summarize_metrics
+from dsim.analysis.summary import summarize_metrics
 from validation.indexing import Layout, TableSampler
 from validation.metrics import error, run_metrics
 from validation.predict import predict_per_iteration, predict_pipeline
@@ -155,3 +155,19 @@ def test_start_latencies_split_by_the_binding_constraint() -> None:
     # 15 ms (restart 0.3 ms); batch 3's at 20 ms, its worker free at 19 ms (dispatch 0.6 ms).
     dispatch, restart = start_latencies(both, {"prefetch_factor": 2, "workers": 1})
     assert dispatch == pytest.approx([0.0006]) and restart == pytest.approx([0.0003])
+
+
+def test_the_readers_of_a_sweep_do_not_import_the_sweep() -> None:
+    """validation.compare imported validation.sweep for the data layout while the sweep runs
+    the comparison: a circle. Both now take the layout from validation.manifest."""
+    import subprocess
+
+    code = (
+        "import sys, validation.compare, validation.timing; "
+        "print('validation.sweep' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -1,4 +1,5 @@
-"""The verdict (dsim.verdict) against hand-computed numbers, and at the top of the CLI output."""
+"""The verdict (dsim.analysis.verdict) against hand-computed numbers, and at the top of the CLI
+output."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pandas as pd
 import pytest
 from conftest import run_dsim
 
-from dsim.summary import add_what_if
-from dsim.verdict import format_duration, format_pair, run_verdicts, verdict
+from dsim.analysis.summary import add_what_if
+from dsim.analysis.verdict import format_duration, format_pair, run_verdicts, verdict
 
 TRACE = {"gpus": 4, "declared_iterations_per_epoch": {"0": 900, "1": 851}}
 
@@ -31,7 +32,7 @@ def row(fetch: str, start: str, it: float, stall: float, eff: float) -> dict:
 
 
 def rows(*specs: tuple) -> list[dict]:
-    """Rows with their what-if columns, as ``dsim.summary`` computes them."""
+    """Rows with their what-if columns, as ``dsim.analysis.summary`` computes them."""
     df = add_what_if(pd.DataFrame([row(*s) for s in specs]))
     return df.to_dict("records")
 

@@ -40,6 +40,7 @@ from dsim.io.atomic import write_text
 from dsim.replay.policies import START_KNOWN
 from validation.cells import Cell, group_runs, parse_run_name, stat, stats_of
 from validation.machine import REPO, git_commit
+from validation.manifest import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.metrics import METRICS, error
 from validation.predict import (
     PipelineBase,
@@ -50,7 +51,6 @@ from validation.predict import (
     supports,
 )
 from validation.swaps import term_swaps
-from validation.sweep import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
 from validation.targets import verdicts
 from validation.tunecheck import tune_rows
 
@@ -194,7 +194,7 @@ def check_against_summary(results: Path, measured: dict[str, dict[str, float]]) 
         if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in pairs_):
             raise ToolFailed(
                 f"run {row.run}: the harness's metrics differ from dsim's summary "
-                "(selection rules out of step with dsim.summary?)"
+                "(selection rules out of step with dsim.analysis.summary?)"
             )
 
 

@@ -5,7 +5,7 @@ comparison measures the bookkeeping instead of the model. So every number
 here — from a re-run's ``actual/actual`` replay, a per-iteration prediction
 or a pipeline prediction — comes from per-iteration rows through
 ``run_metrics``, which selects iterations exactly as ``dsim summarize`` does
-(``dsim.summary``: every epoch but the first when there are several, skip
+(``dsim.analysis.summary``: every epoch but the first when there are several, skip
 iterations <= 10 of each epoch, delay strictly above 30 ms is effective).
 The comparison checks that it reproduces dsim's own summary of every run.
 """
@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 from dsim.model.selection import default_epochs, selection_mask
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
 METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
 LABELS = {

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import re
 import shlex
@@ -49,14 +48,19 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dsim.errors import DsimError, InputError, UsageError
+from dsim.errors import DsimError, UsageError
 from dsim.io.atomic import write_json
 from validation.cpuwork import calibrate
 from validation.machine import REPO, git_commit, load_average, machine_facts
+from validation.manifest import (
+    BASE_PREFETCH,
+    CPU_OUT,
+    DEFAULT_OUT,
+    MANIFEST,
+    load_manifest,
+)
 from validation.regimes import REGIMES, SLEEP_REGIMES, Regime
 
-DEFAULT_OUT = REPO / "validation" / "data"  # the committed (legacy) sleep sweep
-CPU_OUT = REPO / "validation" / "data-cpu"  # the contention sweep's default
 PLANS = ("cpu", "legacy")
 CPU_REGIMES = ("cpu", "mixed", "decode", "balanced")
 CPU_WORKERS = (1, 2, 4, 8)
@@ -73,10 +77,7 @@ OVERHEAD_MS = 6.0
 TRAINER_CPU_MS = 2.0  # a rank's CPU per step besides compute (all-reduce, Python, log line)
 DECODE_COMPUTE_MS = 6.0
 VARIANTS = ("repeat", "min", "mean", "prefetch")
-BASE_PREFETCH = 2
 WHAT_IF_PREFETCH = (1, 4)
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
 JOB_TIMEOUT_S = 900
 
 
@@ -223,19 +224,6 @@ def settings_of(spec: RunSpec, args: argparse.Namespace) -> dict[str, object]:
         "batch_size": args.batch_size,
         "seed": args.seed,
     }
-
-
-def load_manifest(out: Path) -> dict:
-    path = out / MANIFEST
-    if not path.is_file():
-        return {"format": MANIFEST_FORMAT, "runs": {}}
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable manifest ({exc})") from exc
-    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("runs"), dict):
-        raise InputError(f"{path}: unknown manifest format")
-    return manifest
 
 
 def logs_complete(run_dir: Path, ranks: int) -> bool:

@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from validation.compare import dsim, unpack_logs
+from validation.manifest import DEFAULT_OUT, load_manifest
 from validation.regimes import Regime, align_table, cost_table
-from validation.sweep import DEFAULT_OUT, load_manifest
 
 
 def start_latencies(both: pd.DataFrame, job: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ files (``dsim.render.files.write_answer_files``) and the Python API render
 it. No output recomputes a verdict, picks a best policy or attributes a
 run by itself, so two outputs of one results directory cannot disagree.
 
-The best policy of a run is the verdict's (``dsim.verdict.best_row``: the
+The best policy of a run is the verdict's (``dsim.analysis.verdict.best_row``: the
 lowest mean iteration time, exact ties to the simpler policy); the
 overview and the table's ``best`` marker use the same rule.
 """
@@ -23,14 +23,14 @@ from typing import Any
 
 import pandas as pd
 
+from dsim.analysis.attribution import describe
+from dsim.analysis.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
+from dsim.analysis.verdict import Verdict, best_row, run_verdicts
 from dsim.app.attribution import ATTRIBUTION_STEM, run_table_path
-from dsim.attribution import describe
-from dsim.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
 from dsim.model.results import ResultRun
 from dsim.replay.policies import BASELINE
-from dsim.verdict import Verdict, best_row, run_verdicts
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class RunAnswer:
     best: tuple[str, str] | None  # the tie rule's best policy; None: no policy but measured
     verdict: Verdict | None
     headline: Verdict | None = None  # the more accurate model's verdict (``dsim run``)
-    attribution: tuple[str, ...] = ()  # ``dsim.attribution.describe`` lines
+    attribution: tuple[str, ...] = ()  # ``dsim.analysis.attribution.describe`` lines
     checks: tuple[CheckResult, ...] = ()
     notes: tuple[str, ...] = ()
     provenance: Mapping[str, Any] = field(default_factory=dict)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsim.attribution import (
+from dsim.analysis.attribution import (
     Attribution,
     LastOverTime,
     attribute,

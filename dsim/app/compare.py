@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsim.comparison import Comparison, compare
+from dsim.analysis.comparison import Comparison, compare
+from dsim.analysis.summary import summarize_results
 from dsim.errors import UsageError
 from dsim.io import lock
 from dsim.model.results import ResultRun, results_directories, scan_results
 from dsim.replay.policies import Policy
-from dsim.summary import summarize_results
 
 
 def one_run(path: Path, side: str) -> ResultRun:

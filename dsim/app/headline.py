@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dsim.analysis.headline import pipeline_verdict_on, replays_policies
+from dsim.analysis.verdict import DEFAULT_MODEL, Verdict
 from dsim.errors import DsimError
-from dsim.headline import pipeline_verdict_on, replays_policies
 from dsim.model.selection import selection_mask
-from dsim.verdict import DEFAULT_MODEL, Verdict
 
 #: The model FIDELITY.md shows more accurate, per kind of what-if `dsim run` verdicts make.
 MORE_ACCURATE = {"alignment": "pipeline"}

@@ -4,10 +4,10 @@ The command (``dsim.commands.report``) turns options into a ``ReportRequest``
 and prints what ``make_report`` did; everything between lives here:
 
 * which runs and policies are shown, and the names the page gives them;
-* the summary over the selection (``dsim.summary``) with the bars' p10/p90;
+* the summary over the selection (``dsim.analysis.summary``) with the bars' p10/p90;
 * the runs of the timeline/CDF/attribution switcher, largest predicted gain first;
-* per run, the verdict (``dsim.verdict``) and the attribution lines
-  (``dsim.attribution.describe``): the terminal's text, from the same functions;
+* the answer (``dsim.app.answer.build_answer``): per run the verdict, best policy and
+  attribution lines, the terminal's and every other output's, computed once;
 * per switcher run, the attribution figures' data: from the run's parsed trace
   when ``find_trace`` finds the one that was replayed (over the report's own
   selection, with "who was last" per window of iterations), else from the
@@ -25,6 +25,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dsim.analysis.attribution import attribution_table
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import summarize_results
+from dsim.app.answer import Answer, build_answer, with_headlines
 from dsim.app.attribution import (
     find_trace,
     read_attributions,
@@ -32,7 +36,6 @@ from dsim.app.attribution import (
     trace_attribution,
 )
 from dsim.app.summarize import runs_with_epochs
-from dsim.attribution import attribution_table, describe
 from dsim.config import DEFAULT_TRACES
 from dsim.errors import DsimError, InputError, OutputError, UsageError
 from dsim.io import lock
@@ -46,8 +49,6 @@ from dsim.model.results import (
 from dsim.model.selection import selection_mask
 from dsim.options import select_runs
 from dsim.replay.policies import BASELINE, Policy
-from dsim.summary import summarize_results
-from dsim.verdict import run_verdicts
 from dsim.words import counted
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-    from dsim.render.html import ReportInput, RunAttribution
+    from dsim.render.html import ReportView, RunAttribution
 
 MAX_TIMELINE_RUNS = 6
 """Runs whose timeline and CDF the page carries: each adds up to a few MB."""
@@ -74,20 +75,22 @@ class ReportRequest:
     threshold_s: float | None = None
     timeline_run: str | None = None
     traces: Path = DEFAULT_TRACES
+    force: bool = False  # accept a threshold of 1 s or more
 
 
 @dataclass
 class ReportOutcome:
-    """What ``make_report`` wrote, for the command to tell."""
+    """What ``make_report`` wrote, for the command to tell (and MLflow to log: ``answer``)."""
 
-    data: ReportInput
+    answer: Answer
+    view: ReportView
     figures: list[tuple[str, Any]]
     notes: list[str]
     out: Path
 
     @property
     def runs(self) -> int:
-        return len(dict.fromkeys(self.data.summary["run"]))
+        return len(dict.fromkeys(self.answer.summary["run"]))
 
 
 def check_output(out: Path) -> None:
@@ -121,18 +124,19 @@ def make_report(
     or hand the page to ``sink`` instead of writing ``request.out`` (``--out -``: stdout)."""
     from dsim.render.html import render_report, report_figures
 
+    check_threshold(request.threshold_s, force=request.force)
     if sink is None:
         check_output(request.out)
     with lock.shared(results_directories(list(request.results)), on_wait):
-        data, notes = read_report_input(request)
-    figs = report_figures(data)
-    page = render_report(data, figs)
+        answer, view, notes = read_report_input(request)
+    figs = report_figures(answer, view)
+    page = render_report(answer, view, figs)
     if sink is not None:
         sink(page)
     else:
         remove_leftovers(request.out.parent)  # temporaries of a killed report
         write_text(page, request.out)
-    return ReportOutcome(data, figs, notes, request.out)
+    return ReportOutcome(answer, view, figs, notes, request.out)
 
 
 def write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path | None:
@@ -200,10 +204,12 @@ def selection_text(row: Any) -> str:
     return f"{label} {epochs.replace(',', ', ')}, warm-up iterations ≤ {int(row['warmup'])} skipped"
 
 
-def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
-    """Everything the report shows, read from the results directories; and notes for the user."""
+def read_report_input(request: ReportRequest) -> tuple[Answer, ReportView, list[str]]:
+    """Everything the report shows, read from the results directories: the answer (the
+    summary over the report's selection, with its verdicts, headlines and attribution lines),
+    the figures' data, and notes for the user."""
     from dsim.app.headline import headlines
-    from dsim.render.html import ReportInput
+    from dsim.render.html import ReportView
 
     scan = scan_results(list(request.results))
     runs = select_runs(scan.runs, request.runs)
@@ -253,24 +259,30 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
         per_iteration = run_utilisation(by_name[name], request.traces, frame)
         if per_iteration is not None:
             utilisation[name] = per_iteration
-    blame = {name: describe(a.table) for name, a in attributions.items() if a.table is not None}
     first_row = summary[summary["run"] == chosen[0]].iloc[0]
     infos = {str(r.directory): r.info for r in runs}
-    verdicts = run_verdicts(summary, infos)
-    data = ReportInput(
-        summary=summary,
+    notes = [*skipped, *scan.notes(runs)]
+    answer = build_answer(
+        summary,
+        infos,
+        attributions={
+            str(by_name[name].directory): a.table
+            for name, a in attributions.items()
+            if a.table is not None
+        },
+        notes=notes,
+        result_runs=runs,
+    )
+    answer = with_headlines(answer, headlines(summary, answer.verdicts, request.traces, infos))
+    view = ReportView(
         timelines=timelines,
         threshold_s=float(first_row["threshold_s"]),
         selection=selection_text(first_row),
         sources=[str(p) for p in request.results],
-        verdicts=verdicts,
-        headlines=headlines(summary, verdicts, request.traces, infos),
-        blame=blame,
         attributions={name: attributions[name] for name in chosen},
         utilisation=utilisation,
         tune=tune_tables(runs, names),
     )
-    notes = [*skipped, *scan.notes(runs)]
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):
         notes.append(
@@ -278,7 +290,7 @@ def read_report_input(request: ReportRequest) -> tuple[ReportInput, list[str]]:
             "largest "
             "predicted gains); choose others with --timeline-run GLOB"
         )
-    return data, notes
+    return answer, view, notes
 
 
 def tune_tables(runs: list[ResultRun], names: dict[str, str]) -> dict[str, pd.DataFrame]:

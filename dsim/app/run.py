@@ -28,11 +28,13 @@ from typing import Any
 
 import pandas as pd
 
+from dsim.analysis.checks import Condition
+from dsim.analysis.sanity import check_threshold, recorded_selections, selection_changes
+from dsim.analysis.summary import summary_rows, summary_table
 from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
 from dsim.app.attribution import write_directory_attributions
 from dsim.app.runplan import RunPlan, logged_loader, pending_policies, plan_runs_of, refusal
 from dsim.app.runtask import RunReport, RunTask, finish_run, run_task
-from dsim.checks import Condition
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
@@ -47,8 +49,7 @@ from dsim.model.results import (
     stale_trace,
 )
 from dsim.model.tables import read_run
-from dsim.render.files import write_summary_files
-from dsim.summary import summary_rows, summary_table
+from dsim.render.files import write_answer_files
 
 __all__ = ["RunOutcome", "logged_loader", "run_replays"]  # logged_loader: from runplan
 
@@ -65,6 +66,7 @@ class RunOutcome:
     written: list[Path] = field(default_factory=list)
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)  # run -> reason -> count
     notes: list[str] = field(default_factory=list)  # runs skipped, and why
+    changes: list[str] = field(default_factory=list)  # recorded selections this run moved
 
 
 ProgressFactory = Callable[[int], Callable[[int], None] | None]
@@ -77,12 +79,17 @@ def run_replays(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     progress: ProgressFactory | None = None,
     on_wait: lock.Notify | None = None,
+    threshold_source: str = "--threshold",
 ) -> RunOutcome:
     """Replay every run and policy of a validated config; see the module docstring.
 
-    ``on_wait`` is told (once) when another ``dsim run`` holds the output
-    directory and this one waits for it.
+    A threshold of 1 s or more is refused unless ``force`` (it is in seconds; the message
+    names ``threshold_source``). ``on_wait`` is told (once) when another ``dsim run`` holds
+    the output directory and this one waits for it. ``RunOutcome.changes`` names each
+    run whose recorded selection (the default of ``dsim summarize``) this run moved.
     """
+    check_threshold(config.threshold_s, force=force, source=threshold_source)
+    before = recorded_selections(config.out, config.runs)
     began = time.perf_counter()
     _, source = configured_address(config.ray_address, FROM_SETTINGS)
     address = ray_address(config.ray_address)
@@ -93,6 +100,7 @@ def run_replays(
         reports = _in_process(config, force, chunk_rows, progress, on_wait)
     outcome = _gather(config, reports, executor)
     outcome.seconds = time.perf_counter() - began
+    outcome.changes = selection_changes(before, recorded_selections(config.out, config.runs))
     return outcome
 
 
@@ -189,7 +197,9 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
     summary = summary_table([row for report in replayed for row in report.rows])
     rows = [row for report in replayed for row in report.rows]
     level, notes = directory_summary(config.out, {Path(str(r["results"])) for r in rows}, rows)
-    written.extend(write_summary_files(level, config.out, ["parquet", "csv"], SUMMARY_STEM))
+    written.extend(
+        write_answer_files(directory_answer(level), config.out, ["parquet", "csv"], SUMMARY_STEM)
+    )
     written.extend(write_directory_attributions(config.out))
     skipped = [f"skipped run {r.name}: {r.skipped.reason}" for r in reports if r.skipped]
     computed = sum(report.computed for report in replayed)
@@ -259,3 +269,17 @@ def outcome_answer(
             answer, headlines(outcome.summary, answer.verdicts, config.traces, infos)
         )
     return answer
+
+
+def directory_answer(level: pd.DataFrame) -> Answer:
+    """The answer of the results directory's summary (``directory_summary``): every run's
+    verdict, best policy and attribution lines, which its ``summary.*`` files carry beside
+    the rows (``dsim.render.machine.answer_table``), as ``dsim summarize`` would say them."""
+    shown = [Path(str(d)) for d in dict.fromkeys(level["results"])] if "results" in level else []
+    runs = find_result_runs(shown)
+    return build_answer(
+        level,
+        {str(r.directory): r.info for r in runs},
+        attributions=attribution_rows(r.directory for r in runs),
+        result_runs=runs,
+    )

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, selected_iterations
+from dsim.analysis.throughput import batch_from_throughput, trace_batch_size
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
@@ -33,8 +35,6 @@ from dsim.replay.arrays import (
 from dsim.replay.models import DEFAULT_MODEL, STALL_ONLY_MODEL, ReplayModel, get_model
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import STALL_ONLY, Policy
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, selected_iterations
-from dsim.throughput import batch_from_throughput, trace_batch_size
 from dsim.words import counted
 
 

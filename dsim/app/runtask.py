@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from dsim.analysis.attribution import Attribution, attribution_table
+from dsim.analysis.summary import summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
 from dsim.app.runplan import (
     RunPlan,
@@ -35,7 +37,6 @@ from dsim.app.runplan import (
     replay_params,
     result_info,
 )
-from dsim.attribution import Attribution, attribution_table
 from dsim.config import SimConfig
 from dsim.errors import DsimError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
@@ -53,7 +54,6 @@ from dsim.model.results import (
 )
 from dsim.model.tables import RunTables, read_run
 from dsim.replay.policies import policy_label
-from dsim.summary import summary_rows
 
 OnRows = Callable[[int], None]
 

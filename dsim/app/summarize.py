@@ -9,13 +9,15 @@ rewrites them meanwhile), runs are selected, and only the replays each
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
+from dsim.analysis.checks import Condition
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import summarize_results
 from dsim.app.answer import Answer, attribution_rows, build_answer
-from dsim.checks import Condition
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.model.results import (
@@ -26,10 +28,8 @@ from dsim.model.results import (
 )
 from dsim.model.selection import Epochs
 from dsim.options import select_runs
-from dsim.render.files import write_summary_files
+from dsim.render.files import write_answer_files
 from dsim.replay.policies import Policy
-from dsim.sanity import check_threshold
-from dsim.summary import summarize_results
 
 
 @dataclass
@@ -80,30 +80,22 @@ def summarize_directories(
     epochs: Epochs = None,
     warmup: int | None = None,
     threshold_s: float | None = None,
-    out: Path | None = None,
-    formats: Sequence[str] = (),
-    on_wait: lock.Notify | None = None,
 ) -> Summarized:
-    """Summarise the runs of ``results``; with ``out``, also write ``summary.<format>`` there."""
+    """Summarise the runs of ``results`` (the caller holds their shared lock)."""
     paths = [Path(p) for p in results]
-    written: list[Path] = []
-    with lock.shared(results_directories(list(paths)), on_wait):
-        scan = scan_results(list(paths))
-        runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
-        runs, skipped = runs_with_epochs(runs, epochs)
-        check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
-        summary = summarize_results(
-            runs,
-            epochs=epochs,
-            warmup=warmup,
-            threshold_s=threshold_s,
-            policies=list(policies) if policies is not None else None,
-        )
-        attributions = attribution_rows(r.directory for r in runs)  # under the same lock
-        if out is not None:
-            remove_leftovers(out)  # temporaries of a killed writer
-            written = write_summary_files(summary, out, formats)
-    return Summarized(summary, runs, [*skipped, *scan.notes(runs)], written, attributions)
+    scan = scan_results(list(paths))
+    runs = select_runs(scan.runs, list(run_globs) if run_globs else None)
+    runs, skipped = runs_with_epochs(runs, epochs)
+    check_trace_versions(runs)  # replays of a trace re-parsed since are refused (§7.3)
+    summary = summarize_results(
+        runs,
+        epochs=epochs,
+        warmup=warmup,
+        threshold_s=threshold_s,
+        policies=list(policies) if policies is not None else None,
+    )
+    attributions = attribution_rows(r.directory for r in runs)
+    return Summarized(summary, runs, [*skipped, *scan.notes(runs)], [], attributions)
 
 
 def summarize_answer(
@@ -121,26 +113,31 @@ def summarize_answer(
     force: bool = False,
 ) -> Answer:
     """``dsim summarize``'s answer (``dsim.app.answer``): the summary of ``results``, each
-    run's verdict, attribution lines and checks, computed once for every renderer.
+    run's verdict, attribution lines and checks, computed once for every renderer; with
+    ``out``, also its table as ``summary.<format>`` files there (``write_answer_files``).
+    Everything is read, and written, under the results directories' shared lock.
     A ``threshold_s`` of 1 s or more is refused unless ``force`` (it is in seconds)."""
     check_threshold(threshold_s, force=force)
-    done = summarize_directories(
-        results,
-        run_globs=run_globs,
-        policies=policies,
-        epochs=epochs,
-        warmup=warmup,
-        threshold_s=threshold_s,
-        out=out,
-        formats=formats,
-        on_wait=on_wait,
-    )
-    return build_answer(
-        done.summary,
-        {str(r.directory): r.info for r in done.runs},
-        attributions=done.attributions,
-        conditions=conditions,
-        notes=done.notes,
-        written=done.written,
-        result_runs=done.runs,
-    )
+    paths = [Path(p) for p in results]
+    with lock.shared(results_directories(list(paths)), on_wait):
+        done = summarize_directories(
+            paths,
+            run_globs=run_globs,
+            policies=policies,
+            epochs=epochs,
+            warmup=warmup,
+            threshold_s=threshold_s,
+        )
+        answer = build_answer(
+            done.summary,
+            {str(r.directory): r.info for r in done.runs},
+            attributions=done.attributions,
+            conditions=conditions,
+            notes=done.notes,
+            result_runs=done.runs,
+        )
+        if out is not None:
+            remove_leftovers(out)  # temporaries of a killed writer
+            written = write_answer_files(answer, out, formats)
+            answer = replace(answer, written=tuple(written))
+    return answer

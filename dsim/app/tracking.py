@@ -1,13 +1,13 @@
-"""MLflow tracking of summaries and reports (``--mlflow``; docs/SPEC.md §7.5).
+"""MLflow tracking of an answer (``--mlflow``; docs/SPEC.md §7.5): the store's side.
 
-One MLflow run per dsim run (a results directory ``<out>/<run>[@variant]``)
-holds the settings as params, the summary of its rows as artifacts and, with
-``dsim report --mlflow``, the HTML report; one nested run per policy holds
-that policy's summary numbers as metrics. Runs are found again by the tag
-``dsim.key``: the replay cache's ingredients (results format, model, trace
-fingerprint, model parameters; docs/SPEC.md §7.2) plus every param logged, so
-running the same thing again updates its MLflow run instead of adding one,
-and a change of any param (which MLflow keeps immutable) makes a new one.
+What is logged is the answer's, rendered by ``dsim.render.mlflow`` (one MLflow
+run per dsim run, i.e. per results directory ``<out>/<run>[@variant]``, with
+its settings as params, its verdict, best policy and attribution lines as
+tags and its rows as artifacts; one nested run per policy with that policy's
+numbers as metrics; and, with ``dsim report --mlflow``, the HTML report).
+This module writes it into a store: it finds each run again by its tag
+``dsim.key`` (the same thing run again updates its MLflow run instead of
+adding one) and turns a store that cannot be used into one line.
 
 The store: ``mlflow.tracking_uri`` of the config, else ``MLFLOW_TRACKING_URI``,
 else a SQLite database ``./mlruns/mlflow.db`` with artifacts under
@@ -23,30 +23,25 @@ touches the network.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import logging
-import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from dsim import __version__
 from dsim.config import MlflowSettings
 from dsim.errors import OutputError, UsageError
-from dsim.model.results import RESULTS_FORMAT_VERSION, find_result_runs
-from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.files import write_summary_files
-from dsim.replay.policies import BASELINE
-from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
+from dsim.render.mlflow import KEY_TAG, PARENT_TAG, POLICY_TAG, RUN_NAME_TAG, answer_runs
 from dsim.words import counted
+
+if TYPE_CHECKING:
+    from dsim.app.answer import Answer
+    from dsim.render.mlflow import MlflowRun
 
 DEFAULT_DIRECTORY = Path("mlruns")
 DEFAULT_EXPERIMENT = "dsim"
@@ -55,39 +50,6 @@ EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 #: dsim is installed from a clone, not from an index: "dsim[mlflow]" would fetch
 #: nothing (or someone else's package); the extra's one requirement works anywhere.
 INSTALL_HINT = "pip install 'mlflow>=3.9' (in a clone of dsim: pip install -e '.[mlflow]')"
-
-#: Tags (filter in the MLflow UI with e.g. tags.`dsim.run` = 'myrun').
-KEY_TAG = "dsim.key"
-RUN_TAG = "dsim.run"
-MODEL_TAG = "dsim.model"  # the network the run name gives, as the summary's `model`
-REPLAY_MODEL_TAG = "dsim.replay_model"
-POLICY_TAG = "dsim.policy"
-PARENT_TAG = "mlflow.parentRunId"
-RUN_NAME_TAG = "mlflow.runName"
-#: Columns logged as metrics per policy (numbers only; NaN ones are left out).
-METRIC_COLUMNS = [
-    *STAT_COLUMNS,
-    *WHAT_IF_COLUMNS,
-    "batch_size_rank",
-    "throughput_rank_samples_s",
-    "throughput_job_samples_s",
-    "throughput_gain_samples_s",
-    "scaling_efficiency",
-]
-#: Summary columns logged as params of a dsim run (None ones are left out).
-PARAM_COLUMNS = [
-    "run",
-    *RUN_NAME_FIELDS,
-    "gpus",
-    "replay_model",
-    "loader_workers",
-    "loader_prefetch_factor",
-    "loader_changed",
-    "selected_epochs",
-    "warmup",
-    "threshold_s",
-]
-
 
 #: MLflow's HTTP client retries 7 times with a doubling backoff by default: an unreachable
 #: server took 248 s to fail. dsim's defaults (set when the variable is unset) bound one
@@ -165,102 +127,6 @@ def tracking_target(settings: MlflowSettings) -> tuple[str, Path | None]:
     return f"sqlite:///{directory / 'mlflow.db'}", directory / "artifacts"
 
 
-def _param_value(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value)
-    return text if text not in ("", "nan", "None", "<NA>") else None
-
-
-def run_params(info: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, str]:
-    """The params of one dsim run: its summary row's settings, the model's parameters
-    and the measured loader settings (``result.json``)."""
-    params: dict[str, str] = {}
-    for column in PARAM_COLUMNS:
-        value = _param_value(row.get(column))
-        if value is not None:
-            params[column] = value
-    params["run"] = str(info.get("run", params.get("run", "")))
-    for name, value in sorted((info.get("params") or {}).items()):
-        text = _param_value(value)
-        if text is not None:
-            params[f"replay.{name}"] = text
-    measured = ((info.get("loader") or {}).get("measured")) or {}
-    for name, value in sorted(measured.items()):
-        text = _param_value(value)
-        if text is not None:
-            params[f"loader_measured.{name}"] = text
-    logged = ((info.get("trace") or {}).get("loader")) or {}
-    for name in (
-        "num_workers",
-        "prefetch_factor",
-        "batch_size",
-        "persistent_workers",
-        "pin_memory",
-    ):
-        text = _param_value(logged.get(name))
-        if text is not None:
-            params[f"loader_log.{name}"] = text
-    return params
-
-
-def tracking_key(info: Mapping[str, Any], params: Mapping[str, str]) -> str:
-    """sha256 of the replay cache's ingredients (docs/SPEC.md §7.2, less the policy) and the
-    params: equal for a re-run of the same thing, different when MLflow would refuse a param."""
-    document = {
-        "format_version": RESULTS_FORMAT_VERSION,
-        "model": info.get("model", "per-iteration"),
-        "trace": info.get("input"),
-        "params": info.get("params"),
-        "logged": dict(params),
-    }
-    text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def policy_metrics(row: Mapping[str, Any]) -> dict[str, float]:
-    """A summary row's numbers as MLflow metrics (finite ones only)."""
-    out: dict[str, float] = {}
-    for column in METRIC_COLUMNS:
-        value = row.get(column)
-        if isinstance(value, bool) or value is None:
-            continue
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(number):
-            out[str(column)] = number
-    return out
-
-
-def _is_baseline(row: Mapping[str, Any]) -> bool:
-    return (row["fetch_align"], row["start_align"]) == BASELINE
-
-
-def run_metrics(rows: pd.DataFrame) -> tuple[dict[str, float], str | None]:
-    """A dsim run's own metrics: its best speed-up and the measured means; and the best policy."""
-    metrics: dict[str, float] = {}
-    best: str | None = None
-    speedups = rows["speedup"].astype("float64")
-    if speedups.notna().any():
-        from dsim.verdict import best_row  # the one tie rule (docs/SPEC.md §5.1)
-
-        top = best_row(rows[speedups.notna()].to_dict("records"))
-        metrics["best_speedup"] = float(top["speedup"])
-        best = f"{top['fetch_align']}/{top['start_align']}"
-    base = rows[[_is_baseline(r) for _, r in rows.iterrows()]]
-    if len(base):
-        measured = base.iloc[0]
-        for column in ("iteration_s_mean", "stall_s_mean", "delay_s_mean", "effective_delay_pct"):
-            value = float(measured[column])
-            if math.isfinite(value):
-                metrics[f"measured_{column}"] = value
-    return metrics, best
-
-
 @contextmanager
 def _quiet_mlflow() -> Iterator[None]:
     """MLflow and alembic announce migrations and experiments on stderr, and log whole
@@ -303,14 +169,14 @@ def _is_store_error(exc: BaseException) -> bool:
     return str(raised_in).split(".")[0] in _STORE_ERROR_MODULES
 
 
-def track_summary(
-    summary: pd.DataFrame,
+def track_answer(
+    answer: Answer,
     settings: MlflowSettings,
     *,
     artifacts: Sequence[Path] = (),
     command: str = "run",
 ) -> TrackingOutcome:
-    """Log every dsim run of ``summary`` (rows grouped by their ``results`` directory).
+    """Log every run of ``answer`` (``dsim.render.mlflow.answer_runs``) into the store.
 
     ``artifacts`` (e.g. the HTML report) are attached to every dsim run logged,
     beside ``summary.csv`` and ``summary.parquet`` of that run's own rows.
@@ -324,11 +190,7 @@ def track_summary(
     check_tracking_uri(uri)
     experiment_name = settings.experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     outcome = TrackingOutcome(uri, experiment_name)
-    directories = list(dict.fromkeys(str(d) for d in summary["results"]))
-    infos = {
-        str(r.directory): r.info.document()
-        for r in find_result_runs([Path(d) for d in directories])
-    }
+    records = answer_runs(answer, command=command)
     try:
         with _quiet_mlflow():
             if artifact_root is not None:  # SQLite creates the file, not its directory
@@ -343,20 +205,9 @@ def track_summary(
                     artifact_location=None if artifact_root is None else artifact_root.as_uri(),
                 )
             )
-            for directory in directories:
-                rows = summary[summary["results"].astype(str) == directory]
-                info = infos.get(directory) or {}
+            for record in records:
                 outcome.runs.append(
-                    _track_run(
-                        client,
-                        experiment_id,
-                        rows,
-                        info,
-                        Path(directory).name,
-                        artifacts,
-                        command,
-                        (Metric, Param, RunTag),
-                    )
+                    _track_run(client, experiment_id, record, artifacts, (Metric, Param, RunTag))
                 )
     except mlflow.exceptions.MlflowException as exc:
         raise OutputError(f"cannot log to MLflow at {uri}: {_first_line(exc)}") from exc
@@ -383,96 +234,54 @@ def _find(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
 def _track_run(
     client: Any,
     experiment_id: str,
-    rows: pd.DataFrame,
-    info: Mapping[str, Any],
-    directory_name: str,
+    record: MlflowRun,
     artifacts: Sequence[Path],
-    command: str,
     entities: tuple[Any, Any, Any],
 ) -> Tracked:
+    """One dsim run into the store: created, or found by its key and updated."""
     Metric, Param, RunTag = entities
-    first = rows.iloc[0]
-    params = run_params(info, first)
-    key = tracking_key(info, params)
-    network = params.get("model", "")
-    tags = {
-        KEY_TAG: key,
-        RUN_TAG: params["run"],
-        MODEL_TAG: network,
-        REPLAY_MODEL_TAG: params.get("replay_model", ""),
-        "dsim.directory": directory_name,
-        "dsim.command": command,
-        "dsim.version": __version__,
-        "dsim.policies": ",".join(
-            f"{r['fetch_align']}/{r['start_align']}" for _, r in rows.iterrows()
-        ),
-    }
-    found = _find(client, experiment_id, f"tags.`{KEY_TAG}` = '{key}'")
+    found = _find(client, experiment_id, f"tags.`{KEY_TAG}` = '{record.key}'")
     parents = [r for r in found if PARENT_TAG not in r.data.tags]
     created = not parents
     if created:
-        parent = client.create_run(experiment_id, tags={RUN_NAME_TAG: directory_name, **tags})
+        parent = client.create_run(experiment_id, tags={RUN_NAME_TAG: record.name, **record.tags})
         run_id = parent.info.run_id
-        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+        client.log_batch(run_id, params=[Param(k, v) for k, v in record.params.items()])
     else:
         run_id = parents[0].info.run_id
     now = _now_ms()
-    metrics, best = run_metrics(rows)
-    if best is not None:
-        tags["dsim.best_policy"] = best
     client.log_batch(
         run_id,
-        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
-        tags=[RunTag(k, v) for k, v in tags.items()],
+        metrics=[Metric(k, v, now, 0) for k, v in record.metrics.items()],
+        tags=[RunTag(k, v) for k, v in record.tags.items()],
     )
     children = {
         r.data.tags.get(POLICY_TAG): r.info.run_id
         for r in _find(client, experiment_id, f"tags.`{PARENT_TAG}` = '{run_id}'")
     }
-    replay_keys = info.get("policies") or {}
-    for _, row in rows.iterrows():
-        label = f"{row['fetch_align']}/{row['start_align']}"
-        child_tags = {
-            RUN_TAG: params["run"],
-            MODEL_TAG: network,
-            REPLAY_MODEL_TAG: params.get("replay_model", ""),
-            POLICY_TAG: label,
-            "dsim.fetch_align": str(row["fetch_align"]),
-            "dsim.start_align": str(row["start_align"]),
-            "dsim.replay_key": str(
-                replay_keys.get(f"{row['fetch_align']}__{row['start_align']}", "")
-            ),
-        }
-        child_id = children.get(label)
+    for policy in record.policies:
+        child_id = children.get(policy.label)
         if child_id is None:
             child = client.create_run(
-                experiment_id, tags={RUN_NAME_TAG: label, PARENT_TAG: run_id, **child_tags}
+                experiment_id,
+                tags={RUN_NAME_TAG: policy.label, PARENT_TAG: run_id, **policy.tags},
             )
             child_id = child.info.run_id
-            client.log_batch(
-                child_id,
-                params=[
-                    Param("policy", label),
-                    Param("fetch_align", str(row["fetch_align"])),
-                    Param("start_align", str(row["start_align"])),
-                ],
-            )
+            client.log_batch(child_id, params=[Param(k, v) for k, v in policy.params.items()])
             client.set_terminated(child_id, "FINISHED")
         client.log_batch(
             child_id,
-            metrics=[Metric(k, v, now, 0) for k, v in policy_metrics(row).items()],
-            tags=[RunTag(k, v) for k, v in child_tags.items()],
+            metrics=[Metric(k, v, now, 0) for k, v in policy.metrics.items()],
+            tags=[RunTag(k, v) for k, v in policy.tags.items()],
         )
     with tempfile.TemporaryDirectory(prefix="dsim-mlflow-") as tmp:
-        for path in write_summary_files(
-            rows.reset_index(drop=True), tmp, ["csv", "parquet"], "summary"
-        ):
+        for path in write_summary_files(record.rows, tmp, ["csv", "parquet"], "summary"):
             client.log_artifact(run_id, str(path))
     for path in artifacts:
         client.log_artifact(run_id, str(path))
     if created:
         client.set_terminated(run_id, "FINISHED")
-    return Tracked(directory_name, run_id, created, len(rows))
+    return Tracked(record.name, run_id, created, len(record.policies))
 
 
 def _now_ms() -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
@@ -22,7 +23,6 @@ from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED, check_stream_workers, measured_loader
 from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import KNOWN
-from dsim.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.tuning import (
     DEFAULT_PREFETCH,
     LOADER_WHATIF_ERROR,
@@ -34,6 +34,7 @@ from dsim.tuning import (
     cores_per_rank,
     default_workers,
     flattening,
+    parse_counts,
     sweep,
 )
 from dsim.words import counted
@@ -321,3 +322,13 @@ def resolve_run(run: str, traces: Path) -> Path:
         f"no parsed run {run!r} (looked for {candidate}/run.json and {path}/run.json; "
         "run `dsim parse` first)"
     )
+
+
+def loader_grids(
+    workers: str | None, prefetch: str | None
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """``--workers`` and ``--prefetch`` (``1,2,4``, ``1-8``) as the grids to sweep, checked
+    before any work (None: the default grid)."""
+    grid_w = parse_counts(workers, "--workers", 0) if workers is not None else None
+    grid_p = parse_counts(prefetch, "--prefetch", 1) if prefetch is not None else None
+    return grid_w, grid_p

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from dsim.analysis.sanity import check_threshold
+from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 from dsim.app.parse import with_clocks_set
 from dsim.app.runplan import logged_loader
 from dsim.errors import InputError, UsageError
@@ -45,7 +47,6 @@ from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.policies import Policy
 from dsim.sources import RunSource, get_source
 from dsim.sources.follow import LogFollower
-from dsim.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 
 #: Complete iterations held before the window, at least (see the module docstring); the
 #: headline's pipeline model is calibrated on as many before the window (``dsim.live``).
@@ -74,6 +75,7 @@ class Watch:
         threshold_s: float = DEFAULT_THRESHOLD_S,
         policies: Sequence[Policy] = DEFAULT_POLICIES,
     ) -> None:
+        check_threshold(threshold_s, force=False)  # in seconds: 30 meant as 30 ms is refused
         if window < 1:
             raise UsageError(f"--window {window}: the window needs at least 1 iteration")
         self.name, self.path = _the_run(Path(path))

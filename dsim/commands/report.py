@@ -128,9 +128,6 @@ def command(
 ) -> None:
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
-    from dsim.sanity import check_threshold
-
-    check_threshold(threshold, force=force)
     epoch_sel = parse_epochs_option(epochs)
     policies = [parse_policy_option(p) for p in policy or []] or None
     if mlflow:
@@ -162,6 +159,7 @@ def command(
             threshold_s=threshold,
             timeline_run=timeline_run,
             traces=traces,
+            force=force,
         ),
         say,
         sink=sys.stdout.write if to_stdout else None,
@@ -185,12 +183,10 @@ def command(
 
     tracked = None
     if mlflow:
-        from dsim.app.tracking import track_summary
+        from dsim.app.tracking import track_answer
         from dsim.config import MlflowSettings
 
-        tracked = track_summary(
-            outcome.data.summary, MlflowSettings(), artifacts=[out], command="report"
-        )
+        tracked = track_answer(outcome.answer, MlflowSettings(), artifacts=[out], command="report")
     if quiet:
         if images is not None:
             images_out()
@@ -199,7 +195,7 @@ def command(
     runs = outcome.runs
     typer.echo(
         f"wrote {out} ({runs} run{'s' if runs != 1 else ''}, "
-        f"{len(outcome.data.summary)} policy rows, {size_mb:.1f} MB)"
+        f"{len(outcome.answer.summary)} policy rows, {size_mb:.1f} MB)"
     )
     if tracked is not None:
         typer.echo(tracked.text(), err=True)

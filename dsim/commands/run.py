@@ -197,7 +197,6 @@ def command(
     from dsim.app.run import outcome_answer, run_replays
     from dsim.config import Overrides, load_config
     from dsim.options import parse_epochs_option, parse_policy_option
-    from dsim.sanity import check_threshold, recorded_selections, selection_changes
 
     conditions = parse_conditions(fail_if)
     policies = tuple(parse_policy_option(p) for p in policy_specs or ())
@@ -223,8 +222,6 @@ def command(
 
         require_mlflow(config.mlflow)  # before any work
     source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
-    check_threshold(config.threshold_s, force=force, source=source)
-    before = recorded_selections(config.out, config.runs)
     err = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         outcome = run_replays(
@@ -232,16 +229,19 @@ def command(
             force=force,
             progress=None if quiet else _progress_factory(err, stack),
             on_wait=None if quiet else lambda text: _say(err, f"dsim: {text}"),
+            threshold_source=source,
         )
+    # The headline (the pipeline model's verdict) is what the terminal says first;
+    # --json and --quiet print no verdict, and MLflow logs each run's own.
+    answer = outcome_answer(outcome, config, conditions, headline=not (as_json or quiet))
     tracked = None
     if config.mlflow is not None:
-        from dsim.app.tracking import track_summary
+        from dsim.app.tracking import track_answer
 
-        tracked = track_summary(outcome.summary, config.mlflow, command="run")
+        tracked = track_answer(answer, config.mlflow, command="run")
     if quiet and not as_json:
-        outcome_answer(outcome, config, conditions).raise_if_held()
+        answer.raise_if_held()
         return
-    answer = outcome_answer(outcome, config, conditions, headline=not as_json)
     if as_json:
         from dsim.render.machine import answer_document, dumps
 
@@ -250,7 +250,7 @@ def command(
         if quiet:
             answer.raise_if_held()
             return
-    for note in selection_changes(before, recorded_selections(config.out, config.runs)):
+    for note in outcome.changes:
         _say(err, f"dsim: {note}")
     for note in answer.notes:
         _say(err, f"dsim: note: {note}")

@@ -61,7 +61,7 @@ def command(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")] = False,
 ) -> None:
-    """Write synthetic raw DDP training logs (docs/SPEC.md §1) from a queueing model.
+    """Write synthetic raw DDP logs (format: `dsim help spec 1`) from a queueing model.
 
     Same parameters and seed give byte-identical logs. Example:
 

@@ -66,13 +66,11 @@ def command(
     ] = False,
     quiet: Quiet = False,
 ) -> None:
-    from dsim.app.tune import resolve_run, tune_run
+    from dsim.app.tune import loader_grids, resolve_run, tune_run
     from dsim.options import parse_epochs_option
     from dsim.render import tune as render
-    from dsim.tuning import parse_counts
 
-    grid_w = parse_counts(workers, "--workers", 0) if workers is not None else None
-    grid_p = parse_counts(prefetch, "--prefetch", 1) if prefetch is not None else None
+    grid_w, grid_p = loader_grids(workers, prefetch)
     chosen = parse_epochs_option(epochs)
     dirs = [resolve_run(run, traces) for run in runs]
     results = [

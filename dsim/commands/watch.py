@@ -63,11 +63,9 @@ def command(
     from dsim.errors import UsageError
     from dsim.render import live as render
     from dsim.render.console import stdout_console
-    from dsim.sanity import check_threshold
 
     if as_json and not once:
         raise UsageError("--json prints one snapshot: use it with --once")
-    check_threshold(threshold, force=False)
     with Watch(logdir, window=window, warmup=warmup, threshold_s=threshold) as watch:
         if once:
             snapshot = watch.look()

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from dsim.errors import UsageError
 from dsim.io.atomic import write_parquet, write_text
-from dsim.render.machine import dumps, summary_records
+from dsim.render.machine import answer_table, dumps, summary_records
 
 if TYPE_CHECKING:
     from dsim.app.answer import Answer
@@ -78,12 +78,16 @@ def summary_bytes(summary: pd.DataFrame, name: str) -> bytes:
         return path.read_bytes()
 
 
-def write_answer_files(answer: Answer, out: str | Path, formats: Sequence[str]) -> list[Path]:
-    """An ``Answer``'s summary as ``<out>/summary.<format>`` files (the rows its verdicts,
-    overview and checks were computed from, so the files agree with every other output)."""
-    return write_summary_files(answer.summary, out, formats)
+def write_answer_files(
+    answer: Answer, out: str | Path, formats: Sequence[str], stem: str = "summary"
+) -> list[Path]:
+    """An ``Answer``'s table (``dsim.render.machine.answer_table``: the summary rows its
+    verdicts, overview and checks were computed from, with its best policy, verdict and
+    attribution per row) as ``<out>/<stem>.<format>`` files, so the files agree with every
+    other output."""
+    return write_summary_files(answer_table(answer), out, formats, stem)
 
 
 def answer_bytes(answer: Answer, name: str) -> bytes:
     """The bytes ``write_answer_files`` would write for one format (``--out -``)."""
-    return summary_bytes(answer.summary, name)
+    return summary_bytes(answer_table(answer), name)

@@ -26,18 +26,20 @@ import plotly.io as pio
 from markupsafe import Markup, escape
 
 from dsim import __version__
-from dsim.attribution import FIXED_STRAGGLER_SHARE
+from dsim.analysis.attribution import FIXED_STRAGGLER_SHARE
+from dsim.analysis.verdict import original_line
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
 from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
 from dsim.render.units import time_number, time_text, time_unit
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
-from dsim.verdict import original_line
+from dsim.spec import COMMAND as SPEC_COMMAND
+from dsim.spec import cite
 from dsim.words import counted
 
 if TYPE_CHECKING:
-    from dsim.attribution import LastOverTime
-    from dsim.verdict import Verdict
+    from dsim.analysis.attribution import LastOverTime
+    from dsim.app.answer import Answer
 
 PLOT_CONFIG = {
     "displaylogo": False,
@@ -49,27 +51,21 @@ PLOT_CONFIG = {
 
 
 @dataclass
-class ReportInput:
-    """Everything the page shows, already selected and summarised."""
+class ReportView:
+    """What the page shows beyond the answer (``dsim.app.answer.Answer``: the summary rows,
+    verdicts, headlines and attribution lines, which every output shares): the figures'
+    data and the page's header, already selected."""
 
-    summary: pd.DataFrame
     timelines: Mapping[str, Mapping[Policy, pd.DataFrame]]
     """Runs offered in the timeline and CDF switcher, the one shown first first."""
     threshold_s: float
     selection: str  # e.g. "epochs 1–4, warm-up iterations ≤ 10 skipped"
     sources: Sequence[str] = ()
-    verdicts: Sequence[Verdict] = ()
-    """One per run with a verdict (``dsim.verdict.run_verdicts``), in summary order."""
-    blame: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    """Run → attribution lines (``dsim.attribution.describe``), shown under its verdict."""
     attributions: Mapping[str, RunAttribution] = field(default_factory=dict)
     """Run of ``timelines`` → what its attribution figures show, or why they are absent."""
     utilisation: Mapping[str, pd.DataFrame] = field(default_factory=dict)
     """Run of ``timelines`` → GPU utilisation per iteration (``util_pct_gpu<N>``), rows in
     its replays' order, for runs whose trace has utilisation samples (SPEC §1.9)."""
-    headlines: Mapping[str, Verdict] = field(default_factory=dict)
-    """Results directory → the more accurate model's verdict, shown first (``dsim run``'s
-    headline, ``dsim.app.headline``), with the original verdict's number below it."""
     tune: Mapping[str, pd.DataFrame] = field(default_factory=dict)
     """Run → its ``dsim tune`` table (``<results>/tune/<run>.parquet``), where one was written."""
 
@@ -218,7 +214,7 @@ RUNS_FIELDS = (
         "batch per GPU",
         "batch_size_rank",
         "",
-        "samples per GPU and iteration (docs/SPEC.md §5.5: the loader line, the Throughput "
+        f"samples per GPU and iteration ({cite('5.5')}: the loader line, the Throughput "
         "field, or the run name's global b<B> ÷ GPUs)",
     ),
     ("workers", "workers", "", ""),
@@ -295,8 +291,13 @@ def _figure_div(fig: go.Figure, div_id: str, *, first: bool) -> Markup:
     )
 
 
-def _best_policy(summary: pd.DataFrame, run: str) -> Policy | None:
-    """The policy the timeline opens on: the run's largest predicted speedup."""
+def _best_policy(answer: Answer, run: str) -> Policy | None:
+    """The policy the timeline opens on: the run's best by the answer's tie rule (the
+    verdict's), else — when no policy beats the measured run — its largest speed-up."""
+    found = next((r for r in answer.runs if r.run == run), None)
+    if found is not None and found.best is not None and found.best != BASELINE:
+        return found.best
+    summary = answer.summary
     rows = summary[(summary["run"] == run) & summary["speedup"].notna()]
     rows = rows[(rows["fetch_align"] != BASELINE[0]) | (rows["start_align"] != BASELINE[1])]
     if rows.empty:
@@ -304,47 +305,47 @@ def _best_policy(summary: pd.DataFrame, run: str) -> Policy | None:
     return figures.policy_of(rows.loc[rows["speedup"].idxmax()])
 
 
-def run_labels(data: ReportInput) -> dict[str, str]:
+def run_labels(summary: pd.DataFrame) -> dict[str, str]:
     """Short labels of the page's runs (titles, axes); full names stay on hover and in tables."""
-    return figures.short_labels(list(dict.fromkeys(data.summary["run"])))
+    return figures.short_labels(list(dict.fromkeys(summary["run"])))
 
 
-def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
+def report_figures(answer: Answer, view: ReportView) -> list[tuple[str, go.Figure]]:
     """The page's figures with their div ids, in page order.
 
-    The timeline and the CDF of the first run of ``data.timelines`` are
+    The timeline and the CDF of the first run of ``view.timelines`` are
     ``fig-timeline`` and ``fig-cdf``; those of the others ``fig-timeline-<i>`` and
     ``fig-cdf-<i>``, shown by the page's run switcher; likewise the attribution
     figures ``fig-attr-workers`` and ``fig-attr-last`` (only where there is data).
     """
-    labels = run_labels(data)
+    summary = answer.summary
+    labels = run_labels(summary)
     out: list[tuple[str, go.Figure]] = []
-    for i, run in enumerate(dict.fromkeys(data.summary["run"])):
-        out.append((f"fig-whatif-{i}", figures.heatmap_figure(data.summary, run, labels[run])))
-    for i, (run, table) in enumerate(data.tune.items()):
+    for i, run in enumerate(dict.fromkeys(summary["run"])):
+        out.append((f"fig-whatif-{i}", figures.heatmap_figure(summary, run, labels[run])))
+    for i, (run, table) in enumerate(view.tune.items()):
         out.append((f"fig-tune-{i}", figures.tune_figure(table, labels.get(run, run))))
-    out.append(("fig-bars", figures.bars_figure(data.summary)))
-    out.append(("fig-scaling", figures.scaling_figure(data.summary)))
-    selection = f", {data.selection}" if data.selection else ""
-    threshold = data.threshold_s
+    out.append(("fig-bars", figures.bars_figure(summary)))
+    out.append(("fig-scaling", figures.scaling_figure(summary)))
+    selection = f", {view.selection}" if view.selection else ""
+    threshold = view.threshold_s
     # the timeline and the CDF of one run show the same iterations and threshold
-    for i, (run, replays) in enumerate(data.timelines.items()):
+    for i, (run, replays) in enumerate(view.timelines.items()):
         suffix = "" if i == 0 else f"-{i}"
-        best = _best_policy(data.summary, run)
         label = labels.get(run, run)
         timeline = figures.timeline_figure(
             label,
             replays,
             threshold_s=threshold,
             selection=selection,
-            selected=best,
-            utilisation=data.utilisation.get(run),
+            selected=_best_policy(answer, run),
+            utilisation=view.utilisation.get(run),
         )
         cdf = figures.cdf_figure(label, replays, threshold_s=threshold, selection=selection)
         out += [(f"fig-timeline{suffix}", timeline), (f"fig-cdf{suffix}", cdf)]
-    for i, run in enumerate(data.timelines):
+    for i, run in enumerate(view.timelines):
         suffix = "" if i == 0 else f"-{i}"
-        attribution = data.attributions.get(run)
+        attribution = view.attributions.get(run)
         if attribution is None or attribution.table is None or attribution.table.empty:
             continue
         if (attribution.table["worker"] < 0).all():  # by stalls alone: no fetches to draw
@@ -361,29 +362,32 @@ def report_figures(data: ReportInput) -> list[tuple[str, go.Figure]]:
     return out
 
 
-def verdicts_view(data: ReportInput, labels: Mapping[str, str]) -> list[dict[str, object]]:
-    """Per run: its verdict sentence and, below it, its attribution lines: the terminal's
-    text (``dsim run``, ``dsim summarize``), from the same functions."""
+def verdicts_view(answer: Answer, labels: Mapping[str, str]) -> list[dict[str, object]]:
+    """Per run with a verdict: the sentence the terminal prints first (the headline where
+    there is one, with the run's own verdict one line below it), its caveats and the
+    run's attribution lines — all the answer's (``dsim.app.answer``), none recomputed."""
     out: list[dict[str, object]] = []
-    for v in data.verdicts:
-        head = data.headlines.get(v.results) if v.results is not None else None
-        said = v if head is None else head
-        original = [] if head is None else [original_line(v)]  # dsim.verdict
+    for run in answer.runs:
+        v = run.verdict
+        if v is None:
+            continue
+        said = v if run.headline is None else run.headline
+        original = [] if run.headline is None else [original_line(v)]  # dsim.analysis.verdict
         caveats = [f"caveat: {note}" for note in said.caveats]
         out.append(
             {
                 "run": v.run,
                 "label": labels.get(v.run, v.run),
                 "text": said.text,
-                "lines": [*original, *caveats, *data.blame.get(v.run, ())],
+                "lines": [*original, *caveats, *run.attribution],
             }
         )
     return out
 
 
-def verdict_html(data: ReportInput, labels: Mapping[str, str]) -> str:
+def verdict_html(answer: Answer, view: ReportView) -> str:
     """The ``#verdict`` section of the page, alone (tests, notebooks)."""
-    page = render_report(data, figs=[])
+    page = render_report(answer, view, figs=[])
     return page.split("<section id='verdict'>", 1)[1].split("</section>", 1)[0]
 
 
@@ -407,13 +411,13 @@ def _attribution_parts(
 
 
 def _switch_runs(
-    data: ReportInput, divs: Mapping[str, Markup], labels: Mapping[str, str]
+    view: ReportView, divs: Mapping[str, Markup], labels: Mapping[str, str]
 ) -> list[dict[str, object]]:
     """The runs of the timeline/CDF/attribution switcher, each with its figures."""
     out: list[dict[str, object]] = []
-    for i, run in enumerate(data.timelines):
+    for i, run in enumerate(view.timelines):
         suffix = "" if i == 0 else f"-{i}"
-        attribution = data.attributions.get(run)
+        attribution = view.attributions.get(run)
         out.append(
             {
                 "name": run,
@@ -429,27 +433,35 @@ def _switch_runs(
 
 def footer_text(summary: pd.DataFrame) -> str:
     """The footer: the spec sections of the replay models the page shows (per-iteration,
-    pipeline, stall-only), not always the per-iteration one."""
+    pipeline, stall-only), not always the per-iteration one, and how to read them."""
     column = summary.get("replay_model", pd.Series(["per-iteration"] * len(summary)))
     models = [str(m) for m in dict.fromkeys(column.fillna("per-iteration"))]
     known = [MODEL_FOOTERS[m] for m in models if m in MODEL_FOOTERS]
     other = [m for m in models if m not in MODEL_FOOTERS]
     cited = "; ".join(known + [f"the {m} model" for m in other])
-    return f"Replays follow docs/SPEC.md of dsim {__version__}: {cited}."
+    return (
+        f"Replays follow the specification of dsim {__version__}: {cited}. "
+        f"Print a section with: {SPEC_COMMAND} SECTION (the spec ships with dsim)."
+    )
 
 
-def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = None) -> str:
-    """The complete HTML document, from ``templates/report.html.j2`` (autoescaped)."""
-    figs = report_figures(data) if figs is None else figs
+def render_report(
+    answer: Answer, view: ReportView, figs: list[tuple[str, go.Figure]] | None = None
+) -> str:
+    """The complete HTML document of an answer, from ``templates/report.html.j2``
+    (autoescaped): the answer's summary, verdicts and attribution lines, with the figures
+    and tables of ``view``."""
+    summary = answer.summary
+    figs = report_figures(answer, view) if figs is None else figs
     divs = {div_id: _figure_div(fig, div_id, first=i == 0) for i, (div_id, fig) in enumerate(figs)}
-    runs = list(dict.fromkeys(data.summary["run"]))
-    labels = run_labels(data)
-    threshold = f"{data.threshold_s:g} s"
+    runs = list(dict.fromkeys(summary["run"]))
+    labels = run_labels(summary)
+    threshold = f"{view.threshold_s:g} s"
     nav = [
         ("verdict", "Verdict"),
         ("runs", "Runs"),
         ("whatif", "What-if"),
-        *([("tune", "Settings")] if data.tune else []),
+        *([("tune", "Settings")] if view.tune else []),
         ("bars", "Time & stall"),
         ("scaling", "Throughput"),
         ("timeline", "Timeline"),
@@ -457,29 +469,30 @@ def render_report(data: ReportInput, figs: list[tuple[str, go.Figure]] | None = 
         ("attribution", "Attribution"),
         ("summary", "Summary"),
     ]
-    runs_head, runs_body = runs_rows(data.summary, labels)
-    summary_head, summary_body = summary_rows(data.summary)
+    runs_head, runs_body = runs_rows(summary, labels)
+    summary_head, summary_body = summary_rows(summary)
     context = {
         "title_runs": ", ".join(runs[:3]) + (" …" if len(runs) > 3 else ""),
         "run_count": counted(len(runs), "run"),
-        "selection": data.selection,
+        "selection": view.selection,
         "threshold": threshold,
-        "sources": ", ".join(data.sources),
+        "sources": ", ".join(view.sources),
         "version": __version__,
         "nav": nav,
-        "verdicts": verdicts_view(data, labels),
+        "verdicts": verdicts_view(answer, labels),
         "runs_fields": runs_head,
         "runs_rows": runs_body,
         "whatif": [v for k, v in divs.items() if k.startswith("fig-whatif-")],
-        "stall_only": bool(data.summary["fetch_align"].map(is_stall_alignment).any()),
+        "stall_only": bool(summary["fetch_align"].map(is_stall_alignment).any()),
         "tune": [v for k, v in divs.items() if k.startswith("fig-tune-")],
         "figures": {k: divs.get(k, "") for k in ("fig-bars", "fig-scaling")},
-        "switch_runs": _switch_runs(data, divs, labels),
+        "switch_runs": _switch_runs(view, divs, labels),
         "many_ranks": MANY_RANKS,
         "top_ranks": TOP_RANKS,
         "fixed_share": f"{FIXED_STRAGGLER_SHARE:.0f} %",
         "summary_head": summary_head,
         "summary_rows": summary_body,
-        "footer": footer_text(data.summary),
+        "footer": footer_text(summary),
+        "cite": cite,
     }
     return _environment().get_template("report.html.j2").render(context)

@@ -14,7 +14,7 @@ from dsim.render.console import wrap_prose
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from dsim.verdict import Verdict
+    from dsim.analysis.verdict import Verdict
 
 
 def print_verdicts(
@@ -66,7 +66,7 @@ def verdict_block(
     if said is not None:
         out.append((f"{prefix}{said.text}", "", "bold"))
         if head is not None and v is not None:
-            from dsim.verdict import original_line
+            from dsim.analysis.verdict import original_line
 
             out.append((original_line(v), "  ", ""))
         out.extend((f"caveat: {note}", "  ", "") for note in said.caveats)
@@ -77,7 +77,7 @@ def verdict_block(
 def attribution_lines(attributions: Any, summary: Any) -> dict[str, list[str]]:
     """Run → attribution lines, for runs whose recorded selection is the summary's own
     (lines computed over other iterations than the table below would mislead)."""
-    from dsim.attribution import describe
+    from dsim.analysis.attribution import describe
 
     if attributions is None or attributions.empty:
         return {}

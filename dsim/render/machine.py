@@ -3,7 +3,7 @@
 One JSON object on stdout, nothing else, so that ``jq`` and scripts read it:
 ``format_version``, ``dsim_version``, ``summary`` (the summary rows, the
 same records as ``summary.json``), ``verdicts`` (one per run and results
-directory, ``dsim.verdict.Verdict`` fields) and ``checks`` (the ``--fail-if``
+directory, ``dsim.analysis.verdict.Verdict`` fields) and ``checks`` (the ``--fail-if``
 conditions evaluated per run). JSON has no NaN or infinity: such numbers are
 written as null, and ``json.dumps(allow_nan=False)`` guarantees that no
 other one slips through.
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from dsim.analysis.checks import CheckResult
+    from dsim.analysis.comparison import Comparison
+    from dsim.analysis.verdict import Verdict
     from dsim.app.answer import Answer
-    from dsim.checks import CheckResult
-    from dsim.comparison import Comparison
     from dsim.model.runinfo import RunInfo
-    from dsim.verdict import Verdict
 
 #: Version of the document's layout; a change of meaning adds a key or bumps it.
 MACHINE_FORMAT_VERSION = 1
@@ -72,11 +72,50 @@ def document(
     }
 
 
+#: What the answer says about a row's run, appended to the summary's columns in every table
+#: rendered from an answer (summary files, ``--json``'s ``summary``, MLflow's artifacts).
+ANSWER_COLUMNS = ("best", "verdict", "attribution")
+#: Between a run's attribution lines in one cell: a CSV row stays one line of text
+#: (``wc -l``, ``grep``), and no attribution line holds it.
+LINE_SEPARATOR = " | "
+
+
+def answer_table(answer: Answer) -> pd.DataFrame:
+    """The answer's summary rows with ``ANSWER_COLUMNS`` after the §5 columns (docs/SPEC.md
+    §5 "One answer"): ``best`` is true on the row of the run's best policy where the
+    terminal marks it (the tie rule's, when its speed-up is above 1.0005; the overview's
+    ``best``), ``verdict`` the run's verdict sentence (§5.1; empty without one) and
+    ``attribution`` its attribution lines (§5.2), joined by ``LINE_SEPARATOR`` (empty
+    without any).
+    A spreadsheet of the file then says what the terminal says, without recomputing it."""
+    table = answer.summary.copy()
+    said: dict[tuple[str, str], tuple[str | None, str | None, str | None]] = {}
+    for run, overview in zip(answer.runs, answer.overview, strict=True):
+        verdict = run.verdict.text if run.verdict is not None else None
+        lines = LINE_SEPARATOR.join(run.attribution) or None
+        said[(run.run, run.results)] = (overview.best, verdict, lines)
+    results = table["results"] if "results" in table else [None] * len(table)
+    keys = [(str(r), str(d)) for r, d in zip(table.get("run", []), results, strict=True)]
+    policies = [
+        f"{f}/{s}"
+        for f, s in zip(table.get("fetch_align", []), table.get("start_align", []), strict=True)
+    ]
+    empty = (None, None, None)
+    table["best"] = [said.get(k, empty)[0] == p for k, p in zip(keys, policies, strict=True)]
+    table["verdict"] = [said.get(k, empty)[1] for k in keys]
+    table["attribution"] = [said.get(k, empty)[2] for k in keys]
+    table["best"] = table["best"].astype(bool)
+    for column in ("verdict", "attribution"):
+        table[column] = table[column].astype(object)
+    return table
+
+
 def answer_document(answer: Answer) -> dict[str, Any]:
-    """The ``--json`` document of an ``Answer`` (docs/SPEC.md §5.6): ``document``'s keys, and
+    """The ``--json`` document of an ``Answer`` (docs/SPEC.md §5.6): ``document``'s keys (its
+    ``summary`` the answer's table, ``answer_table``), and
     ``runs`` (per run: the tie rule's best policy, attribution lines, notes, provenance),
     ``overview`` (one row per run) and ``notes`` (what was skipped or ignored, and why)."""
-    doc = document(answer.summary, answer.verdicts, answer.checks)
+    doc = document(answer_table(answer), answer.verdicts, answer.checks)
     doc["runs"] = [
         {
             "run": r.run,

@@ -20,7 +20,7 @@ from dsim.render.columns import EFFECTIVE_DELAY, METRICS, SPEEDUP, header
 if TYPE_CHECKING:
     import pandas as pd
 
-    from dsim.verdict import Verdict
+    from dsim.analysis.verdict import Verdict
 
 #: Rows of the HTML summary table; the rest is counted, not shown (``results.summary`` has all).
 MAX_ROWS = 20

@@ -90,11 +90,12 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 
 def marks(summary: pd.DataFrame) -> list[str]:
-    """Per row: ``best`` for the verdict's best policy of its run (``dsim.verdict.best_row``:
+    """Per row: ``best`` for the verdict's best policy of its run
+    (``dsim.analysis.verdict.best_row``:
     the lowest mean iteration time, exact ties to the simpler policy; only when its speed-up
     is above 1), ``slower`` for a speed-up below 1, else empty. Rows are one run's policies.
     """
-    from dsim.verdict import best_row
+    from dsim.analysis.verdict import best_row
 
     speed = [None if _missing(v) else float(v) for v in summary.get("speedup", [])]
     out = ["" for _ in range(len(summary))]
@@ -175,7 +176,8 @@ def _head(label: str | None, at: str, layout: Layout) -> str:
 def summary_table(
     summary: pd.DataFrame, title: str | None = None, layout: Layout = LAYOUTS[1]
 ) -> Table:
-    """One rich table of a summary DataFrame (``dsim.summary.SUMMARY_COLUMNS``) for one run."""
+    """One rich table of a summary DataFrame (``dsim.analysis.summary.SUMMARY_COLUMNS``) for
+    one run."""
     from rich import box
     from rich.table import Table
 

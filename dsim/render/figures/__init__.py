@@ -1,7 +1,7 @@
 """The figures of the what-if report, as plotly ``graph_objects`` built from DataFrames.
 
 Each builder is a pure function of a summary DataFrame (one row per run x
-policy, see ``dsim.summary``) or of per-iteration replay DataFrames: no I/O,
+policy, see ``dsim.analysis.summary``) or of per-iteration replay DataFrames: no I/O,
 so the page assembly (``dsim.render.html``) and the tests can use them alike.
 One module per figure (``attribution`` holds the two of whose loader is late);
 what they share lives in ``style`` (look), ``labels``

@@ -8,7 +8,7 @@
   which each rank alone finished its fetch last, stacked with the share of ties:
   a straggler that stays one colour is fixed, one that changes colour wanders.
 
-Both are pure functions of ``dsim.attribution`` outputs (the table rows of one
+Both are pure functions of ``dsim.analysis.attribution`` outputs (the table rows of one
 run and a ``LastOverTime``); numbers are drawn as given, never recomputed, except
 that above ``MANY_RANKS`` ranks the ranks not named (``TOP_RANKS`` most often last
 are) are grouped: into rows of contiguous ranks in the heatmap (each cell the mean
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dsim.attribution import FIXED, FIXED_STRAGGLER_SHARE, WANDERING, LastOverTime
+from dsim.analysis.attribution import FIXED, FIXED_STRAGGLER_SHARE, WANDERING, LastOverTime
 from dsim.render.figures.ranks import (
     MANY_RANKS,
     TOP_RANKS,

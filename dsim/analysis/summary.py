@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dsim.analysis.throughput import THROUGHPUT_COLUMNS, add_throughput, batch_size
 from dsim.errors import UsageError
 from dsim.model.resultinfo import Selection
 from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
 from dsim.model.selection import Epochs, resolve_epochs, selection_mask
 from dsim.replay.policies import ACTUAL, BASELINE, Policy
-from dsim.throughput import THROUGHPUT_COLUMNS, add_throughput, batch_size
 
 DEFAULT_WARMUP = 10
 DEFAULT_THRESHOLD_S = 0.030

@@ -2,7 +2,7 @@
 
 A user who fixed a loader runs dsim on the old and the new trace and asks:
 did it get faster, and how much of what dsim predicted did I get? This
-module answers from the two runs' summary rows (``dsim.summary``), purely:
+module answers from the two runs' summary rows (``dsim.analysis.summary``), purely:
 
 * measured deltas: the ``actual/actual`` (measured) means of iteration time,
   stall and delay and the effective-delay share, AFTER − BEFORE, and the
@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsim.analysis.verdict import best_row, format_duration
 from dsim.replay.policies import BASELINE, Policy
-from dsim.verdict import best_row, format_duration
 from dsim.words import counted
 
 METRICS: tuple[tuple[str, str, str], ...] = (

@@ -3,7 +3,7 @@
 Nine policies × eight columns leave the answer to the reader; the verdict says
 it: which policy would help most, by how much (speed-up, stall, effective
 delay), and what that is worth in wall time per epoch. It is a pure function
-of the summary rows of one run (``dsim.summary.SUMMARY_COLUMNS``) and a few
+of the summary rows of one run (``dsim.analysis.summary.SUMMARY_COLUMNS``) and a few
 facts about the run (GPU count, iterations per epoch, replay model), so the
 terminal, the report and machine-readable outputs can share one
 ``Verdict`` and one sentence.

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dsim.analysis.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
 from dsim.errors import CheckFailed, UsageError
 from dsim.options import parse_policy_option
 from dsim.replay.policies import BASELINE, Policy
-from dsim.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
 
 #: Columns a condition may name: the numbers of a summary row.
 METRICS: tuple[str, ...] = (*STAT_COLUMNS, *WHAT_IF_COLUMNS)

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from dsim.analysis.summary import add_what_if, summarize_metrics
+from dsim.analysis.verdict import Verdict, verdict
 from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED
 from dsim.replay.params import ReplayParams
-from dsim.summary import add_what_if, summarize_metrics
-from dsim.verdict import Verdict, verdict
 
 
 def replays_policies(rows: Sequence[Mapping[str, Any]]) -> bool:
