@@ -107,12 +107,11 @@ def _in_process(
     plans: list[list[RunPlan]] = []
     skipped: list[RunReport] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        tables = read_run(run_dir)
-        refused = refusal(name, tables, config)
-        if refused is not None:  # another matched run may still replay what was asked
-            skipped.append(RunReport(name, skipped=refused))
-            continue
-        plans.append(plan_runs_of(name, run_dir, config, tables))
+        planned = _plan(name, run_dir, config)
+        if isinstance(planned, RunReport):  # another matched run may still replay what was asked
+            skipped.append(planned)
+        else:
+            plans.append(planned)
     if skipped and not plans:
         raise skipped[0].skipped  # nothing could be replayed: the first run's reason
     with lock.exclusive(config.out, on_wait):
@@ -128,6 +127,16 @@ def _in_process(
             run_plans, plans[k] = plans[k], []  # its arrays are freed once it is written
             reports.append(finish_run(run_plans, config, chunk_rows, on_rows))
         return reports
+
+
+def _plan(name: str, run_dir: Path, config: SimConfig) -> list[RunPlan] | RunReport:
+    """One run read, checked and planned, or why it is skipped; its tables are let go of
+    here, so that the plans hold only what they keep of them (``plan_runs_of``)."""
+    tables = read_run(run_dir)
+    refused = refusal(name, tables, config)
+    if refused is not None:
+        return RunReport(name, skipped=refused)
+    return plan_runs_of(name, run_dir, config, tables)
 
 
 def _on_ray(

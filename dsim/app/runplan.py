@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dsim.app.attribution import attribution_inputs
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
@@ -58,7 +59,8 @@ class RunPlan:
     model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
     batch: dict[str, Any] | None = None  # per-rank batch size and its source (result.json)
     run_dir: Path | None = None  # the trace replayed (result.json's ``trace_path``)
-    tables: RunTables | None = None  # the snapshot replayed (attribution reads its fetches)
+    # the snapshot replayed, as far as attribution reads it (``attribution_inputs``)
+    tables: RunTables | None = None
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -235,6 +237,12 @@ def plan_runs_of(
     if plans[0].loader is not None and plans[0].loader["changed"]:
         measured = replace(params, workers=None, prefetch_factor=None)
         plans.append(plan_run(name, run_dir, config, model, measured, tables, plans[0].arrays))
+    # the plans keep only what attribution reads (the caller lets go of ``tables``)
+    first = plans[0].model
+    with_arrays = first is not None and first.needs_fetch == (tables.fetch.num_rows > 0)
+    kept = attribution_inputs(tables, with_arrays)
+    for plan in plans:
+        plan.tables = kept
     return plans
 
 
