@@ -176,6 +176,10 @@ def run_model_and_policies(
     raise UsageError(f"the {model.name} model replays only {_fmt(STALL_ONLY)}, not {_fmt(refused)}")
 
 
+#: ``plan_run``'s ``batch`` when not given (``None`` is a value: no batch size known)
+_UNKNOWN: Any = object()
+
+
 def plan_run(
     name: str,
     run_dir: Path,
@@ -184,15 +188,19 @@ def plan_run(
     params: ReplayParams,
     tables: RunTables | None = None,
     arrays: IterationArrays | None = None,
+    batch: Any = _UNKNOWN,
 ) -> RunPlan:
     """Load and check one run and compute its cache keys; reads the trace (unless given
     ``tables``, one snapshot of it from ``read_run``), writes nothing. ``arrays``: the
-    run's arrays from another plan of the same ``tables`` and model (not built again)."""
+    run's arrays from another plan of the same ``tables`` and model (not built again), and
+    ``batch`` that plan's ``batch`` (not computed again)."""
     tables = read_run(run_dir) if tables is None else tables
     has_fetch = tables.fetch.num_rows > 0
     if tables.train.num_rows == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
     model, policies = run_model_and_policies(name, has_fetch, config, model)
+    # before the arrays exist: its temporaries (~50 bytes per GPU-iteration) never meet them
+    batch = _batch(tables) if batch is _UNKNOWN else batch
     if arrays is None:
         arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=model.needs_fetch)
         if arrays.n_iterations == 0:
@@ -220,7 +228,7 @@ def plan_run(
         run_params,
         loader,
         model,
-        _batch(tables),
+        batch,
         run_dir,
         tables,
     )
@@ -236,7 +244,11 @@ def plan_runs_of(
     plans = [plan_run(name, run_dir, config, model, params, tables)]
     if plans[0].loader is not None and plans[0].loader["changed"]:
         measured = replace(params, workers=None, prefetch_factor=None)
-        plans.append(plan_run(name, run_dir, config, model, measured, tables, plans[0].arrays))
+        plans.append(
+            plan_run(
+                name, run_dir, config, model, measured, tables, plans[0].arrays, plans[0].batch
+            )
+        )
     # the plans keep only what attribution reads (the caller lets go of ``tables``)
     first = plans[0].model
     with_arrays = first is not None and first.needs_fetch == (tables.fetch.num_rows > 0)
