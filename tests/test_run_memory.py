@@ -299,3 +299,35 @@ def test_a_plan_keeps_only_what_attribution_reads(tmp_path: Path) -> None:
     assert attribution_table([slim], selection).equals(
         attribution_table([run_attribution("r1", whole, epochs, 2)], selection)
     )
+
+
+def test_arrows_freed_memory_is_handed_back_once_the_tables_are_let_go_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arrow's pool keeps freed table memory, which NumPy's arrays made next cannot use:
+    ``dsim run`` (after planning) and the pipeline model's callers (after building the
+    arrays) hand it back when the tables are gone, not while they are still held."""
+    from dsim.app import run as app_run
+    from dsim.app import tune
+
+    run_dir = write_synthetic(tmp_path / "traces", "r1", iterations=400)
+    whole = read_run(run_dir)
+    size = whole.fetch.nbytes + whole.train.nbytes
+    del whole
+    overrides = Overrides(
+        runs=("r1",), traces=tmp_path / "traces", out=tmp_path / "out", executor="local"
+    )
+    calls = {
+        tune: lambda: tune.fetch_arrays(run_dir, "r1"),
+        app_run: lambda: app_run.run_replays(load_config(None, overrides)),
+    }
+    for module, call in calls.items():
+        held: list[int] = []
+
+        def spy(held: list[int] = held) -> None:
+            held.append(pa.total_allocated_bytes())
+
+        monkeypatch.setattr(module, "release_freed", spy)
+        before = pa.total_allocated_bytes()
+        call()
+        assert len(held) == 1 and held[0] - before < size / 4, (module.__name__, held, size)

@@ -39,6 +39,7 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
 from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
+from dsim.io.memory import release_freed
 from dsim.model.results import (
     SUMMARY_STEM,
     check_results_directory,
@@ -114,6 +115,7 @@ def _in_process(
             plans.append(planned)
     if skipped and not plans:
         raise skipped[0].skipped  # nothing could be replayed: the first run's reason
+    release_freed()  # the tables' memory (the plans keep little of them), before the replays
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in (p for run in plans for p in run):  # inside --out, no link, ... (§7.4)

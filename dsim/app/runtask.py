@@ -42,6 +42,7 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
 from dsim.execute.cache import params_document
 from dsim.execute.local import run_local
 from dsim.io.atomic import write_parquet
+from dsim.io.memory import release_freed
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
 from dsim.model.results import (
     check_results_directory,
@@ -96,6 +97,7 @@ def run_task(task: RunTask) -> RunReport:
             return RunReport(task.name, skipped=refused)
         plans = plan_runs_of(task.name, task.run_dir, task.config, tables)
         del tables  # the plans keep what attribution reads of them
+        release_freed()
         for plan in plans:
             check_results_directory(task.config.out, plan.directory)
         for plan in plans:

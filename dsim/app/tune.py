@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dsim.errors import InputError, OutputError
+from dsim.io.memory import release_freed
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models import get_model
@@ -122,6 +123,7 @@ def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
     arrays = build_iteration_arrays(tables.fetch, tables.train, order="C")
     info = tables.info
     del tables
+    release_freed()  # the tables' memory, before the pipeline model's arrays are made
     if arrays.n_iterations == 0:
         raise InputError(f"run {name}: no iteration has every rank's fetch and train record")
     return replace(arrays, loader=logged_loader(info))
