@@ -14,7 +14,10 @@ re-measurable by re-running one line. Sections:
   iterations against 8 x 12,800, the code before the batched reader beside
   this tree: fixed cost per file, lines/s, peak memory over the tables);
 - ``e2e``: bench_e2e.py in a subprocess (``dsim parse`` -> ``dsim run`` ->
-  ``dsim summarize`` for 1, 10, 100 runs of 10,000 x 8, local and Ray).
+  ``dsim summarize`` for 1, 10, 100 runs of 10,000 x 8, local and Ray);
+- ``memory``: bench_memory.py in a subprocess (peak memory of ``dsim parse``
+  and ``dsim run`` per GPU-iteration, results on disk over the trace; memory
+  and sizes, not timings, so they hold on a loaded machine too).
 
 Each sub-benchmark prints its own report as it goes; the combined table comes
 last, and everything is saved as JSON.
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("parse", "manyfiles", "replay", "e2e")
+SECTIONS = ("parse", "manyfiles", "replay", "e2e", "memory")
 LINEAR_MAX = 1.15  # a fitted exponent at or below this counts as linear growth
 
 
@@ -155,6 +158,13 @@ def run_e2e(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     if args.ray_address:
         extra += ["--ray-address", args.ray_address]
     return run_script("bench_e2e.py", extra, scratch / "e2e.json")
+
+
+def run_memory(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    extra = ["--work", str(args.work)]
+    if args.quick:
+        extra.append("--quick")  # a smoke size, shown and not judged
+    return run_script("bench_memory.py", extra, scratch / "memory.json")
 
 
 def loglog_slope(points: list[tuple[float, float]]) -> float | None:
@@ -270,6 +280,25 @@ def target_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
                 "info",
             )
+    memory = res.get("memory")
+    if memory:
+        quick = memory["quick"]  # a smoke size, where fixed costs dominate: not judged
+        size = f"{memory['gpu_iterations']:,} GPU-it"
+        for step in ("parse", "run"):
+            add(
+                f"{step} peak memory per GPU-iteration ({size})",
+                memory[step]["bytes_per_gpu_iteration"],
+                "B",
+                None if quick else 150.0,
+                "info" if quick else "max",
+            )
+        add(
+            f"results on disk / trace ({size})",
+            memory["disk"]["results_over_trace"],
+            "x",
+            None if quick else 1.0,
+            "info" if quick else "max",
+        )
     e2e = res.get("e2e")
     if e2e:
         runs = e2e["target"]["runs"]
@@ -380,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     res["manyfiles"] = run_manyfiles(args, scratch)
                 elif section == "replay":
                     res["replay"] = run_replay(args, scratch)
+                elif section == "memory":
+                    res["memory"] = run_memory(args, scratch)
                 else:
                     res["e2e"] = run_e2e(args, scratch)
             except (SystemExit, Exception) as exc:  # keep the other sections' numbers

@@ -49,11 +49,17 @@ def test_run_all_quick(tmp_path: Path) -> None:
         "[1] real-sized epoch",
         "== bench_e2e.py:",
         "end to end, runs of",
+        "== bench_memory.py:",
+        "B per GPU-it",
         "== combined: issue 6 targets ==",
     ):
         assert heading in done.stdout, heading
     res = json.loads(out.read_text())
-    assert set(res) >= {"environment", "parse", "replay", "e2e", "targets"}
+    assert set(res) >= {"environment", "parse", "replay", "e2e", "memory", "targets"}
+    memory = res["memory"]  # issue 21 item 5: bytes per GPU-iteration and disk, quick: not judged
+    assert memory["quick"] and memory["parse"]["bytes_per_gpu_iteration"] > 0
+    assert memory["run"]["bytes_per_gpu_iteration"] > 0
+    assert memory["disk"]["results_over_trace"] > 0
     # every stage of the end-to-end sweep ran for every run count, on one executor (no Ray)
     assert list(res["e2e"]["results"]) == ["local"]
     for agg in res["e2e"]["results"]["local"].values():
@@ -62,6 +68,8 @@ def test_run_all_quick(tmp_path: Path) -> None:
     assert any(f.startswith("parse lines/s/core") for f in figures)
     assert any(f.startswith("speedup over the original") for f in figures)
     assert any(f.startswith("e2e growth exponent") for f in figures)
+    peaks = [row for row in res["targets"] if "per GPU-iteration" in row["figure"]]
+    assert len(peaks) == 2 and all(row["met"] is None for row in peaks)
     # the quick many-files case is smaller than the target's: shown, never judged "NO"
     many = [row for row in res["targets"] if row["figure"].startswith("parse fixed cost per file")]
     # (its value is a difference of two timings: on a loaded machine it may come out < 0)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dsim.analysis.attribution import (
@@ -35,7 +36,7 @@ from dsim.io import parquetio
 from dsim.model.resultinfo import RESULT_FILE, ResultInfo
 from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
-from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables, read_run
+from dsim.model.tables import FETCH_FILE, STAGE_COLUMNS, TRAIN_FILE, RunTables, read_run
 from dsim.render.files import write_summary_files
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 
@@ -81,6 +82,29 @@ def run_attribution(
     return _attribution(run, tables, epochs, warmup, arrays)[0]
 
 
+#: The fetch columns attribution reads when it is given the run's arrays: for logs with
+#: fetch stages, what ``stage_shares`` reads; else only the row count (one column keeps it).
+_STAGE_FETCH = ("epoch", "iteration", "gpu", "fetch_s", *STAGE_COLUMNS)
+
+
+def attribution_inputs(tables: RunTables, with_arrays: bool) -> RunTables:
+    """What ``run_attribution`` reads of a run's tables, when it is given the run's arrays
+    (``with_arrays``): the fetch table's key, worker and stage columns, no train table.
+
+    Why: ``dsim run`` holds a run's tables from its plan until it attributes the run,
+    after every replay; whole they are ~84 bytes per GPU-iteration, more than the
+    arrays the replay works on, and with the arrays attribution reads only the fetch
+    stages (when the logs have them) and the row count. Without usable arrays
+    (``run_attribution`` builds its own) the tables are kept whole.
+    """
+    if not with_arrays:
+        return tables
+    fetch = tables.fetch
+    stages = "read_s" in fetch.column_names
+    names = [c for c in _STAGE_FETCH if c in fetch.column_names] if stages else ["gpu"]
+    return replace(tables, fetch=fetch.select(names), train=tables.train.schema.empty_table())
+
+
 def trace_attribution(
     run: str, run_dir: Path, epochs: list[int], warmup: int, info: ResultInfo
 ) -> tuple[Attribution, LastOverTime]:
@@ -104,13 +128,18 @@ def _attribution(
 ) -> tuple[Attribution, LastOverTime]:
     if arrays is None:
         arrays = build_iteration_arrays(tables.fetch, tables.train)
+        workers = worker_matrix(tables.fetch, arrays)
+    else:  # built from these tables with every fetch: the worker of each cell as it is
+        workers = arrays.worker.astype(np.int64)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
-    attribution = attribute(run, arrays, worker_matrix(tables.fetch, arrays), mask)
+    attribution = attribute(run, arrays, workers, mask)
+    del workers
     fetch = tables.fetch
-    selected = selection_mask(
-        fetch["epoch"].to_numpy(), fetch["iteration"].to_numpy(), epochs, warmup
-    )
-    attribution = replace(attribution, stages=tuple(stage_shares(fetch, selected)))
+    if "read_s" in fetch.column_names:  # the logs carry fetch stages
+        selected = selection_mask(
+            fetch["epoch"].to_numpy(), fetch["iteration"].to_numpy(), epochs, warmup
+        )
+        attribution = replace(attribution, stages=tuple(stage_shares(fetch, selected)))
     return attribution, last_over_time(arrays, mask)
 
 

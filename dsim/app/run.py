@@ -41,6 +41,7 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
 from dsim.execute.address import FROM_SETTINGS, configured_address
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
+from dsim.io.memory import release_freed
 from dsim.model.results import (
     SUMMARY_STEM,
     check_results_directory,
@@ -115,14 +116,14 @@ def _in_process(
     plans: list[list[RunPlan]] = []
     skipped: list[RunReport] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        tables = read_run(run_dir)
-        refused = refusal(name, tables, config)
-        if refused is not None:  # another matched run may still replay what was asked
-            skipped.append(RunReport(name, skipped=refused))
-            continue
-        plans.append(plan_runs_of(name, run_dir, config, tables))
+        planned = _plan(name, run_dir, config)
+        if isinstance(planned, RunReport):  # another matched run may still replay what was asked
+            skipped.append(planned)
+        else:
+            plans.append(planned)
     if skipped and not plans:
         raise skipped[0].skipped  # nothing could be replayed: the first run's reason
+    release_freed()  # the tables' memory (the plans keep little of them), before the replays
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for plan in (p for run in plans for p in run):  # inside --out, no link, ... (§7.4)
@@ -136,6 +137,16 @@ def _in_process(
             run_plans, plans[k] = plans[k], []  # its arrays are freed once it is written
             reports.append(finish_run(run_plans, config, chunk_rows, on_rows))
         return reports
+
+
+def _plan(name: str, run_dir: Path, config: SimConfig) -> list[RunPlan] | RunReport:
+    """One run read, checked and planned, or why it is skipped; its tables are let go of
+    here, so that the plans hold only what they keep of them (``plan_runs_of``)."""
+    tables = read_run(run_dir)
+    refused = refusal(name, tables, config)
+    if refused is not None:
+        return RunReport(name, skipped=refused)
+    return plan_runs_of(name, run_dir, config, tables)
 
 
 def _on_ray(

@@ -17,6 +17,7 @@ from typing import Any
 
 from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, selected_iterations
 from dsim.analysis.throughput import batch_from_throughput, trace_batch_size
+from dsim.app.attribution import attribution_inputs
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
@@ -58,7 +59,8 @@ class RunPlan:
     model: ReplayModel | None = None  # this run's model (stall-only for a run without fetches)
     batch: dict[str, Any] | None = None  # per-rank batch size and its source (result.json)
     run_dir: Path | None = None  # the trace replayed (result.json's ``trace_path``)
-    tables: RunTables | None = None  # the snapshot replayed (attribution reads its fetches)
+    # the snapshot replayed, as far as attribution reads it (``attribution_inputs``)
+    tables: RunTables | None = None
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -174,6 +176,10 @@ def run_model_and_policies(
     raise UsageError(f"the {model.name} model replays only {_fmt(STALL_ONLY)}, not {_fmt(refused)}")
 
 
+#: ``plan_run``'s ``batch`` when not given (``None`` is a value: no batch size known)
+_UNKNOWN: Any = object()
+
+
 def plan_run(
     name: str,
     run_dir: Path,
@@ -182,15 +188,19 @@ def plan_run(
     params: ReplayParams,
     tables: RunTables | None = None,
     arrays: IterationArrays | None = None,
+    batch: Any = _UNKNOWN,
 ) -> RunPlan:
     """Load and check one run and compute its cache keys; reads the trace (unless given
     ``tables``, one snapshot of it from ``read_run``), writes nothing. ``arrays``: the
-    run's arrays from another plan of the same ``tables`` and model (not built again)."""
+    run's arrays from another plan of the same ``tables`` and model (not built again), and
+    ``batch`` that plan's ``batch`` (not computed again)."""
     tables = read_run(run_dir) if tables is None else tables
     has_fetch = tables.fetch.num_rows > 0
     if tables.train.num_rows == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
     model, policies = run_model_and_policies(name, has_fetch, config, model)
+    # before the arrays exist: its temporaries (~50 bytes per GPU-iteration) never meet them
+    batch = _batch(tables) if batch is _UNKNOWN else batch
     if arrays is None:
         arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=model.needs_fetch)
         if arrays.n_iterations == 0:
@@ -218,7 +228,7 @@ def plan_run(
         run_params,
         loader,
         model,
-        _batch(tables),
+        batch,
         run_dir,
         tables,
     )
@@ -234,7 +244,17 @@ def plan_runs_of(
     plans = [plan_run(name, run_dir, config, model, params, tables)]
     if plans[0].loader is not None and plans[0].loader["changed"]:
         measured = replace(params, workers=None, prefetch_factor=None)
-        plans.append(plan_run(name, run_dir, config, model, measured, tables, plans[0].arrays))
+        plans.append(
+            plan_run(
+                name, run_dir, config, model, measured, tables, plans[0].arrays, plans[0].batch
+            )
+        )
+    # the plans keep only what attribution reads (the caller lets go of ``tables``)
+    first = plans[0].model
+    with_arrays = first is not None and first.needs_fetch == (tables.fetch.num_rows > 0)
+    kept = attribution_inputs(tables, with_arrays)
+    for plan in plans:
+        plan.tables = kept
     return plans
 
 

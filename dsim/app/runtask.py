@@ -43,7 +43,8 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
 from dsim.execute.cache import params_document
 from dsim.execute.local import run_local
 from dsim.io.atomic import write_parquet
-from dsim.model.dataset import DatasetWriter, identity, is_current, long_tables, metadata
+from dsim.io.memory import release_freed
+from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
 from dsim.model.results import (
     check_results_directory,
     find_result_runs,
@@ -95,6 +96,8 @@ def run_task(task: RunTask) -> RunReport:
         if refused is not None:  # another run may still replay what was asked (§4.3)
             return RunReport(task.name, skipped=refused)
         plans = plan_runs_of(task.name, task.run_dir, task.config, tables)
+        del tables  # the plans keep what attribution reads of them
+        release_freed()
         for plan in plans:
             check_results_directory(task.config.out, plan.directory)
         for plan in plans:
@@ -161,6 +164,7 @@ def _finish_plan(
     prepared = model.prepare(plan.arrays, replay_params(config)) if plan.todo else None
     try:
         for policy in sorted(plan.keys, key=policy_label):
+            table = None  # the previous policy's replay is let go of before the next one
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
                 report.written.append(write_replay(table, config.out))
@@ -172,7 +176,7 @@ def _finish_plan(
                     continue
                 table = _read_cached(plan, config.out, policy)
             if writer is not None:
-                writer.add(*long_tables(ident, policy, table))
+                writer.add_replay(ident, policy, table)
         report.written.append(write_result_info(info, config.out, plan.directory))
     except BaseException:
         if writer is not None:

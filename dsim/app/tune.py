@@ -17,6 +17,7 @@ import numpy as np
 
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
+from dsim.io.memory import release_freed
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models import get_model
@@ -119,10 +120,14 @@ def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
             "DataLoader's fetches, which only dsim.instrument's fetch lines record",
             run_dir,
         )
-    arrays = build_iteration_arrays(tables.fetch, tables.train)
+    # row-major: the pipeline model's inputs take the matrices as they are (no copy)
+    arrays = build_iteration_arrays(tables.fetch, tables.train, order="C")
+    info = tables.info
+    del tables
+    release_freed()  # the tables' memory, before the pipeline model's arrays are made
     if arrays.n_iterations == 0:
         raise InputError(f"run {name}: no iteration has every rank's fetch and train record")
-    return replace(arrays, loader=logged_loader(tables.info))
+    return replace(arrays, loader=logged_loader(info))
 
 
 def _best_alignment(model: Any, prepared: Any, mask: np.ndarray, base: ReplayParams) -> tuple:

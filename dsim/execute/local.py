@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dsim.execute.units import (
+    ChunkJoin,
     Job,
     OnProgress,
     OnResult,
     chunk_bounds,
-    join_chunks,
     replay_rows,
 )
 from dsim.replay.params import ReplayParams
@@ -24,11 +24,13 @@ def run_local(
     """Replay every (run, policy) in this process, reporting each policy as soon as it is done."""
     for job in jobs:
         for policy in job.policies:
-            parts = []
+            joined = ChunkJoin(job.rows)  # each chunk copied in as it is done (memory)
             for lo, hi in chunk_bounds(job.rows, chunk_rows, job.cuts):
-                parts.append(
+                joined.add(
                     replay_rows(job.model, job.prepared, policy, job.params or params, lo, hi)
                 )
                 if on_progress is not None:
                     on_progress(hi - lo)
-            on_result(join_chunks(job.run, policy, parts))
+            result = joined.result(job.run, policy)
+            del joined
+            on_result(result)

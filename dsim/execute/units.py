@@ -95,17 +95,53 @@ def replay_rows(
     """Replay rows ``[lo, hi)`` of a run with ``model``; the one function every executor runs."""
     replay_model = get_model(model)
     result = replay_model.replay(prep.take(lo, hi), policy, params)
-    return result.metrics(), np.ascontiguousarray(result.gpu_stall_s)
+    return result.metrics(), np.asfortranarray(result.gpu_stall_s)
+
+
+class ChunkJoin:
+    """One policy's chunk outputs, copied in row order into its whole result as they come.
+
+    The per-GPU stalls are column-major (each GPU's column contiguous, as the kernel
+    writes them), so that the replay table takes each column without a copy. A
+    policy replayed in one chunk keeps the chunk's own arrays; a chunked one holds
+    the whole result plus one chunk, never every chunk beside their concatenation.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.lo = 0
+        self.metrics: dict[str, np.ndarray] = {}
+        self.gpu_stall: np.ndarray | None = None
+
+    def add(self, part: ChunkOutput) -> None:
+        metrics, gpu_stall = part
+        n = gpu_stall.shape[0]
+        if self.gpu_stall is None and n == self.rows:  # the one chunk: adopted as it is
+            self.metrics, self.gpu_stall = dict(metrics), np.asfortranarray(gpu_stall)
+            self.lo = n
+            return
+        if self.gpu_stall is None:
+            shape = (self.rows, gpu_stall.shape[1])
+            self.gpu_stall = np.empty(shape, dtype=gpu_stall.dtype, order="F")
+            self.metrics = {k: np.empty(self.rows, dtype=v.dtype) for k, v in metrics.items()}
+        hi = self.lo + n
+        for name, values in metrics.items():
+            self.metrics[name][self.lo : hi] = values
+        self.gpu_stall[self.lo : hi] = gpu_stall
+        self.lo = hi
+
+    def result(self, run: str, policy: Policy) -> PolicyResult:
+        if self.gpu_stall is None or self.lo != self.rows:
+            raise ValueError(f"chunks cover {self.lo} of {self.rows} rows")
+        return PolicyResult(run, policy, self.metrics, self.gpu_stall)
 
 
 def join_chunks(run: str, policy: Policy, parts: list[ChunkOutput]) -> PolicyResult:
-    """Concatenate chunk outputs, in row order, into one policy result."""
-    if len(parts) == 1:
-        metrics, gpu_stall = parts[0]
-        return PolicyResult(run, policy, dict(metrics), gpu_stall)
-    metrics = {name: np.concatenate([p[0][name] for p in parts]) for name in parts[0][0]}
-    gpu_stall = np.concatenate([p[1] for p in parts], axis=0)
-    return PolicyResult(run, policy, metrics, gpu_stall)
+    """Concatenate chunk outputs, in row order, into one policy result (``ChunkJoin``)."""
+    joined = ChunkJoin(sum(int(p[1].shape[0]) for p in parts))
+    for part in parts:
+        joined.add(part)
+    return joined.result(run, policy)
 
 
 def total_work(jobs: list[Job]) -> int:

@@ -42,6 +42,10 @@ DATASET_DIR = "dataset"
 ITERATIONS = "iterations"
 GPUS = "gpus"
 DATASET_FORMAT_VERSION = 1
+#: Rows per row group of a dataset file: pyarrow's own default for one ``write_table``
+#: call (1024 * 1024), named so that the gpus rows, written in pieces of this many rows
+#: (``gpu_pieces``), fall into the very row groups, hence bytes, of one whole write.
+ROW_GROUP_ROWS = 1024 * 1024
 
 #: Columns that say which replay a row belongs to, first in both tables.
 _KEY_FIELDS = [
@@ -111,37 +115,77 @@ def policy_tables(run: ResultRun) -> Iterator[tuple[pa.Table, pa.Table]]:
 def long_tables(
     ident: dict[str, Any], policy: tuple[str, str], replay: pa.Table
 ) -> tuple[pa.Table, pa.Table]:
-    """One replay table (wide, as written) → its (iterations, gpus) rows in long format."""
+    """One replay table (wide, as written) → its (iterations, gpus) rows in long format,
+    whole (``run_frames``; ``DatasetWriter.add_replay`` writes the gpus rows in pieces)."""
+    pieces = list(gpu_pieces(ident, policy, replay, rows=max(1, replay.num_rows * _gpus(replay))))
+    gpus = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+    return iterations_table(ident, policy, replay), gpus
+
+
+def _stall_columns(replay: pa.Table) -> list[str]:
+    return [c for c in replay.column_names if c.startswith("stall_s_gpu")]
+
+
+def _gpus(replay: pa.Table) -> int:
+    return len(_stall_columns(replay))
+
+
+def iterations_table(ident: dict[str, Any], policy: tuple[str, str], replay: pa.Table) -> pa.Table:
+    """One replay's rows of ``dataset/iterations``: its per-iteration columns."""
     n = replay.num_rows
     const = {**ident, "fetch_align": policy[0], "start_align": policy[1]}
     base = {f.name: _constant(f, const[f.name], n) for f in _KEY_FIELDS[:7]}
-    epoch = replay.column("epoch").cast(pa.int32())
-    iteration = replay.column("iteration").cast(pa.int32())
-    iterations = pa.table(
-        {**base, "epoch": epoch, "iteration": iteration}
+    return pa.table(
+        {
+            **base,
+            "epoch": replay.column("epoch").cast(pa.int32()),
+            "iteration": replay.column("iteration").cast(pa.int32()),
+        }
         | {m: replay.column(m) for m in METRIC_COLUMNS},
         schema=ITERATIONS_SCHEMA,
     )
-    stall_columns = [c for c in replay.column_names if c.startswith("stall_s_gpu")]
+
+
+def gpu_pieces(
+    ident: dict[str, Any], policy: tuple[str, str], replay: pa.Table, rows: int | None = None
+) -> Iterator[pa.Table]:
+    """One replay's rows of ``dataset/gpus`` (iteration-major, then rank), in consecutive
+    pieces of at most ``rows`` rows (default ``ROW_GROUP_ROWS``), each built only when asked.
+
+    Why pieces: the long rows cost ~100 bytes each in memory (the run's name and the
+    policy are strings repeated on every row), ~13x the replay's 8 bytes per
+    GPU-iteration; built whole they were the largest part of ``dsim run``'s peak. A
+    table with no row yields one empty piece.
+    """
+    rows = ROW_GROUP_ROWS if rows is None else rows
+    n = replay.num_rows
+    stall_columns = _stall_columns(replay)
     gpus = np.array([int(c.removeprefix("stall_s_gpu")) for c in stall_columns], np.int32)
     g = len(gpus)
-    stall = (
-        np.column_stack([replay.column(c).to_numpy() for c in stall_columns])
-        if g
-        else np.empty((n, 0))
-    )
-    long = {f.name: _constant(f, const[f.name], n * g) for f in _KEY_FIELDS[:7]}
-    long_table = pa.table(
-        {
-            **long,
-            "epoch": np.repeat(epoch.to_numpy(), g),
-            "iteration": np.repeat(iteration.to_numpy(), g),
-            "gpu": np.tile(gpus, n),
-            "stall_s": stall.reshape(-1),
-        },
-        schema=GPUS_SCHEMA,
-    )
-    return iterations, long_table
+    const = {**ident, "fetch_align": policy[0], "start_align": policy[1]}
+    total = n * g
+    for lo in range(0, max(total, 1), rows):
+        hi = min(lo + rows, total)
+        first, last = lo // g if g else 0, -(-hi // g) if g else 0  # iterations touched
+        cut = slice(lo - first * g, hi - first * g)
+
+        def part(name: str, first: int = first, last: int = last) -> np.ndarray:
+            column = replay.column(name).slice(first, last - first)
+            return column.to_numpy()
+
+        stall = (
+            np.column_stack([part(c) for c in stall_columns]).reshape(-1)[cut] if g else np.empty(0)
+        )
+        yield pa.table(
+            {
+                **{f.name: _constant(f, const[f.name], hi - lo) for f in _KEY_FIELDS[:7]},
+                "epoch": np.repeat(part("epoch").astype(np.int32, copy=False), g)[cut],
+                "iteration": np.repeat(part("iteration").astype(np.int32, copy=False), g)[cut],
+                "gpu": np.tile(gpus, last - first)[cut],
+                "stall_s": stall,
+            },
+            schema=GPUS_SCHEMA,
+        )
 
 
 def _metadata(run: ResultRun) -> dict[bytes, bytes]:
@@ -191,8 +235,20 @@ class DatasetWriter:
         ]
 
     def add(self, iterations: pa.Table, gpus: pa.Table) -> None:
+        """A policy's rows, whole (``long_tables``)."""
         for writer, table in zip(self._writers, (iterations, gpus), strict=True):
-            writer.write_table(table.replace_schema_metadata(self.meta))
+            self._write(writer, table)
+
+    def add_replay(self, ident: dict[str, Any], policy: tuple[str, str], replay: pa.Table) -> None:
+        """A policy's rows from its replay table, the gpus rows one row group at a time
+        (``gpu_pieces``): the same bytes as ``add(*long_tables(...))``, a bounded peak."""
+        it_writer, gpu_writer = self._writers
+        self._write(it_writer, iterations_table(ident, policy, replay))
+        for piece in gpu_pieces(ident, policy, replay, ROW_GROUP_ROWS):
+            self._write(gpu_writer, piece)
+
+    def _write(self, writer: pq.ParquetWriter, table: pa.Table) -> None:
+        writer.write_table(table.replace_schema_metadata(self.meta), row_group_size=ROW_GROUP_ROWS)
 
     def _close(self) -> None:
         for writer in self._writers:
@@ -217,9 +273,10 @@ def write_run_dataset(run: ResultRun, out: str | Path) -> list[Path]:
     if is_current(out, run.directory.name, meta):
         return []
     writer = DatasetWriter(out, run.directory.name, meta)
+    ident = _identity(run)
     try:
-        for iterations, gpus in policy_tables(run):
-            writer.add(iterations, gpus)
+        for policy in run.replays:
+            writer.add_replay(ident, policy, run.read(policy))
     except BaseException:
         writer.abort()
         raise

@@ -13,14 +13,17 @@ to a per-run origin in integer nanoseconds first and only then converted to
 float seconds, which keeps nanosecond precision for runs up to ~100 days.
 
 Memory: the result holds 5 float64 and one int32 value per GPU-iteration (44
-bytes) plus
-two int32 per iteration; building it needs about as much again in temporaries
-(presence masks, indices), all vectorised.
+bytes) plus two int32 per iteration. Building it adds, beside the tables, an
+int32 position per table row (int64 past 2^31 cells), a presence flag per cell
+and one [N, G] temporary at a time: rows are scattered straight into the final
+column-major matrices (``_Placement``), never through a full grid of every
+iteration nor a row-major copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -93,19 +96,9 @@ def _rows(values: np.ndarray | None, rows: np.ndarray | slice) -> np.ndarray | N
     return None if values is None else values[rows]
 
 
-def _optional(
-    table: pa.Table, name: str, flat: np.ndarray, n: int, g: int, keep: np.ndarray
-) -> np.ndarray | None:
-    """An optional float column (``cpu_s``, ``runq_s``) as [N, G]; NaN where absent."""
-    if name not in table.column_names:
-        return None
-    values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-    out = np.full(n * g, np.nan)
-    out[flat] = values
-    return np.asfortranarray(out.reshape(n, g)[keep])
-
-
-def _column(table: pa.Table, name: str, what: str, dtype: type) -> np.ndarray:
+def _column(table: pa.Table, name: str, what: str, dtype: type) -> list[np.ndarray]:
+    """A checked column as NumPy views of its chunks (no copy of the column: a table read
+    from Parquet comes in chunks, and joining them copied every column the build reads)."""
     if name not in table.column_names:
         raise InputError(f"{what} table has no column {name!r} (re-run `dsim parse`)")
     col = table.column(name)
@@ -113,40 +106,129 @@ def _column(table: pa.Table, name: str, what: str, dtype: type) -> np.ndarray:
         raise InputError(f"{what} table: column {name!r} has {col.null_count} missing value(s)")
     if pa.types.is_timestamp(col.type):
         col = col.cast(pa.timestamp("ns")).cast(pa.int64())
-    return np.asarray(col.to_numpy(), dtype=dtype)
+    return [np.asarray(c.to_numpy(zero_copy_only=False), dtype=dtype) for c in col.chunks]
 
 
-def _pair_key(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
-    """One int64 per (epoch, iteration) whose order is the lexicographic order of the pairs."""
-    return (epoch.astype(np.int64) << 32) + (iteration.astype(np.int64) + 2**31)
+def _pair_keys(epoch: list[np.ndarray], iteration: list[np.ndarray]) -> np.ndarray:
+    """One int64 per (epoch, iteration) whose order is the lexicographic order of the
+    pairs, of two chunked columns (chunked alike or not), written into one array."""
+    key = _joined(epoch, np.int64, lambda k: epoch[k].astype(np.int64) << 32)
+    lo = 0
+    for chunk in iteration:
+        key[lo : lo + len(chunk)] += chunk.astype(np.int64) + 2**31
+        lo += len(chunk)
+    return key
 
 
-def _locate(
-    keys: np.ndarray, gpus: np.ndarray, key: np.ndarray, gpu: np.ndarray, what: str
-) -> np.ndarray:
-    """Flat [N*G] position of every row; a second row for the same cell is an error."""
-    flat = np.searchsorted(keys, key) * len(gpus) + np.searchsorted(gpus, gpu)
+def _joined(chunks: list[np.ndarray], dtype: type, each) -> np.ndarray:
+    """``each(k)`` of every chunk ``k``, written into one array (no list of parts)."""
+    out = np.empty(sum(len(c) for c in chunks), dtype=dtype)
+    lo = 0
+    for k, chunk in enumerate(chunks):
+        out[lo : lo + len(chunk)] = each(k)
+        lo += len(chunk)
+    return out
+
+
+def _duplicate(
+    keys: np.ndarray, gpus: np.ndarray, flat: np.ndarray, what: str
+) -> InputError | None:
+    """The error for a second row of one [iteration, GPU] cell, if any."""
     counts = np.bincount(flat, minlength=len(keys) * len(gpus))
-    if (counts > 1).any():
-        cell = int(np.flatnonzero(counts > 1)[0])
-        k, g = divmod(cell, len(gpus))
-        epoch, iteration = int(keys[k] >> 32), int((keys[k] & 0xFFFFFFFF) - 2**31)
-        raise InputError(
-            f"{what} table has {int(counts[cell])} rows for epoch {epoch}, "
-            f"iteration {iteration}, GPU {int(gpus[g])} (expected one; re-run `dsim parse`)"
-        )
-    return flat
+    if not (counts > 1).any():
+        return None
+    cell = int(np.flatnonzero(counts > 1)[0])
+    k, g = divmod(cell, len(gpus))
+    epoch, iteration = int(keys[k] >> 32), int((keys[k] & 0xFFFFFFFF) - 2**31)
+    return InputError(
+        f"{what} table has {int(counts[cell])} rows for epoch {epoch}, "
+        f"iteration {iteration}, GPU {int(gpus[g])} (expected one; re-run `dsim parse`)"
+    )
 
 
-def _scatter(values: np.ndarray, flat: np.ndarray, n: int, g: int) -> np.ndarray:
-    """Place row values into a dense [N, G] matrix; cells without a row stay 0."""
-    out = np.zeros(n * g, dtype=values.dtype)
-    out[flat] = values
-    return out.reshape(n, g)
+class _Rows:
+    """One table's rows, located on the run's [iteration, GPU] grid.
+
+    ``present``: which cells of the grid of every iteration have a row. After
+    ``keep``, ``dst``: each row's position in the kept [n, G] matrices, which are
+    column-major (Fortran order: each GPU's column contiguous, as the kernels read
+    them), or ``n * G`` (a spare cell past the end) for a row of a dropped iteration.
+    Values are scattered chunk by chunk straight into the final matrices: no full
+    grid of every iteration, no row-major copy turned column-major, no joined copy
+    of a column (each had cost 8 bytes per GPU-iteration at the build's peak).
+    """
+
+    def __init__(
+        self, keys: np.ndarray, gpus: np.ndarray, key: np.ndarray, gpu: list, what: str
+    ) -> None:
+        cells = len(keys) * len(gpus)
+        self.index = np.int32 if cells < 2**31 - 1 else np.int64
+        self.row = np.searchsorted(keys, key).astype(self.index)
+        self.col = _joined(gpu, self.index, lambda k: np.searchsorted(gpus, gpu[k]))
+        flat = self.row * self.index(len(gpus))
+        flat += self.col
+        present = np.zeros(cells, dtype=bool)
+        present[flat] = True
+        if int(present.sum()) != len(flat):
+            raise _duplicate(keys, gpus, flat, what)  # type: ignore[misc]
+        self.present: np.ndarray | None = present
+        self.dst = np.empty(0, dtype=self.index)
+        self.n, self.order = 0, "F"
+
+    def keep(
+        self, keep: np.ndarray, kept_row: np.ndarray, n: int, g: int, order: str = "F"
+    ) -> None:
+        """Positions in the kept matrices of ``n`` iterations (``kept_row``: each kept
+        iteration's row there), in ``order`` (F: column-major, C: row-major); rows of a
+        dropped iteration go to the spare cell."""
+        self.n, self.order = n, order
+        row, col = self.row, self.col
+        del self.row, self.col
+        dst = row if keep.all() else kept_row[row].astype(self.index)
+        dst = col * self.index(n) + dst if order == "F" else dst * self.index(g) + col
+        if not keep.all():
+            dst[~keep[row]] = n * g
+        self.dst = dst
+
+    def place(self, chunks: list[np.ndarray], g: int, fill: Any, dtype: type) -> np.ndarray:
+        """The chunks' values (one per row) as a kept [n, g] matrix, ``fill`` where none."""
+        out = np.full(self.n * g + 1, fill, dtype=dtype)  # + the spare cell
+        dst, lo = self.dst, 0
+        for chunk in chunks:
+            out[dst[lo : lo + len(chunk)]] = chunk
+            lo += len(chunk)
+        return out[: self.n * g].reshape((self.n, g), order=self.order)
+
+    def seconds(self, chunks: list[np.ndarray], origin_ns: int, g: int) -> np.ndarray:
+        """Timestamps (ns) as float seconds since ``origin_ns``, placed. A cell without a
+        row holds a meaningless number: callers mark those (NaN) or have none."""
+        ticks = self.place(chunks, g, 0, np.int64)
+        flat = ticks.reshape(-1, order=self.order)
+        flat -= origin_ns  # exact in int64, so the same as subtracting before placing
+        out = flat.astype(np.float64)
+        del ticks, flat
+        out /= 1e9
+        return out.reshape((self.n, g), order=self.order)
+
+
+def _optional(table: pa.Table, name: str, rows: _Rows, g: int) -> np.ndarray | None:
+    """An optional float column (``cpu_s``, ``runq_s``) as [N, G]; NaN where absent."""
+    if name not in table.column_names:
+        return None
+    chunks = [
+        np.asarray(c.to_numpy(zero_copy_only=False), dtype=np.float64)
+        for c in table.column(name).chunks
+    ]
+    return rows.place(chunks, g, np.nan, np.float64)
 
 
 def build_iteration_arrays(
-    fetch: pa.Table, train: pa.Table, *, require_fetch: bool = True, origin_ns: int | None = None
+    fetch: pa.Table,
+    train: pa.Table,
+    *,
+    require_fetch: bool = True,
+    origin_ns: int | None = None,
+    order: str = "F",
 ) -> IterationArrays:
     """Pivot the fetch and training tables of one run into ``IterationArrays``.
 
@@ -157,7 +239,11 @@ def build_iteration_arrays(
     fetch record then holds NaN start and duration and worker -1.
     ``origin_ns`` (default: the first fetch start) fixes the origin of the times, so
     that part of a run (``dsim watch``'s window) rounds exactly as the whole run does.
+    ``order``: the memory layout of the [N, G] matrices, ``F`` (column-major: what the
+    per-iteration kernel walks) or ``C`` (row-major: the pipeline kernel's inputs, which
+    then take them without a copy); the values are the same.
     """
+    # every column checked first (a missing or null column is an error before any work)
     f_epoch = _column(fetch, "epoch", "fetch", np.int32)
     f_iter = _column(fetch, "iteration", "fetch", np.int32)
     f_gpu = _column(fetch, "gpu", "fetch", np.int32)
@@ -171,20 +257,21 @@ def build_iteration_arrays(
     t_stall = _column(train, "stall_s", "training", np.float64)
     t_start = _column(train, "start", "training", np.int64)
 
-    f_key = _pair_key(f_epoch, f_iter)
-    t_key = _pair_key(t_epoch, t_iter)
-    keys = np.unique(np.concatenate([f_key, t_key]))
-    gpus = np.unique(np.concatenate([f_gpu, t_gpu])).astype(np.int32)
+    f_key = _pair_keys(f_epoch, f_iter)
+    t_key = _pair_keys(t_epoch, t_iter)
+    keys = np.union1d(np.unique(f_key), np.unique(t_key))  # no concatenation of both
+    gpus = np.unique(np.concatenate([np.unique(c) for c in f_gpu + t_gpu] or [[]]))
+    gpus = gpus.astype(np.int32)
     n, g = len(keys), len(gpus)
 
-    f_flat = _locate(keys, gpus, f_key, f_gpu, "fetch")
-    t_flat = _locate(keys, gpus, t_key, t_gpu, "training")
-    has_fetch = np.zeros(n * g, dtype=bool)
-    has_fetch[f_flat] = True
-    has_train = np.zeros(n * g, dtype=bool)
-    has_train[t_flat] = True
-    fetch_ok = has_fetch.reshape(n, g).all(axis=1)
-    train_ok = has_train.reshape(n, g).all(axis=1)
+    f_rows = _Rows(keys, gpus, f_key, f_gpu, "fetch")
+    del f_key
+    t_rows = _Rows(keys, gpus, t_key, t_gpu, "training")
+    del t_key
+    f_present, t_present = f_rows.present, t_rows.present
+    assert f_present is not None and t_present is not None
+    fetch_ok = f_present.reshape(n, g).all(axis=1)
+    train_ok = t_present.reshape(n, g).all(axis=1)
     keep = fetch_ok & train_ok if require_fetch else train_ok
 
     dropped = {
@@ -196,37 +283,43 @@ def build_iteration_arrays(
 
     if origin_ns is not None:
         origin_ns = int(origin_ns)
-    elif len(f_start):
-        origin_ns = int(f_start.min())
+    elif sum(len(c) for c in f_start):
+        origin_ns = min(int(c.min()) for c in f_start if len(c))
     else:  # no fetch record (a profiled run): the first arrival keeps arrivals precise
-        origin_ns = int(t_start.min()) if len(t_start) and not require_fetch else 0
-    start_ns = _scatter(f_start - origin_ns, f_flat, n, g)[keep]
-    start = start_ns.astype(np.float64) / 1e9
-    fetch_s = _scatter(f_dur, f_flat, n, g)[keep]
-    worker = _scatter(f_worker, f_flat, n, g)[keep]
-    if not require_fetch:
-        absent = ~has_fetch.reshape(n, g)[keep]
+        have = [int(c.min()) for c in t_start if len(c)]
+        origin_ns = min(have) if have and not require_fetch else 0
+    kept = int(keep.sum())
+    kept_row = np.cumsum(keep) - 1
+    absent = None if require_fetch else ~f_present.reshape(n, g)[keep]
+    f_rows.present = t_rows.present = f_present = t_present = None
+    f_rows.keep(keep, kept_row, kept, g, order)
+    t_rows.keep(keep, kept_row, kept, g, order)
+    # the two matrices that need a temporary first, while the others do not exist yet
+    start = f_rows.seconds(f_start, origin_ns, g)
+    arrival = t_rows.seconds(t_start, origin_ns, g)
+    fetch_s = f_rows.place(f_dur, g, 0.0, np.float64)
+    worker = f_rows.place(f_worker, g, 0, np.int32)
+    if absent is not None:
         start[absent] = np.nan
         fetch_s[absent] = np.nan
         worker[absent] = -1
-    arrival_ns = _scatter(t_start - origin_ns, t_flat, n, g)[keep]
     kept_keys = keys[keep]
     return IterationArrays(
         epoch=(kept_keys >> 32).astype(np.int32),
         iteration=((kept_keys & 0xFFFFFFFF) - 2**31).astype(np.int32),
         gpus=gpus,
-        start=np.asfortranarray(start),
-        fetch=np.asfortranarray(fetch_s),
-        iteration_time=np.asfortranarray(_scatter(t_time, t_flat, n, g)[keep]),
-        stall=np.asfortranarray(_scatter(t_stall, t_flat, n, g)[keep]),
-        arrival=np.asfortranarray(arrival_ns.astype(np.float64) / 1e9),
-        worker=np.asfortranarray(worker),
+        start=start,
+        fetch=fetch_s,
+        iteration_time=t_rows.place(t_time, g, 0.0, np.float64),
+        stall=t_rows.place(t_stall, g, 0.0, np.float64),
+        arrival=arrival,
+        worker=worker,
         origin_ns=origin_ns,
         dropped=dropped,
-        fetch_cpu=_optional(fetch, "cpu_s", f_flat, n, g, keep),
-        fetch_runq=_optional(fetch, "runq_s", f_flat, n, g, keep),
-        train_cpu=_optional(train, "cpu_s", t_flat, n, g, keep),
-        train_runq=_optional(train, "runq_s", t_flat, n, g, keep),
+        fetch_cpu=_optional(fetch, "cpu_s", f_rows, g),
+        fetch_runq=_optional(fetch, "runq_s", f_rows, g),
+        train_cpu=_optional(train, "cpu_s", t_rows, g),
+        train_runq=_optional(train, "runq_s", t_rows, g),
         stream="stream" in fetch.column_names
         and fetch.column("stream").null_count < fetch.num_rows,
     )
