@@ -328,11 +328,12 @@ def test_the_report_agrees_with_json_csv_and_terminal(work: Path) -> None:
 
 def test_terminal_json_csv_html_and_mlflow_agree(work: Path, tmp_path: Path) -> None:
     """Issue #22's "done when": the five outputs of one results directory — terminal, JSON,
-    CSV, HTML and MLflow (a local file store) — agree on every number, verdict and
+    CSV, HTML and MLflow (a local SQLite store) — agree on every number, verdict and
     attribution line, each rendered from one answer."""
     if importlib.util.find_spec("mlflow") is None:
         pytest.skip("needs the mlflow extra (pip install -e '.[mlflow]'; CI installs it)")
-    uri = (tmp_path / "mlruns").as_uri()  # file:///…: MLflow's local file store
+    # SQLite, as dsim's own default store: MLflow 3.x refuses a file:// store unless told to.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "",
            "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}  # fmt: skip
     proc = run_dsim("report", "results", "--out", tmp_path / "five.html", "--mlflow", "-q",
