@@ -326,15 +326,18 @@ def test_the_report_agrees_with_json_csv_and_terminal(work: Path) -> None:
     _check_html_agrees(doc, (work / "four.html").read_text(encoding="utf-8"))
 
 
-def test_terminal_json_csv_html_and_mlflow_agree(work: Path, tmp_path: Path) -> None:
+def test_terminal_json_csv_html_and_mlflow_agree(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue #22's "done when": the five outputs of one results directory — terminal, JSON,
-    CSV, HTML and MLflow (a local SQLite store) — agree on every number, verdict and
+    CSV, HTML and MLflow (a local file store) — agree on every number, verdict and
     attribution line, each rendered from one answer."""
     if importlib.util.find_spec("mlflow") is None:
         pytest.skip("needs the mlflow extra (pip install -e '.[mlflow]'; CI installs it)")
-    # SQLite, as dsim's own default store: MLflow 3.x refuses a file:// store unless told to.
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = (tmp_path / "mlruns").as_uri()  # file:///…: MLflow's local file store
+    # newer MLflow refuses its file store unless asked for it (older ones ignore the variable)
     env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "",
+           "MLFLOW_ALLOW_FILE_STORE": "true",
            "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}  # fmt: skip
     proc = run_dsim("report", "results", "--out", tmp_path / "five.html", "--mlflow", "-q",
                     cwd=work, env={**WIDE, **env}, timeout=300)  # fmt: skip
@@ -343,6 +346,7 @@ def test_terminal_json_csv_html_and_mlflow_agree(work: Path, tmp_path: Path) -> 
     _check_terminal_agrees(doc, terminal)
     _check_csv_agrees(doc, csv)
     _check_html_agrees(doc, (tmp_path / "five.html").read_text(encoding="utf-8"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store too
     _check_mlflow_agrees(doc, uri)
 
 
