@@ -128,6 +128,29 @@ def test_many_runs_print_an_overview() -> None:
     assert "--full" not in printed(many.head(9 * 10), 100)  # ten runs: tables
 
 
+def test_the_overview_names_each_rows_model_and_marks_a_loader_what_if() -> None:
+    """Issue #22: above ten runs the overview had no model column, so a run's per-iteration
+    and pipeline rows looked alike and a loader what-if's replayed time read as measured."""
+    runs = [one_run(f"{NAME}_{i:03d}", f"/r{i}") for i in range(10)]
+    pipe = one_run(f"{NAME}_000", "/p").assign(
+        replay_model="pipeline", loader_workers=2, loader_prefetch_factor=2, loader_changed=False
+    )
+    what_if = one_run(f"{NAME}_000", "/w").assign(
+        replay_model="pipeline", loader_workers=8, loader_prefetch_factor=2, loader_changed=True
+    )
+    many = pd.concat([*runs, pipe, what_if], ignore_index=True)
+    text = printed(many, 120)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("run"))
+    assert "model" in header.split()
+    models = [line.split()[1] for line in text.splitlines() if "_resnet50_" in line]
+    assert models == ["per-iter."] * 10 + ["pipeline"] * 2  # the what-if's: "pipeline w8 p2*"
+    assert text.count("pipeline w8 p2*") == 1 and text.count("pipeline  ") == 1
+    caption = " ".join(text.split())
+    assert "* a loader what-if: its iter. and stall are the replay under those settings" in caption
+    assert "* a loader what-if" not in " ".join(printed(pd.concat([*runs, pipe]), 120).split())
+    assert all(len(line) <= 100 for line in printed(many, 100).splitlines())
+
+
 def test_wrap_words_never_inside_a_word() -> None:
     assert wrap_words("aaa_bbb_ccc", 8) == ["aaa_bbb_", "ccc"]
     assert wrap_words("x (4 GPUs, 2 iterations)", 12) == ["x (4 GPUs, 2", "iterations)"]

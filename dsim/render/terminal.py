@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _METRICS = tuple((str(c.short), c.key) for c in METRICS)
 
 OVERVIEW_RUNS = 10
+WHAT_IF = "*"  # the overview's mark of a loader what-if's row
 """More runs than this print the one-row-per-run overview instead of the tables."""
 
 BEST, SLOWER = "best", "slower"
@@ -253,6 +254,28 @@ def summary_tables(summary: pd.DataFrame, layout: Layout = LAYOUTS[1]) -> list[T
     ]
 
 
+#: The overview's short names of the replay models (the tables' titles spell them out).
+OVERVIEW_MODELS = {"per-iteration": "per-iter.", "pipeline": "pipeline", "stall-only": "stall-only"}
+
+
+def overview_model(row: dict[str, Any]) -> str:
+    """The overview's model column: which replay a run's row is, and whether it is a what-if.
+
+    Why: a run replayed by two models, or under loader settings it did not run with, is
+    two rows of one name; without this column they read alike, and a loader what-if's
+    ``actual/actual`` row (the replay under the new settings) read as if measured. A
+    what-if is ``pipeline w8 p2*``; the caption says what ``*`` means.
+    """
+    model = row.get("replay_model")
+    name = "per-iter." if _missing(model) else OVERVIEW_MODELS.get(str(model), str(model))
+    changed = row.get("loader_changed")
+    if not _missing(changed) and bool(changed) and not _missing(row.get("loader_workers")):
+        prefetch = row.get("loader_prefetch_factor")
+        tail = "" if _missing(prefetch) else f" p{int(prefetch)}"
+        return f"{name} w{int(row['loader_workers'])}{tail}{WHAT_IF}"
+    return name
+
+
 def overview_table(summary: pd.DataFrame, width: int) -> Table:
     """One row per run: measured iteration time and stall, effective delay, and the best
     policy with its speed-up. Run names are wrapped at their separators to fit ``width``."""
@@ -267,9 +290,10 @@ def overview_table(summary: pd.DataFrame, width: int) -> Table:
     it_unit = column_unit([m.get("iteration_s_mean") for m in measured])
     st_unit = column_unit([m.get("stall_s_mean") for m in measured])
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-    fixed = 58  # the other columns, measured on typical values
+    fixed = 58 + 13  # the other columns, measured on typical values
     run_width = max(16, width - fixed)
     table.add_column("run", no_wrap=True)
+    table.add_column("model", no_wrap=True)
     table.add_column("GPUs", justify="right", no_wrap=True)
     table.add_column(f"iter.\n({it_unit})", justify="right", no_wrap=True)
     table.add_column(f"stall\n({st_unit})", justify="right", no_wrap=True)
@@ -285,6 +309,7 @@ def overview_table(summary: pd.DataFrame, width: int) -> Table:
         gpus = first.get("gpus")
         table.add_row(
             "\n".join(wrap_words(str(first.get("run")), run_width)),
+            overview_model(first),
             "–" if _missing(gpus) else str(int(gpus)),
             fmt_seconds(base.get("iteration_s_mean"), it_unit),
             fmt_seconds(base.get("stall_s_mean"), st_unit),
@@ -316,9 +341,16 @@ def print_summary(
             console.print(table)
     if len(summary) and {"selected_epochs", "warmup", "threshold_s"} <= set(summary.columns):
         first = summary.iloc[0]
+        what_if = ""
+        changed = summary.get("loader_changed")
+        if overview and changed is not None and changed.fillna(False).astype(bool).any():
+            what_if = (
+                f" {WHAT_IF} a loader what-if: its iter. and stall are the replay under those "
+                "settings, not measured."
+            )
         more = (
             f" {runs} runs: one row each (the measured run, and the policy with the largest "
-            "speed-up); --full prints every table."
+            "speed-up); --full prints every table." + what_if
             if overview
             else f" {BEST}: the largest speed-up of the run; {SLOWER}: slower than measured."
         )
