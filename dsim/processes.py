@@ -40,8 +40,17 @@ _RESEND_AFTER_S = 0.01
 _deferring = 0  # depth of ``deferred_signals`` blocks
 
 
+_owner_pid: int | None = None  # the process whose handlers ``install_handlers`` set
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _received
+    if _owner_pid is not None and os.getpid() != _owner_pid:
+        # A forked child (a ``dsim parse`` worker) that inherited this handler and was
+        # stopped before ``worker_init`` set its own: it has started no work, so it leaves
+        # at once, as a stopped worker does. Raising here printed a traceback ("Exception
+        # in initializer") when the parent stopped its pool just as it started.
+        os._exit(exit_code(signum))
     if _received is None:
         _received = signum
     if _deferring:
@@ -101,8 +110,10 @@ _default_unraisable = sys.unraisablehook
 
 def install_handlers() -> None:
     """Turn SIGINT and SIGTERM into ``KeyboardInterrupt`` (main thread only)."""
+    global _owner_pid
     if threading.current_thread() is not threading.main_thread():
         return
+    _owner_pid = os.getpid()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
     sys.unraisablehook = _on_unraisable

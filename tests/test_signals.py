@@ -122,3 +122,32 @@ def test_leave_runs_exit_handlers_and_keeps_the_exit_code() -> None:
     )
     assert done.returncode == 7, done.stderr
     assert done.stdout == "partial linethread done\nhandler ran\n", done.stdout
+
+
+_FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from dsim import processes
+
+    processes.install_handlers()
+    pid = os.fork()
+    if pid == 0:  # a pool worker before its initializer set its own handlers
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        print("child survived", file=sys.stderr, flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+    """
+)
+
+
+def test_a_forked_child_stopped_before_its_own_handlers_leaves_quietly() -> None:
+    """CI once printed "Exception in initializer" and a traceback: `dsim parse` was stopped
+    as its pool started, and a worker still running dsim's inherited handler raised
+    KeyboardInterrupt inside ``worker_init``. Such a child now exits 143 at once, silently."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["143"], (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
