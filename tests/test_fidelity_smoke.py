@@ -189,3 +189,26 @@ def test_gpu_variant_refuses_cleanly_without_cuda(tmp_path: Path) -> None:
     assert not (tmp_path / "g").exists()
     wrong = _python("-m", "validation.job", "--regime", "cpu", "--device", "cuda", "--name", "g")
     assert wrong.returncode == 2 and "decode regime only" in wrong.stderr
+
+
+def test_ranks_share_gpus_only_when_asked_and_then_all_reduce_with_gloo(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from validation import job
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert "4 ranks need 4 GPUs, 1 found (--share-gpus" in job.check_cuda(4)
+    assert job.check_cuda(4, share=True) is None
+    base = ["--regime", "decode", "--device", "cuda", "--ranks", "4", "--name", "g"]
+    args = job.parse_args([*base, "--share-gpus"])
+    args.gpus = 1
+    assert [job.gpu_of(r, args) for r in range(4)] == [0, 0, 0, 0]
+    assert job.backend_of(args) == "gloo"
+    args.gpus = 4  # enough GPUs: each rank its own, NCCL even with the flag
+    assert [job.gpu_of(r, args) for r in range(4)] == [0, 1, 2, 3]
+    assert job.backend_of(args) == "nccl"
+    assert job.backend_of(job.parse_args(base)) == "nccl"
+    cpu = job.parse_args(["--regime", "decode", "--name", "g"])
+    assert job.backend_of(cpu) == "gloo"
+    with pytest.raises(SystemExit):
+        job.parse_args(["--regime", "decode", "--share-gpus", "--name", "g"])

@@ -232,10 +232,10 @@ def train(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> Non
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo on loopback only
     torch.set_num_threads(1)
     cuda = args.device == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", gpu_of(rank, args)) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    dist.init_process_group(backend_of(args), rank=rank, world_size=world)
     try:
         regime = regime_of(args)
         layout = Layout(args.epochs, args.iterations, world, args.batch_size)
@@ -260,7 +260,8 @@ def train(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> Non
         else:
             net = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
         net = net.to(device)
-        model = nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
+        ids = [device.index] if cuda else None
+        model = nn.parallel.DistributedDataParallel(net, device_ids=ids)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         loss_fn = nn.CrossEntropyLoss()
         compute_ms = regime.compute_ms
@@ -285,6 +286,22 @@ def train(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> Non
         dist.destroy_process_group()
 
 
+def gpu_of(rank: int, args: argparse.Namespace) -> int:
+    """Rank r's GPU: its own, or with ``--share-gpus`` r mod the GPUs there are."""
+    return rank % args.gpus if args.share_gpus else rank
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    """NCCL where every rank has a GPU of its own; gloo on the CPU and for shared GPUs.
+
+    NCCL refuses two ranks on one device, and gloo all-reduces CUDA tensors (through
+    host memory), so ranks that share a GPU still run DDP with CUDA compute.
+    """
+    if args.device != "cuda" or (args.share_gpus and args.ranks > args.gpus):
+        return "gloo"
+    return "nccl"
+
+
 def _spawned(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> None:
     train(rank, world, args, log_dir)
 
@@ -306,6 +323,9 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "align": args.align,
         "start_align": args.start_align,
         "device": args.device,
+        "backend": backend_of(args),
+        "gpus": args.gpus if args.device == "cuda" else None,
+        "share_gpus": bool(args.share_gpus),
         "pin_memory": args.device == "cuda",
         "cpu_units_per_ms": args.cpu_units_per_ms,
         "cpu_calibrated_by": args.calibrated_by,
@@ -346,6 +366,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CPU work units per ms of one uncontended core (cpu/mixed; default: measure now)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="--device cuda with more ranks than GPUs: rank r on GPU r mod G, gloo for the "
+        "all-reduce (NCCL refuses two ranks on one GPU)",
+    )
     p.add_argument("--iterations", type=int, default=400, help="iterations per epoch")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
@@ -374,27 +400,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--align: the decode regime has no cost table to align (start alignment works)")
     if args.device == "cuda" and kind != "decode":
         p.error("--device cuda runs the decode regime only (--regime decode)")
+    if args.share_gpus and args.device != "cuda":
+        p.error("--share-gpus needs --device cuda")
     args.calibrated_by = "argument" if args.cpu_units_per_ms else None
     args.board = None
+    args.gpus = None
     return args
 
 
-def check_cuda(ranks: int) -> str | None:
-    """Why ``--device cuda`` cannot run here (None when it can): one GPU per rank, NCCL."""
+def check_cuda(ranks: int, share: bool = False) -> str | None:
+    """Why ``--device cuda`` cannot run here (None when it can).
+
+    One GPU per rank and NCCL, or with ``share`` (``--share-gpus``) at least one GPU.
+    """
     if not torch.cuda.is_available():
         return "--device cuda: CUDA is not available here (use --device cpu, or a GPU machine)"
-    if torch.cuda.device_count() < ranks:
-        return f"--device cuda: {ranks} ranks need {ranks} GPUs, {torch.cuda.device_count()} found"
-    if not dist.is_nccl_available():
+    found = torch.cuda.device_count()
+    if found < ranks and not share:
+        return (
+            f"--device cuda: {ranks} ranks need {ranks} GPUs, {found} found "
+            "(--share-gpus puts several ranks on one GPU)"
+        )
+    if found >= ranks and not dist.is_nccl_available():
         return "--device cuda: this PyTorch build has no NCCL"
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device == "cuda" and (why := check_cuda(args.ranks)):
-        print(f"validation.job: error: {why}", file=sys.stderr)
-        return 2
+    if args.device == "cuda":
+        if why := check_cuda(args.ranks, args.share_gpus):
+            print(f"validation.job: error: {why}", file=sys.stderr)
+            return 2
+        args.gpus = torch.cuda.device_count()
     if REGIMES[args.regime].kind in ("cpu", "mixed") and args.cpu_units_per_ms is None:
         args.cpu_units_per_ms, args.calibrated_by = calibrate(), "job"
     log_dir = Path(args.out) / args.name

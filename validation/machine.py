@@ -47,6 +47,15 @@ def _version(package: str) -> str | None:
         return None
 
 
+def gpus() -> list[str]:
+    """The GPUs ``nvidia-smi -L`` lists (none where it is missing): the GPU variant's hardware."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU")]
+
+
 def machine_facts() -> dict[str, object]:
     return {
         "cpu": cpu_model(),
@@ -55,6 +64,7 @@ def machine_facts() -> dict[str, object]:
         "os": platform.platform(),
         "python": sys.version.split()[0],
         "torch": _version("torch"),
+        "gpus": gpus(),
     }
 
 

@@ -194,6 +194,8 @@ def job_command(
         extra += ["--cpu-units-per-ms", f"{units_per_ms:.3f}" if units_per_ms else "CALIBRATED"]
     if args.device != "cpu":
         extra += ["--device", args.device]
+    if args.share_gpus:
+        extra += ["--share-gpus"]
     return [
         sys.executable, "-m", "validation.job",
         "--regime", spec.regime,
@@ -214,6 +216,8 @@ def job_command(
 def settings_of(spec: RunSpec, args: argparse.Namespace) -> dict[str, object]:
     """What must be equal for a stored run to count as this planned run."""
     device = {"device": args.device} if args.device != "cpu" else {}
+    if args.share_gpus:
+        device["share_gpus"] = True
     return {
         **spec.record(),
         **device,
@@ -382,6 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-units-per-ms", type=float, help="skip the calibration (cpu plan)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU variant (NCCL, decode regime only)")  # fmt: skip
+    p.add_argument("--share-gpus", action="store_true",
+                   help="cuda, more ranks than GPUs: ranks share GPUs (gloo)")  # fmt: skip
     p.add_argument(
         "--variants",
         type=lambda s: [v for v in s.split(",") if v],
@@ -411,6 +417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape = PLAN_SHAPE[args.plan]
     args.iterations = args.iterations or shape[0]
     args.epochs = args.epochs or shape[1]
+    if args.share_gpus and args.device != "cuda":
+        p.error("--share-gpus needs --device cuda")
     if args.device == "cuda" and any(REGIMES[r].kind != "decode" for r in args.regime):
         p.error("--device cuda: only the decode regime has a GPU variant (--regime decode)")
     if args.repeats < 1 or (args.cpu_units_per_ms is not None and args.cpu_units_per_ms <= 0):
