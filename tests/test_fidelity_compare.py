@@ -192,7 +192,8 @@ def test_fidelity_md_is_written_anew(tmp_path, monkeypatch) -> None:
     report.update_fidelity(path, pd.DataFrame(), {"runs": {}}, {})
     text = path.read_text()
     assert "Hand-written claim" not in text and "old\n" not in text
-    assert text.startswith(report.INTRO) and "generated table" in text
+    intro = report.INTRO.format(job=report.job_words({"runs": {}}))
+    assert text.startswith(intro) and "generated table" in text
     assert text.count(report.BEGIN) == 1 and text.rstrip().endswith(
         "re-computes this file from them."
     )
@@ -312,3 +313,18 @@ def test_overall_targets_judge_the_effective_delay_share_too() -> None:
     assert "pipeline, alignment what-ifs: 4/4 cells (100 %)" in text
     assert "pipeline, alignment (effective-delay share) what-ifs: 3/4 cells (75 %)" in text
     assert "target ≥ 90 %: missed" in text
+
+
+def test_fidelity_intro_names_the_job_each_sweep_ran() -> None:
+    from validation.report import INTRO, job_words
+
+    def manifest(**run: object) -> dict:
+        return {"runs": {"a": {"ranks": 4, **run}}}
+
+    cpu = INTRO.format(job=job_words(manifest()))
+    assert "runs a real 4-rank gloo\nDDP job, then re-runs it" in cpu  # the committed files' text
+    gpus = {"gpus": ["GPU 0: NVIDIA H200"]}
+    shared = job_words(manifest(device="cuda", share_gpus=True, machine=gpus))
+    assert shared == "4-rank\nDDP job on a GPU machine, its ranks sharing the GPUs (gloo all-reduce)"
+    one = {"runs": {"a": {"ranks": 1, "device": "cuda", "machine": gpus}}}
+    assert job_words(one) == "1-rank NCCL\nDDP job, one GPU per rank"

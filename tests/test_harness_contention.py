@@ -73,7 +73,10 @@ def test_start_max_is_a_barrier_and_min_never_waits() -> None:
 
     board = _run_board("min", delays)
     posted, began = board[0, 0], board[1, 0]
-    assert (began - posted < 0.005).all()  # causal: starts at its own start
+    # causal, and gated to no one: it starts at its own start. Gating to the last poster would
+    # wait up to 40 ms; a loaded CI machine may deschedule a process for a few ms (the median).
+    lag = began - posted
+    assert (lag >= -1e-9).all() and np.median(lag) < 0.005 and lag.max() < 0.02
     summary = startalign.summarize(board, "min")
     by_rank = {r["rank"]: r for r in summary["ranks"]}
     assert by_rank[0]["clipped"]["count"] == 0  # the earliest poster is never clipped

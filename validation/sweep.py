@@ -76,6 +76,11 @@ PER_WORKER_S = 0.15
 OVERHEAD_MS = 6.0
 TRAINER_CPU_MS = 2.0  # a rank's CPU per step besides compute (all-reduce, Python, log line)
 DECODE_COMPUTE_MS = 6.0
+# The GPU variant spawns its ranks (CUDA must not be forked), and each rank starts its
+# workers one after another: measured on the H200 machine (16 cores; validation/README.md),
+# 16 s at 1 worker, 35-42 s at 8, for 1 and for 4 ranks alike.
+CUDA_STARTUP_S = 13.0
+CUDA_PER_WORKER_S = 3.0
 VARIANTS = ("repeat", "min", "mean", "prefetch")
 WHAT_IF_PREFETCH = (1, 4)
 JOB_TIMEOUT_S = 900
@@ -161,7 +166,10 @@ def iteration_ms(regime: Regime, workers: int, ranks: int, cores: int) -> float:
 def estimate_s(spec: RunSpec, args: argparse.Namespace, cores: int) -> float:
     """Estimated wall time of one run (seconds): start-up plus its iterations."""
     per_iteration = iteration_ms(REGIMES[spec.regime], spec.workers, args.ranks, cores)
-    startup = STARTUP_S + PER_WORKER_S * spec.workers * args.ranks
+    if args.device == "cuda":
+        startup = CUDA_STARTUP_S + CUDA_PER_WORKER_S * spec.workers
+    else:
+        startup = STARTUP_S + PER_WORKER_S * spec.workers * args.ranks
     return startup + args.iterations * args.epochs * per_iteration / 1000
 
 
@@ -345,10 +353,15 @@ def sweep(args: argparse.Namespace) -> Path:
             print(shlex.join(["python", *job_command(spec, args, out, stored)[1:]]))
         cores = os.cpu_count() or 1
         total = sum(estimate_s(spec, args, cores) for spec in todo)
+        startup = (
+            f"{CUDA_STARTUP_S:.0f} s start-up + {CUDA_PER_WORKER_S} s per worker of a rank"
+            if args.device == "cuda"
+            else f"{STARTUP_S:.0f} s start-up + {PER_WORKER_S} s per worker process"
+        )
         print(
             f"# plan {args.plan}: {len(todo)} runs of {len(runs)}, estimated {total / 60:.1f} min "
-            f"on {cores} cores (per run: {STARTUP_S:.0f} s start-up + {PER_WORKER_S} s per "
-            f"worker process + iterations x a rough iteration time; validation/README.md)"
+            f"on {cores} cores (per run: {startup} + iterations x a rough iteration time; "
+            "validation/README.md)"
         )
         return out
     out.mkdir(parents=True, exist_ok=True)
