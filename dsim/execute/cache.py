@@ -17,6 +17,7 @@ from typing import Any
 
 from dsim.errors import InputError
 from dsim.model.results import RESULTS_FORMAT_VERSION
+from dsim.model.runinfo import path_digest
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables
 from dsim.replay.models import ReplayModel
 from dsim.replay.params import ReplayParams
@@ -25,15 +26,10 @@ from dsim.replay.policies import Policy, policy_label
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        size = path.stat().st_size
+        return path_digest(path)
     except OSError as exc:
         raise InputError(f"cannot read table: {exc.strerror or exc}", path) from exc
-    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def trace_fingerprint(run_dir: Path) -> dict[str, Any]:

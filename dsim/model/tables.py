@@ -38,6 +38,7 @@ from dsim.model.runinfo import (
     check_run_directory,
     digest_document,
     file_digest,
+    path_digest,
 )
 
 FETCH_FILE = "fetch.parquet"
@@ -177,11 +178,7 @@ def write_run_info(run: RunTables, directory: Path, rejects: pa.Table | None = N
         if rejects is not None and rejects.num_rows:
             # one chunk: pyarrow 17 writes the header again after an empty first chunk
             pacsv.write_csv(rejects.combine_chunks(), tmp / REJECTS_FILE)
-        files = {
-            name: file_digest((tmp / name).read_bytes())
-            for name in _TABLE_FILES
-            if (tmp / name).exists()
-        }
+        files = {name: path_digest(tmp / name) for name in _TABLE_FILES if (tmp / name).exists()}
         info = replace(run.info, digest=digest_document(files))
         info.save(tmp)
     return info
