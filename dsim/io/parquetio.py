@@ -11,11 +11,10 @@ byte-for-byte deterministic.
 Every file is zstd-compressed (level 3) with an encoding chosen per column
 from its type (``write_options``): integer columns (``epoch``, ``iteration``,
 ``gpu``, ``worker``) delta-encoded (``DELTA_BINARY_PACKED``: an iteration
-counter costs bits per row, not the 4-8 bytes Snappy left of it), names,
-labels and flags dictionary-encoded (they repeat), and measurements (floats,
-timestamps) in plain pages: nearly all distinct, they made a dictionary that
-was built up to a page and dropped, at ~70 bytes a row of memory while the
-fetch table was written, for files ~8 % larger. Against Snappy with default
+counter costs bits per row, not the 4-8 bytes Snappy left of it), every
+other column dictionary-encoded where that pays, except a trace's
+measurements (floats, timestamps: nearly all distinct), which are written in
+plain pages (``distinct``). Against Snappy with default
 encodings, a synthetic 8-GPU run of 10^6 GPU-iterations parsed to 1.5x
 smaller tables and its replay dataset to 2.3x smaller files; readers need
 nothing new (both encodings are in every Parquet reader dsim supports,
@@ -39,38 +38,39 @@ _CRC_MISMATCH = "CRC checksum verification failed"
 ZSTD_LEVEL = 3
 
 
-def _repeats(kind: pa.DataType) -> bool:
-    """Whether a column's values repeat enough for a dictionary: names, labels and flags do;
-    measurements (floats, timestamps, durations) are nearly all distinct, and their
-    dictionary, built until it outgrows a page and then dropped, took ~70 bytes a row at a
-    parse's peak (the fetch table's write) for files ~8 % larger than plain pages."""
-    return not (
-        pa.types.is_floating(kind) or pa.types.is_temporal(kind) or pa.types.is_decimal(kind)
-    )
+def _measurement(kind: pa.DataType) -> bool:
+    return pa.types.is_floating(kind) or pa.types.is_temporal(kind)
 
 
-def write_options(schema: pa.Schema) -> dict[str, Any]:
+def write_options(schema: pa.Schema, *, distinct: bool = False) -> dict[str, Any]:
     """The keyword arguments of ``pq.write_table`` / ``pq.ParquetWriter`` for ``schema``.
 
     Top-level integer columns are delta-encoded, the rest dictionary-encoded
     (pyarrow refuses both for one column, so the dictionary list names the
-    rest). Nested columns keep the defaults.
+    rest). Nested columns keep the defaults. ``distinct``: the float and
+    timestamp columns hold nearly distinct values (a trace's measurements) and
+    are written in plain pages. Their dictionary, built until it outgrew a page
+    and then dropped, took ~70 bytes a row of memory at a parse's peak (the
+    fetch table's write) for a file ~8 % larger; a replay's stalls repeat (zeros,
+    the same stall under several policies) and keep theirs, which pays there.
     """
     delta = [f.name for f in schema if pa.types.is_integer(f.type)]
+    plain = {f.name for f in schema if distinct and _measurement(f.type)}
     options: dict[str, Any] = {
         "compression": "zstd",
         "compression_level": ZSTD_LEVEL,
         "write_page_checksum": True,
-        "use_dictionary": [f.name for f in schema if f.name not in delta and _repeats(f.type)],
+        "use_dictionary": [f.name for f in schema if f.name not in delta and f.name not in plain],
     }
     if delta:
         options["column_encoding"] = dict.fromkeys(delta, "DELTA_BINARY_PACKED")
     return options
 
 
-def write_table(table: pa.Table, path: str | Path) -> None:
-    """Write ``table`` to ``path`` (not atomically: see ``dsim.io.atomic.write_parquet``)."""
-    pq.write_table(table, path, **write_options(table.schema))
+def write_table(table: pa.Table, path: str | Path, *, distinct: bool = False) -> None:
+    """Write ``table`` to ``path`` (not atomically: see ``dsim.io.atomic.write_parquet``);
+    ``distinct`` as in ``write_options``."""
+    pq.write_table(table, path, **write_options(table.schema, distinct=distinct))
 
 
 def writer(path: str | Path, schema: pa.Schema) -> pq.ParquetWriter:

@@ -172,7 +172,8 @@ def write_run_info(run: RunTables, directory: Path, rejects: pa.Table | None = N
             (run.train, TRAIN_SCHEMA, TRAIN_FILE),
         ):
             full = with_cpu(schema, table.column_names)
-            parquetio.write_table(table.select(full.names).cast(full), tmp / name)
+            # measurements nearly all distinct: plain pages (parquetio.write_options)
+            parquetio.write_table(table.select(full.names).cast(full), tmp / name, distinct=True)
         if run.gpu_util is not None:
             parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:
