@@ -67,7 +67,9 @@ def _train_arrays(train: pa.Table):
     index = np.searchsorted(ranks, gpu).astype(np.int32)
     del gpu
     start_ns = train.column("start").cast(pa.int64()).to_numpy()
-    arrival = (start_ns - start_ns.min()).astype(np.float64)
+    first, arrival = start_ns.min(), np.empty(len(start_ns))
+    for lo in range(0, len(start_ns), 1 << 20):  # exact in int64, then seconds; no full temp
+        arrival[lo : lo + (1 << 20)] = start_ns[lo : lo + (1 << 20)] - first
     arrival /= 1e9
     epoch = train.column("epoch").to_numpy()
     iteration = train.column("iteration").to_numpy()
@@ -140,14 +142,22 @@ def rank_offsets(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ranks, rank 0 is the reference): one rank an hour behind moves itself, not the
     rest. Returns (offset s, spread s) per rank: the median over iterations of its
     end − the reference ends, and the p95 of the deviation around that median.
+    Computed a rank (a column) at a time: a parse's peak memory is here, and a
+    temporary as large as ``end`` costs 8 bytes per GPU-iteration.
     """
-    against_first = np.median(end - end[:, :1], axis=0)
+    ranks = end.shape[1]
+    against_first = np.array([np.median(end[:, r] - end[:, 0]) for r in range(ranks)])
     agree = np.abs(against_first[:, None] - against_first[None, :]) <= CLOCK_OFFSET_MAX_S
-    members = agree[int(np.argmax(agree.sum(axis=1)))]
+    members = np.flatnonzero(agree[int(np.argmax(agree.sum(axis=1)))])
     offsets = against_first - np.median(against_first[members])
-    aligned = end - offsets
-    reference = np.median(aligned[:, members], axis=1, keepdims=True)
-    spread = np.percentile(np.abs(aligned - reference), 95, axis=0)
+    reference = np.empty(len(end))
+    rows = max(1, (1 << 20) // max(len(members), 1))
+    for lo in range(0, len(end), rows):
+        block = end[lo : lo + rows, members] - offsets[members]
+        reference[lo : lo + rows] = np.median(block, axis=1)
+    spread = np.array(
+        [np.percentile(np.abs(end[:, r] - offsets[r] - reference), 95) for r in range(ranks)]
+    )
     return offsets, spread
 
 
@@ -199,27 +209,30 @@ def timeline_consistency(
     # Grids are built and let go of one at a time: a parse's peak memory is here.
     keys, cell, n_ranks = _cells(epoch, iteration, rank)
     shape = (len(keys), n_ranks)
-    values = np.subtract(arrival, stall)
-    values += time_s
-    grid_end = _grid(cell, shape, values)  # iteration ends
+    values = np.subtract(arrival, stall)  # requests
+    grid_request = _grid(cell, shape, values)
+    values += time_s  # ends
+    grid_end = _grid(cell, shape, values)
     complete = ~np.isnan(grid_end).any(axis=1)
     if int(complete.sum()) < MIN_ITERATIONS:
         return None
-    last_arrival = _grid(cell, shape, arrival)[complete].max(axis=1, keepdims=True)
-    end = grid_end[complete]
-    spread = end.max(axis=1) - end.min(axis=1)
-    end -= last_arrival  # per rank and iteration: its end after the last arrival
-    late_share = _share(end.ravel() < -TOLERANCE_S)
-    del end, last_arrival
-    np.subtract(arrival, stall, out=values)  # requests
-    grid_request = _grid(cell, shape, values)
-    del values, cell
     # the next iteration of the same epoch on the same rank: consecutive keys, one epoch
     follows = (keys[1:] >> 32 == keys[:-1] >> 32) & (keys[1:] == keys[:-1] + 1)
     gaps = grid_request[1:][follows]
+    del grid_request
     gaps -= grid_end[:-1][follows]
-    del grid_request, grid_end
     gaps = gaps[~np.isnan(gaps)]
+    everyone = bool(complete.all())  # then no copy of the complete rows is needed
+    end = grid_end if everyone else grid_end[complete]
+    del grid_end
+    spread = end.max(axis=1) - end.min(axis=1)
+    np.copyto(values, arrival)
+    arrivals = _grid(cell, shape, values)
+    del values, cell
+    end -= (arrivals if everyone else arrivals[complete]).max(axis=1, keepdims=True)
+    del arrivals
+    late_share = _share(end.ravel() < -TOLERANCE_S)  # a rank's end before the last arrival
+    del end
     spread_stats = {**_stats(spread), "over_share": _share(spread > END_SPREAD_MAX_S)}
     figures: dict[str, Any] = {
         "iterations": int(complete.sum()),
