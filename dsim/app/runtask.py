@@ -56,6 +56,7 @@ from dsim.model.results import (
     replay_path,
     replay_table,
     stub_replays,
+    unstub_stale,
     write_replay,
     write_result_info,
 )
@@ -193,6 +194,7 @@ def _finish_plan(
             writer.abort()
         raise
     if writer is not None:
+        report.written.extend(unstub_stale(config.out, plan.directory, info.policies))
         report.written.extend(writer.commit())
     stubs = stub_replays(config.out, plan.directory, info.policies)
     report.written.extend(path for path in stubs if path not in report.written)

@@ -81,6 +81,7 @@ __all__ = [
     "results_directories",
     "scan_results",
     "stub_replays",
+    "unstub_stale",
     "write_replay",
     "write_result_info",
 ]
@@ -291,6 +292,31 @@ def stub_replays(out: str | Path, directory: str, policies: Mapping[str, str]) -
         if not datasetfiles.holds(out, directory, label, key):
             continue
         write_parquet(stub_table(meta), path)
+        written.append(path)
+    return written
+
+
+def unstub_stale(out: str | Path, directory: str, kept: Mapping[str, str]) -> list[Path]:
+    """Before ``directory``'s dataset files are replaced by ones holding only ``kept``
+    (label → key): write back whole every stub of a policy they drop, from the dataset
+    files still in place, so that a stale replay keeps its numbers and a later ``dsim
+    run`` reuses it when the policy comes back (§7.3), as a whole replay always was.
+
+    A stub the dataset in place does not hold is left (it has nothing to keep).
+    Returns the replays written back.
+    """
+    written: list[Path] = []
+    for policy, path in _replay_files(Path(out) / directory).items():
+        if policy_label(policy) in kept:
+            continue
+        try:
+            meta = replay_metadata(pq.read_schema(path), path)
+            if not is_stub(meta) or not _stub_usable(path, meta):
+                continue
+            table, _ = load_replay(path, remedy=_CORRUPT_REMEDY)
+        except (OSError, pa.ArrowException, InputError, ValueError):
+            continue  # unusable: it would be recomputed anyway
+        write_parquet(table, path)
         written.append(path)
     return written
 
