@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_dsim
@@ -24,7 +25,13 @@ from dsim.app.run import run_replays
 from dsim.config import Overrides, load_config
 from dsim.errors import InputError
 from dsim.model import datasetfiles
-from dsim.model.dataset import run_frames
+from dsim.model.dataset import (
+    GPUS_SCHEMA,
+    ITERATIONS_SCHEMA,
+    gpu_pieces,
+    iterations_table,
+    run_frames,
+)
 from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
 from dsim.model.results import (
     REPLAY_FORMAT_VERSION,
@@ -283,3 +290,36 @@ def test_readers_give_the_same_outputs_from_stubs_on_the_sample_trace(
             assert before.equals(after)
         else:
             assert before == after
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["statistics", "no-statistics"])
+def test_a_policy_sharing_a_row_group_is_read_by_its_rows(tmp_path: Path, statistics: bool) -> None:
+    """dsim starts every policy's rows in a row group of their own, found by statistics;
+    a dataset written otherwise (two policies in one row group, or no statistics, as
+    another tool may write it) still gives each policy its own rows."""
+    whole = {}
+    parts: dict[str, list] = {"iterations": [], "gpus": []}
+    ident = {"run": "r", "replay_model": "per-iteration", "loader_changed": False}
+    ident |= {"loader_workers": None, "loader_prefetch_factor": None}
+    for k, policy in enumerate([("actual", "actual"), ("min", "min")]):
+        columns = {
+            "epoch": pa.array([0, 0, 1], pa.int32()),
+            "iteration": pa.array([1, 2, 1], pa.int32()),
+        }
+        for j, name in enumerate(("iteration_s", "stall_s", "delay_s", "fetch_diff_s")):
+            columns[name] = pa.array([k + j + 0.5, k + j + 1.5, k + j + 2.5], pa.float64())
+        columns["start_diff_s"] = pa.array([0.0, 0.1, 0.2], pa.float64())
+        for rank in (3, 7):
+            columns[f"stall_s_gpu{rank}"] = pa.array([rank + k, rank * 2.0, -k], pa.float64())
+        whole[policy] = pa.table(columns)
+        parts["iterations"].append(iterations_table(ident, policy, whole[policy]))
+        parts["gpus"].extend(gpu_pieces(ident, policy, whole[policy]))
+    for table, schema in (("iterations", ITERATIONS_SCHEMA), ("gpus", GPUS_SCHEMA)):
+        path = datasetfiles.dataset_path(tmp_path, table, "r")
+        path.parent.mkdir(parents=True)
+        rows = pa.concat_tables(parts[table]).cast(schema)
+        pq.write_table(rows, path, write_statistics=statistics)  # one row group for both
+        assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    for policy, table in whole.items():
+        got = datasetfiles.read_policy(tmp_path, "r", policy, (3, 7), remedy="re-run")
+        assert got.equals(table)
