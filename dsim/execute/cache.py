@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dsim.errors import InputError
-from dsim.model.results import RESULTS_FORMAT_VERSION
+from dsim.model.resultinfo import KEY_FORMAT_VERSION
 from dsim.model.runinfo import path_digest
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables
 from dsim.replay.models import ReplayModel
@@ -57,7 +57,7 @@ def replay_key(
 ) -> str:
     """The cache key of one replay (hex sha256 of a canonical JSON document)."""
     document = {
-        "format_version": RESULTS_FORMAT_VERSION,
+        "format_version": KEY_FORMAT_VERSION,
         "model": model.name,
         "trace": fingerprint,
         "params": params_document(model, params),

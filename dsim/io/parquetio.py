@@ -78,15 +78,15 @@ def writer(path: str | Path, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, schema, **write_options(schema))
 
 
-def read_table(path: str | Path, *, remedy: str) -> pa.Table:
-    """Read a dsim Parquet file, verifying page checksums.
+def read_table(path: str | Path, *, remedy: str, columns: list[str] | None = None) -> pa.Table:
+    """Read a dsim Parquet file (``columns`` of it, default all), verifying page checksums.
 
     ``remedy`` says what rebuilds the file (e.g. "re-run `dsim parse`"); it
     ends the message of a corrupted or unreadable file. A missing file raises
     ``FileNotFoundError`` so that callers can say what is missing in their words.
     """
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:

@@ -53,12 +53,22 @@ _KEYS = (
 )
 
 
-def check_version(document: Any, expected: int, path: Path | None, what: str, remedy: str) -> None:
-    """Refuse a JSON document of another format version: newer ones need a newer dsim."""
+def check_version(
+    document: Any,
+    expected: int,
+    path: Path | None,
+    what: str,
+    remedy: str,
+    *,
+    oldest: int | None = None,
+) -> None:
+    """Refuse a JSON document of another format version: newer ones need a newer dsim.
+    ``oldest`` (default ``expected``): the oldest version this dsim still reads."""
     if not isinstance(document, dict):
         raise InputError(f"not a dsim {what} (a JSON object expected)", path)
     found = document.get("format_version")
-    if found == expected:
+    readable = range(expected if oldest is None else oldest, expected + 1)
+    if isinstance(found, int) and not isinstance(found, bool) and found in readable:
         return
     if isinstance(found, int) and not isinstance(found, bool) and found > expected:
         raise InputError(
