@@ -219,7 +219,7 @@ def rebodied(
     Row k of those takes the ``DRAIN_TERMS`` of row k − m, a body row of the
     measured run, every rank's from the same row: an iteration ends when the
     slowest rank's step does, so the ranks' spread within a row matters
-    (each rank's body mean instead gave those rows 36-42 ms against 52-57 ms
+    (each rank's body mean instead gave those rows 37-43 ms against 52-57 ms
     measured). Where row k − m is not a body row (a segment shorter than
     3 m), each rank's mean over the body rows; with no body row, unchanged.
     A longer window needs nothing here: its extra drain rows get the drain's
