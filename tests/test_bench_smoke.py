@@ -8,6 +8,7 @@ that every section ran end to end and produced its table and JSON.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
 
 
 def test_run_all_quick(tmp_path: Path) -> None:
@@ -154,3 +156,27 @@ def test_one_reader_of_the_machine_for_every_benchmark() -> None:
     facts = machine(numpy="1.0")
     assert {"nproc", "cpu", "memory_gib", "python", "load_average_at_start"} <= set(facts)
     assert facts["numpy"] == "1.0" and facts["nproc"] >= 1
+
+
+def test_instrument_overhead_verdict_rests_on_the_paired_interval() -> None:
+    """A best-of pair moved by ±1.5 % between identical runs; the step rows' verdict now
+    needs the paired slowdowns' 95 % interval wholly on one side of the 1 % target."""
+    spec = importlib.util.spec_from_file_location("bench_instrument", BENCH / "bench_instrument.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    plain = [3.00, 3.02, 2.99, 3.05, 3.01, 3.00, 3.03, 2.98]
+    tight = [p * 1.003 for p in plain]  # +0.3 % in every pair
+    mean, low, high = bench.paired_slowdown(plain, tight)
+    assert abs(mean - 0.3) < 1e-9 and abs(low - 0.3) < 1e-9 and abs(high - 0.3) < 1e-9
+    assert bench.target_verdict(low, high) == "< 1 % shown"
+    jitter = [1.02, 0.99, 1.015, 0.985, 1.01, 1.0, 0.99, 1.02]
+    noisy = [p * f for p, f in zip(plain, jitter, strict=True)]
+    mean, low, high = bench.paired_slowdown(plain, noisy)
+    assert low < 1 <= high and bench.target_verdict(low, high).startswith("undecided")
+    slow = [p * 1.05 for p in plain]
+    assert bench.target_verdict(*bench.paired_slowdown(plain, slow)[1:]) == "ABOVE TARGET"
+    one = bench.paired_slowdown([1.0], [1.001])
+    assert bench.target_verdict(*one[1:]).startswith("undecided")  # one pair decides nothing
+    with pytest.raises(ValueError):
+        bench.paired_slowdown([1.0, 2.0], [1.0])

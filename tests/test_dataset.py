@@ -12,6 +12,7 @@ import pytest
 from conftest import run_dsim
 
 from dsim.model.dataset import GPUS_SCHEMA, ITERATIONS_SCHEMA
+from dsim.model.results import load_replay
 
 pl = pytest.importorskip("polars")
 duckdb = pytest.importorskip("duckdb")
@@ -37,7 +38,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _replay(results: Path, directory: str, label: str) -> pd.DataFrame:
-    return pq.read_table(results / directory / f"{label}.parquet").to_pandas()
+    """A replay as readers see it (its file is a stub: rows from the dataset, §7.1)."""
+    table, _ = load_replay(results / directory / f"{label}.parquet", remedy="re-run")
+    return table.to_pandas()
 
 
 def test_directories_hold_only_parquet_files_of_one_schema(results: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 from conftest import run_dsim
 
 from dsim.errors import InputError
-from dsim.model.resultinfo import ResultInfo
-from dsim.model.runinfo import RunInfo
+from dsim.model.resultinfo import RESULTS_FORMAT_VERSION, ResultInfo
+from dsim.model.runinfo import FORMAT_VERSION, RunInfo
 
 RUN = "synth_queue_seed3_gpus3_epoch2_b96_worker2_thread0"  # b: the global batch
 
@@ -73,10 +73,12 @@ def test_unknown_keys_survive_a_round_trip() -> None:
 def test_a_newer_format_version_is_a_clear_error(workdir: Path, tmp_path: Path, name: str) -> None:
     source = workdir / ("traces" if name == "run.json" else "results") / RUN
     doc = json.loads((source / name).read_text())
-    doc["format_version"] = 2
+    current = FORMAT_VERSION if name == "run.json" else RESULTS_FORMAT_VERSION
+    doc["format_version"] = current + 1
     (tmp_path / name).write_text(json.dumps(doc))
     loader = RunInfo if name == "run.json" else ResultInfo
-    with pytest.raises(InputError, match=r"newer dsim \(format_version 2; this dsim reads 1\)"):
+    newer = rf"newer dsim \(format_version {current + 1}; this dsim reads {current}\)"
+    with pytest.raises(InputError, match=newer):
         loader.load(tmp_path)
     doc["format_version"] = 0
     (tmp_path / name).write_text(json.dumps(doc))
@@ -95,5 +97,5 @@ def test_summarize_names_the_file_of_a_newer_format(workdir: Path, tmp_path: Pat
     assert proc.returncode == 3
     assert proc.stderr.strip().endswith(
         "result.json: result description written by a newer dsim "
-        "(format_version 7; this dsim reads 1): upgrade dsim"
+        f"(format_version 7; this dsim reads {RESULTS_FORMAT_VERSION}): upgrade dsim"
     )

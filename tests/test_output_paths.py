@@ -21,6 +21,7 @@ import dsim.api
 from dsim.errors import OutputError, UsageError
 from dsim.io.lock import exclusive, shared
 from dsim.io.names import check_run_name, name_problem
+from dsim.model.resultinfo import RESULTS_FORMAT_VERSION
 
 
 def _log(path: Path) -> Path:
@@ -151,14 +152,15 @@ def test_run_never_downgrades_a_newer_result_json(tmp_path):
     write_synthetic(tmp_path / "traces", "r1")
     run_dir = tmp_path / "results" / "r1"
     run_dir.mkdir(parents=True)
-    newer = {"format_version": 2, "run": "r1", "policies": {}, "future": True}
+    newer = {"format_version": RESULTS_FORMAT_VERSION + 1, "run": "r1", "policies": {}}
+    newer["future"] = True
     (run_dir / "result.json").write_text(json.dumps(newer))
     result = run_dsim(
         "run", "r1", "--traces", "traces", "--out", "results", "--executor", "local", "--force",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 4, result.stderr
-    assert "written by a newer dsim (format 2" in result.stderr
+    assert f"written by a newer dsim (format {RESULTS_FORMAT_VERSION + 1}" in result.stderr
     assert "upgrade dsim or choose another --out" in result.stderr
     assert json.loads((run_dir / "result.json").read_text()) == newer
     assert sorted(p.name for p in run_dir.iterdir()) == ["result.json"]

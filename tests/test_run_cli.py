@@ -11,7 +11,7 @@ import pytest
 from conftest import run_dsim
 from tracegen import ORIGINAL_CONFIG, synthetic_run, write_synthetic
 
-from dsim.model.results import METRIC_COLUMNS, read_replay_key
+from dsim.model.results import METRIC_COLUMNS, load_replay, read_replay_key
 
 RUN = "synth_run"
 DESIGN_COLUMNS = [
@@ -76,7 +76,7 @@ def test_run_writes_replays_result_and_summary(project: Path) -> None:
 def test_measured_run_is_reproduced(project: Path) -> None:
     """actual/actual replays the trace: max iteration time and stall over GPUs, per iteration."""
     assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
-    table = pq.read_table(project / "results" / RUN / "actual__actual.parquet")
+    table, _ = load_replay(project / "results" / RUN / "actual__actual.parquet", remedy="")
     train = synthetic_run(RUN, iterations=30).train.to_pandas()
     expected = train.groupby(["epoch", "iteration"]).agg(
         iteration_s=("iteration_s", "max"), stall_s=("stall_s", "max")
@@ -229,7 +229,7 @@ def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
     assert "holey: 1 incomplete iteration not replayed (missing fetch record: 1)" in proc.stderr
     info = json.loads((tmp_path / "results" / "holey" / "result.json").read_text())
     assert info["dropped"] == {"missing fetch record": 1} and info["iterations"] == 39
-    table = pq.read_table(tmp_path / "results" / "holey" / "actual__actual.parquet")
+    table, _ = load_replay(tmp_path / "results" / "holey" / "actual__actual.parquet", remedy="")
     rows = set(zip(table["epoch"].to_pylist(), table["iteration"].to_pylist(), strict=True))
     assert (1, 15) not in rows and len(rows) == 39
 

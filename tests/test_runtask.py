@@ -19,6 +19,7 @@ from dsim.app import attribution as app_attribution
 from dsim.app import runplan, runtask
 from dsim.app.run import run_replays
 from dsim.config import Overrides, load_config
+from dsim.model import datasetfiles
 from dsim.model import results as results_module
 
 RUNS = ("ra", "rb", "rc")
@@ -64,29 +65,39 @@ def test_dataset_comes_from_memory_and_a_cached_run_reads_no_replay_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh run builds the dataset from the replays it computed (no replay file is
-    read for it); a fully cached run reads each listed replay once, for the summary."""
+    read for it); the summary reads each policy's per-iteration rows once, from the
+    dataset (the replay files are stubs, §7.1; no per-GPU row is decoded); a fully
+    cached run rebuilds nothing and reads the same."""
     _traces(tmp_path)
     reads: list[Path] = []
     real = results_module.parquetio.read_table
+    rows: list[Path] = []
+    real_rows = datasetfiles._policy_rows
 
     def counting(path, *args, **kwargs):
         reads.append(Path(path))
         return real(path, *args, **kwargs)
 
+    def counting_rows(path, *args, **kwargs):
+        rows.append(Path(path))
+        return real_rows(path, *args, **kwargs)
+
     monkeypatch.setattr(results_module.parquetio, "read_table", counting)
+    monkeypatch.setattr(datasetfiles, "_policy_rows", counting_rows)
     first = run_replays(_config(tmp_path))
     assert first.computed == 27
-    replay_reads = [p for p in reads if "__" in p.name]
-    assert len(replay_reads) == 27  # the summary's one read of each
+    assert [p for p in reads if "__" in p.name] == []  # no replay file read back
+    assert len(rows) == 27 and {p.parent.name for p in rows} == {"iterations"}
     before = {p: p.read_bytes() for p in (tmp_path / "out" / "dataset").rglob("*.parquet")}
     assert len(before) == 2 * len(RUNS)
 
     reads.clear()
+    rows.clear()
     rebuilt: list[str] = []
     monkeypatch.setattr(runtask, "DatasetWriter", lambda *a, **k: rebuilt.append("x"))
     again = run_replays(_config(tmp_path))
     assert (again.computed, again.cached) == (0, 27)
-    assert len([p for p in reads if "__" in p.name]) == 27 and not rebuilt
+    assert [p for p in reads if "__" in p.name] == [] and len(rows) == 27 and not rebuilt
     assert again.summary.equals(first.summary)
     after = {p: p.read_bytes() for p in (tmp_path / "out" / "dataset").rglob("*.parquet")}
     assert after == before

@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from tracegen import synthetic_run, write_synthetic
 
 import dsim
 from dsim.errors import InputError
 from dsim.model import tables as tables_module
-from dsim.model.results import find_result_runs
+from dsim.model.results import find_result_runs, load_replay
 from dsim.model.runinfo import RunInfo, version_digest
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, read_run, write_run
 
@@ -183,7 +182,7 @@ def _iterations() -> int:
 
 def _replayed(out: Path) -> tuple[dict, np.ndarray]:
     document = json.loads((out / RUN / "result.json").read_text(encoding="utf-8"))
-    table = pq.read_table(out / RUN / REPLAY)
+    table, _ = load_replay(out / RUN / REPLAY, remedy="")
     numbers = np.column_stack([table.column(c).to_numpy() for c in sorted(table.column_names)])
     return document, numbers
 

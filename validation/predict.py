@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
-from dsim.model.results import replay_path
+from dsim.model.results import find_result_runs
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, build_iteration_arrays
 from dsim.replay.models.pipeline import PipelineModel, PreparedPipeline, cpu_assumption
@@ -31,7 +30,8 @@ from validation.metrics import drain_split, run_metrics
 
 def predict_per_iteration(results: Path, run: str, policy: Policy) -> dict[str, float]:
     """Metrics of ``dsim run``'s replay of ``run`` under ``policy``; actual/actual: measured."""
-    table = pq.read_table(replay_path(results, run, policy)).to_pandas()
+    # through the reader: a replay file is a stub once the run's dataset holds its rows
+    table = find_result_runs([results / run])[0].read(policy, gpus=False).to_pandas()
     return run_metrics(
         table["epoch"].to_numpy(),
         table["iteration"].to_numpy(),

@@ -266,7 +266,7 @@ def summary_rows(
         if not trace.get("gpus") and run.info.ranks:
             trace["gpus"] = len(run.info.ranks)  # ranks replayed, when the trace lacks a count
         for policy in chosen:
-            table = run.read(policy)
+            table = run.read(policy, gpus=False)  # a summary reads no per-GPU column
             epoch = table.column("epoch").to_numpy()
             iteration = table.column("iteration").to_numpy()
             selected, mask = selected_iterations(epoch, iteration, run_epochs, run_warmup, run.name)

@@ -14,6 +14,7 @@ from typing import Any
 
 from dsim.errors import InputError
 from dsim.io.atomic import check_replaceable
+from dsim.io.memory import release_freed
 from dsim.io.names import check_run_name, run_path
 from dsim.model.consistency import clock_offsets, consistency
 from dsim.model.rankclocks import shift_ranks
@@ -54,9 +55,11 @@ def parse_and_write(
         kwargs["progress"] = progress
     try:
         parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
+        release_freed()  # the parse's own buffers, before the checks' arrays are made
         tables = with_clocks_set(parsed.tables)
         # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
         tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
+        release_freed()  # the checks' arrays, before the Parquet writer's buffers
         info = write_run_info(tables, target, parsed.rejects)  # with the version written
     except MemoryError:
         # A run too large for this machine is a fact about the input, not a bug: one line

@@ -468,7 +468,8 @@ def add_spread(summary: pd.DataFrame, by_name: dict[str, ResultRun]) -> None:
     lows: dict[str, list[float]] = {"iteration_s": [], "stall_s": []}
     highs: dict[str, list[float]] = {"iteration_s": [], "stall_s": []}
     for _, row in summary.iterrows():
-        table = by_name[str(row["run"])].read((str(row["fetch_align"]), str(row["start_align"])))
+        policy = (str(row["fetch_align"]), str(row["start_align"]))
+        table = by_name[str(row["run"])].read(policy, gpus=False)  # no per-GPU column
         mask = selection_mask(
             table.column("epoch").to_numpy(),
             table.column("iteration").to_numpy(),

@@ -3,7 +3,11 @@
 A run's work happens once and where it runs: its arrays (built once, in
 ``dsim.app.runplan``) feed the replay, the dataset rows and the attribution;
 each replay computed is written and added to the tidy dataset from memory
-(``DatasetWriter``), so the dataset costs no second read of the replays.
+(``DatasetWriter``), so the dataset costs no second read of the replays. Once
+the dataset files are in place they are the one stored copy of the numbers:
+each replay file is rewritten as a stub (``stub_replays``, docs/SPEC.md §7.1).
+Until then every replay computed is whole on disk, so an interrupted run
+resumes per policy (§7.2).
 What comes back (``RunReport``) is small: the run's summary rows before the
 columns that compare rows, its attribution, counts and the paths written.
 
@@ -48,8 +52,11 @@ from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
 from dsim.model.results import (
     check_results_directory,
     find_result_runs,
+    load_replay,
     replay_path,
     replay_table,
+    stub_replays,
+    unstub_stale,
     write_replay,
     write_result_info,
 )
@@ -153,12 +160,16 @@ def _finish_plan(
     on_rows: OnRows | None,
     report: RunReport,
 ) -> None:
-    """One results directory: replays (label order), dataset from memory, ``result.json``."""
+    """One results directory: replays (label order), dataset from memory, ``result.json``,
+    then the replays made stubs. The dataset is rebuilt when it does not list these keys,
+    and whenever a policy is replayed (``--force``, or a replay file lost): the files
+    that now hold the numbers are rewritten by what recomputes them."""
     model = plan.model
     assert model is not None  # set by plan_run
     info = result_info(plan, config, model)
     meta = metadata(plan.name, plan.directory, dict(info.policies))
-    dataset = None if is_current(config.out, plan.directory, meta) else meta
+    current = not plan.todo and is_current(config.out, plan.directory, meta)
+    dataset = None if current else meta
     writer = DatasetWriter(config.out, plan.directory, dataset) if dataset is not None else None
     ident = identity(plan.name, info)
     prepared = model.prepare(plan.arrays, replay_params(config)) if plan.todo else None
@@ -183,7 +194,10 @@ def _finish_plan(
             writer.abort()
         raise
     if writer is not None:
+        report.written.extend(unstub_stale(config.out, plan.directory, info.policies))
         report.written.extend(writer.commit())
+    stubs = stub_replays(config.out, plan.directory, info.policies)
+    report.written.extend(path for path in stubs if path not in report.written)
 
 
 def _replay(
@@ -224,12 +238,15 @@ def _replay(
 
 
 def _read_cached(plan: RunPlan, out: Path, policy: Any) -> Any:
-    """A reused replay, read with its checksums (its key was checked by ``pending_policies``)."""
-    from dsim.io import parquetio
-
-    return parquetio.read_table(
-        replay_path(out, plan.directory, policy), remedy="re-run dsim run --force for this run"
+    """A reused replay, read with its checksums (its key was checked by ``pending_policies``):
+    whole, or a stub's rows from the dataset files still in place (the new ones are
+    temporaries until ``commit``)."""
+    table, _ = load_replay(
+        replay_path(out, plan.directory, policy),
+        ranks=tuple(int(g) for g in plan.arrays.gpus),
+        remedy="re-run dsim run --force for this run",
     )
+    return table
 
 
 def _attribute(plans: list[RunPlan], report: RunReport, out: Path) -> None:

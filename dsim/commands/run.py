@@ -19,7 +19,8 @@ from dsim.words import counted
 
 HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
 
-Writes RESULTS/<run>/<fetch>__<start>.parquet (one row per iteration),
+Writes one replay per policy (one row per iteration, stored once in
+RESULTS/dataset/; RESULTS/<run>/<fetch>__<start>.parquet keeps its key),
 RESULTS/<run>/result.json and RESULTS/summary.{parquet,csv}, and prints the
 summary. actual/actual (the measured run) is always replayed, since the
 what-if columns compare against it. Finished replays are reused when the

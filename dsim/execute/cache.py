@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dsim.errors import InputError
-from dsim.model.results import RESULTS_FORMAT_VERSION
+from dsim.model.resultinfo import KEY_FORMAT_VERSION
+from dsim.model.runinfo import path_digest
 from dsim.model.tables import FETCH_FILE, TRAIN_FILE, RunTables
 from dsim.replay.models import ReplayModel
 from dsim.replay.params import ReplayParams
@@ -25,15 +26,10 @@ from dsim.replay.policies import Policy, policy_label
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        size = path.stat().st_size
+        return path_digest(path)
     except OSError as exc:
         raise InputError(f"cannot read table: {exc.strerror or exc}", path) from exc
-    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def trace_fingerprint(run_dir: Path) -> dict[str, Any]:
@@ -61,7 +57,7 @@ def replay_key(
 ) -> str:
     """The cache key of one replay (hex sha256 of a canonical JSON document)."""
     document = {
-        "format_version": RESULTS_FORMAT_VERSION,
+        "format_version": KEY_FORMAT_VERSION,
         "model": model.name,
         "trace": fingerprint,
         "params": params_document(model, params),

@@ -12,12 +12,13 @@ Every file is zstd-compressed (level 3) with an encoding chosen per column
 from its type (``write_options``): integer columns (``epoch``, ``iteration``,
 ``gpu``, ``worker``) delta-encoded (``DELTA_BINARY_PACKED``: an iteration
 counter costs bits per row, not the 4-8 bytes Snappy left of it), every
-other column dictionary-encoded where that pays (strings and flags repeat;
-floats fall back to plain pages by themselves once their dictionary grows
-past a page). Against Snappy with default encodings, a synthetic 8-GPU run of
-10^6 GPU-iterations parsed to 1.5x smaller tables and its replay dataset to
-2.3x smaller files; readers need nothing new (both encodings are in every
-Parquet reader dsim supports, pyarrow >= 17, DuckDB, polars).
+other column dictionary-encoded where that pays, except a trace's
+measurements (floats, timestamps: nearly all distinct), which are written in
+plain pages (``distinct``). Against Snappy with default
+encodings, a synthetic 8-GPU run of 10^6 GPU-iterations parsed to 1.5x
+smaller tables and its replay dataset to 2.3x smaller files; readers need
+nothing new (both encodings are in every Parquet reader dsim supports,
+pyarrow >= 17, DuckDB, polars).
 """
 
 from __future__ import annotations
@@ -37,28 +38,39 @@ _CRC_MISMATCH = "CRC checksum verification failed"
 ZSTD_LEVEL = 3
 
 
-def write_options(schema: pa.Schema) -> dict[str, Any]:
+def _measurement(kind: pa.DataType) -> bool:
+    return pa.types.is_floating(kind) or pa.types.is_temporal(kind)
+
+
+def write_options(schema: pa.Schema, *, distinct: bool = False) -> dict[str, Any]:
     """The keyword arguments of ``pq.write_table`` / ``pq.ParquetWriter`` for ``schema``.
 
     Top-level integer columns are delta-encoded, the rest dictionary-encoded
     (pyarrow refuses both for one column, so the dictionary list names the
-    rest). Nested columns keep the defaults.
+    rest). Nested columns keep the defaults. ``distinct``: the float and
+    timestamp columns hold nearly distinct values (a trace's measurements) and
+    are written in plain pages. Their dictionary, built until it outgrew a page
+    and then dropped, took ~70 bytes a row of memory at a parse's peak (the
+    fetch table's write) for a file ~8 % larger; a replay's stalls repeat (zeros,
+    the same stall under several policies) and keep theirs, which pays there.
     """
     delta = [f.name for f in schema if pa.types.is_integer(f.type)]
+    plain = {f.name for f in schema if distinct and _measurement(f.type)}
     options: dict[str, Any] = {
         "compression": "zstd",
         "compression_level": ZSTD_LEVEL,
         "write_page_checksum": True,
-        "use_dictionary": [f.name for f in schema if f.name not in delta],
+        "use_dictionary": [f.name for f in schema if f.name not in delta and f.name not in plain],
     }
     if delta:
         options["column_encoding"] = dict.fromkeys(delta, "DELTA_BINARY_PACKED")
     return options
 
 
-def write_table(table: pa.Table, path: str | Path) -> None:
-    """Write ``table`` to ``path`` (not atomically: see ``dsim.io.atomic.write_parquet``)."""
-    pq.write_table(table, path, **write_options(table.schema))
+def write_table(table: pa.Table, path: str | Path, *, distinct: bool = False) -> None:
+    """Write ``table`` to ``path`` (not atomically: see ``dsim.io.atomic.write_parquet``);
+    ``distinct`` as in ``write_options``."""
+    pq.write_table(table, path, **write_options(table.schema, distinct=distinct))
 
 
 def writer(path: str | Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -66,15 +78,15 @@ def writer(path: str | Path, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, schema, **write_options(schema))
 
 
-def read_table(path: str | Path, *, remedy: str) -> pa.Table:
-    """Read a dsim Parquet file, verifying page checksums.
+def read_table(path: str | Path, *, remedy: str, columns: list[str] | None = None) -> pa.Table:
+    """Read a dsim Parquet file (``columns`` of it, default all), verifying page checksums.
 
     ``remedy`` says what rebuilds the file (e.g. "re-run `dsim parse`"); it
     ends the message of a corrupted or unreadable file. A missing file raises
     ``FileNotFoundError`` so that callers can say what is missing in their words.
     """
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:

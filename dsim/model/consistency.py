@@ -57,16 +57,25 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 
 
 def _train_arrays(train: pa.Table):
-    """(ranks, epoch, iteration, rank index, arrival s, stall s, time s) of a train table."""
+    """(ranks, epoch, iteration, rank index, arrival s, stall s, time s) of a train table.
+
+    Views of the table's columns where it can (epoch, iteration, stall, time); one
+    array each for the rank index and the arrival: a parse's peak memory is here.
+    """
     gpu = train.column("gpu").to_numpy()
     ranks = np.unique(gpu)
-    epoch = train.column("epoch").to_numpy().astype(np.int64)
-    iteration = train.column("iteration").to_numpy().astype(np.int64)
+    index = np.searchsorted(ranks, gpu).astype(np.int32)
+    del gpu
     start_ns = train.column("start").cast(pa.int64()).to_numpy()
-    arrival = (start_ns - start_ns.min()) / 1e9
+    first, arrival = start_ns.min(), np.empty(len(start_ns))
+    for lo in range(0, len(start_ns), 1 << 20):  # exact in int64, then seconds; no full temp
+        arrival[lo : lo + (1 << 20)] = start_ns[lo : lo + (1 << 20)] - first
+    arrival /= 1e9
+    epoch = train.column("epoch").to_numpy()
+    iteration = train.column("iteration").to_numpy()
     stall = train.column("stall_s").to_numpy()
     time_s = train.column("iteration_s").to_numpy()
-    return ranks, epoch, iteration, np.searchsorted(ranks, gpu), arrival, stall, time_s
+    return ranks, epoch, iteration, index, arrival, stall, time_s
 
 
 def consistency(train: pa.Table) -> dict[str, Any] | None:
@@ -80,12 +89,46 @@ def consistency(train: pa.Table) -> dict[str, Any] | None:
     return timeline_consistency(*arrays)
 
 
+def _cells(epoch, iteration, rank) -> tuple[np.ndarray, np.ndarray, int]:
+    """(the distinct (epoch, iteration) keys in order, each record's cell in the
+    [keys, ranks] grid, ranks): one int64 key per record, not a stacked pair, whose
+    ``np.unique(axis=1)`` took ~50 bytes a record. A table sorted by epoch and
+    iteration (every table ``dsim parse`` writes from raw logs) needs no sort at all."""
+    n_ranks = int(rank.max()) + 1
+    key = np.array(epoch, dtype=np.int64)  # a copy: shifted and added to in place
+    key <<= 32
+    key += iteration
+    key += 2**31
+    if key.size < 2 or not (key[1:] < key[:-1]).any():
+        first = np.empty(key.size, dtype=bool)
+        first[:1] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:])
+        keys = key[first]
+        del key
+        cell = np.cumsum(first, dtype=np.int64)
+        cell -= 1
+    else:
+        keys, cell = np.unique(key, return_inverse=True)
+        del key
+        cell = cell.ravel().astype(np.int64, copy=False)
+    cell *= n_ranks
+    cell += rank
+    return keys, cell, n_ranks
+
+
+def _grid(cell: np.ndarray, shape: tuple[int, int], values: np.ndarray) -> np.ndarray:
+    grid = np.full(shape[0] * shape[1], np.nan)
+    grid[cell] = values
+    return grid.reshape(shape)
+
+
 def end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
     """Iteration ends as [iterations every rank trained, ranks] (seconds on one axis)."""
-    n_ranks = int(rank.max()) + 1
-    keys, inverse = np.unique(np.stack([epoch, iteration]), axis=1, return_inverse=True)
-    grid = np.full((keys.shape[1], n_ranks), np.nan)
-    grid[inverse.ravel(), rank] = arrival - stall + time_s
+    keys, cell, n_ranks = _cells(epoch, iteration, rank)
+    end = np.subtract(arrival, stall)
+    end += time_s
+    grid = _grid(cell, (len(keys), n_ranks), end)
+    del end, cell
     return grid[~np.isnan(grid).any(axis=1)]
 
 
@@ -99,14 +142,22 @@ def rank_offsets(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ranks, rank 0 is the reference): one rank an hour behind moves itself, not the
     rest. Returns (offset s, spread s) per rank: the median over iterations of its
     end − the reference ends, and the p95 of the deviation around that median.
+    Computed a rank (a column) at a time: a parse's peak memory is here, and a
+    temporary as large as ``end`` costs 8 bytes per GPU-iteration.
     """
-    against_first = np.median(end - end[:, :1], axis=0)
+    ranks = end.shape[1]
+    against_first = np.array([np.median(end[:, r] - end[:, 0]) for r in range(ranks)])
     agree = np.abs(against_first[:, None] - against_first[None, :]) <= CLOCK_OFFSET_MAX_S
-    members = agree[int(np.argmax(agree.sum(axis=1)))]
+    members = np.flatnonzero(agree[int(np.argmax(agree.sum(axis=1)))])
     offsets = against_first - np.median(against_first[members])
-    aligned = end - offsets
-    reference = np.median(aligned[:, members], axis=1, keepdims=True)
-    spread = np.percentile(np.abs(aligned - reference), 95, axis=0)
+    reference = np.empty(len(end))
+    rows = max(1, (1 << 20) // max(len(members), 1))
+    for lo in range(0, len(end), rows):
+        block = end[lo : lo + rows, members] - offsets[members]
+        reference[lo : lo + rows] = np.median(block, axis=1)
+    spread = np.array(
+        [np.percentile(np.abs(end[:, r] - offsets[r] - reference), 95) for r in range(ranks)]
+    )
     return offsets, spread
 
 
@@ -155,26 +206,33 @@ def timeline_consistency(
     time_s: np.ndarray,
 ) -> dict[str, Any] | None:
     """The figures from per-record arrays (``rank`` 0..n−1; ``arrival`` seconds on one axis)."""
-    n_ranks = int(rank.max()) + 1
-    keys, inverse = np.unique(np.stack([epoch, iteration]), axis=1, return_inverse=True)
-    inverse = inverse.ravel()
-    n_iter = keys.shape[1]
-    grid_arrival = np.full((n_iter, n_ranks), np.nan)
-    grid_end = np.full((n_iter, n_ranks), np.nan)
-    grid_request = np.full((n_iter, n_ranks), np.nan)
-    grid_arrival[inverse, rank] = arrival
-    grid_request[inverse, rank] = arrival - stall
-    grid_end[inverse, rank] = arrival - stall + time_s
+    # Grids are built and let go of one at a time: a parse's peak memory is here.
+    keys, cell, n_ranks = _cells(epoch, iteration, rank)
+    shape = (len(keys), n_ranks)
+    values = np.subtract(arrival, stall)  # requests
+    grid_request = _grid(cell, shape, values)
+    values += time_s  # ends
+    grid_end = _grid(cell, shape, values)
     complete = ~np.isnan(grid_end).any(axis=1)
     if int(complete.sum()) < MIN_ITERATIONS:
         return None
-    end, arr = grid_end[complete], grid_arrival[complete]
-    spread = end.max(axis=1) - end.min(axis=1)
-    after = (end - arr.max(axis=1, keepdims=True)).ravel()  # per rank and iteration
     # the next iteration of the same epoch on the same rank: consecutive keys, one epoch
-    follows = (keys[0, 1:] == keys[0, :-1]) & (keys[1, 1:] == keys[1, :-1] + 1)
-    gaps = (grid_request[1:] - grid_end[:-1])[follows].ravel()
+    follows = (keys[1:] >> 32 == keys[:-1] >> 32) & (keys[1:] == keys[:-1] + 1)
+    gaps = grid_request[1:][follows]
+    del grid_request
+    gaps -= grid_end[:-1][follows]
     gaps = gaps[~np.isnan(gaps)]
+    everyone = bool(complete.all())  # then no copy of the complete rows is needed
+    end = grid_end if everyone else grid_end[complete]
+    del grid_end
+    spread = end.max(axis=1) - end.min(axis=1)
+    np.copyto(values, arrival)
+    arrivals = _grid(cell, shape, values)
+    del values, cell
+    end -= (arrivals if everyone else arrivals[complete]).max(axis=1, keepdims=True)
+    del arrivals
+    late_share = _share(end.ravel() < -TOLERANCE_S)  # a rank's end before the last arrival
+    del end
     spread_stats = {**_stats(spread), "over_share": _share(spread > END_SPREAD_MAX_S)}
     figures: dict[str, Any] = {
         "iterations": int(complete.sum()),
@@ -185,7 +243,7 @@ def timeline_consistency(
             "negative_share": _share(gaps < -TOLERANCE_S),
         },
         "compute_after_arrival": {
-            "negative_share": _share(after < -TOLERANCE_S),
+            "negative_share": late_share,
         },
         "tolerance_s": TOLERANCE_S,
     }

@@ -15,9 +15,12 @@ that ``pd.read_parquet("results/dataset/iterations")``,
 ``read_parquet('results/dataset/gpus/*.parquet')`` read every run at once.
 The directories hold nothing but these files (temporaries of a write in
 progress start with ``.``, which pyarrow ignores and ``*.parquet`` does not
-match). The replay files stay the source of truth (cache, provenance,
-resume: §7.2, §7.3); a dataset file records the replay keys it was built from
-and is rebuilt only when they change.
+match). A dataset file records the replay keys it was built from and is
+rebuilt only when they change. Since results format 2 it is the stored copy of
+the numbers: once both files are in place, ``dsim run`` rewrites each replay file
+as a stub (its metadata, no rows; ``dsim.model.results.stub_replays``), which
+keeps what cache, provenance and resume read (§7.2, §7.3); readers read a stub's
+rows from here (``dsim.model.datasetfiles``). Deleting ``<out>/dataset`` loses them.
 """
 
 from __future__ import annotations
@@ -35,12 +38,31 @@ import pyarrow.parquet as pq
 from dsim.io import parquetio
 from dsim.io.atomic import atomic_path
 from dsim.model.columns import METRIC_COLUMNS
+from dsim.model.datasetfiles import DATASET_DIR, GPUS, ITERATIONS, built_from, dataset_path
 from dsim.model.resultinfo import ResultInfo
 from dsim.model.results import ResultRun
 
-DATASET_DIR = "dataset"
-ITERATIONS = "iterations"
-GPUS = "gpus"
+__all__ = [
+    "DATASET_DIR",
+    "DATASET_FORMAT_VERSION",
+    "GPUS",
+    "GPUS_SCHEMA",
+    "ITERATIONS",
+    "ITERATIONS_SCHEMA",
+    "ROW_GROUP_ROWS",
+    "DatasetWriter",
+    "dataset_path",
+    "gpu_pieces",
+    "identity",
+    "is_current",
+    "iterations_table",
+    "long_tables",
+    "metadata",
+    "policy_tables",
+    "run_frames",
+    "write_run_dataset",
+]
+
 DATASET_FORMAT_VERSION = 1
 #: Rows per row group of a dataset file: pyarrow's own default for one ``write_table``
 #: call (1024 * 1024), named so that the gpus rows, written in pieces of this many rows
@@ -69,11 +91,6 @@ GPUS_SCHEMA = pa.schema(
         pa.field("stall_s", pa.float64(), nullable=False),
     ]
 )
-
-
-def dataset_path(out: str | Path, table: str, directory: str) -> Path:
-    """``<out>/dataset/<table>/<directory>.parquet`` (``table``: iterations or gpus)."""
-    return Path(out) / DATASET_DIR / table / f"{directory}.parquet"
 
 
 def _identity(run: ResultRun) -> dict[str, Any]:
@@ -204,19 +221,10 @@ def metadata(run: str, directory: str, policies: dict[str, str]) -> dict[bytes, 
     return {b"dsim": json.dumps(meta, sort_keys=True).encode()}
 
 
-def _built_from(path: Path) -> dict[str, Any] | None:
-    """The dsim metadata of an existing dataset file, or ``None`` if it is absent or unreadable."""
-    try:
-        raw = (pq.read_schema(path).metadata or {}).get(b"dsim")
-        return json.loads(raw) if raw else None
-    except (OSError, pa.ArrowException, ValueError):
-        return None
-
-
 def is_current(out: str | Path, directory: str, meta: dict[bytes, bytes]) -> bool:
     """Whether both dataset files of ``directory`` were built from the replays ``meta`` names."""
     wanted = json.loads(meta[b"dsim"])
-    return all(_built_from(dataset_path(out, t, directory)) == wanted for t in (ITERATIONS, GPUS))
+    return all(built_from(dataset_path(out, t, directory)) == wanted for t in (ITERATIONS, GPUS))
 
 
 class DatasetWriter:

@@ -26,7 +26,16 @@ from dsim.io.atomic import write_json
 from dsim.model.runinfo import FORMAT_VERSION as RUN_FORMAT_VERSION
 from dsim.model.runinfo import RunInfo, check_version
 
-RESULTS_FORMAT_VERSION = 1
+#: ``result.json``'s format. 2: the replay files of a run may be stubs whose rows are in
+#: the tidy dataset (§7.1), so a dsim that knows only 1 must refuse such a directory
+#: rather than read or rewrite it. Version 1 documents (every result written before)
+#: still read.
+RESULTS_FORMAT_VERSION = 2
+OLDEST_RESULTS_FORMAT_VERSION = 1
+#: The results format version the cache keys hash (§7.2): 1 while the numbers a key
+#: names are computed and laid out as in format 1, so that the stubs of format 2 cost no
+#: recomputation of replays written before.
+KEY_FORMAT_VERSION = 1
 RESULT_FILE = "result.json"
 
 # Known keys in the order ``dsim run`` has always written them.
@@ -144,6 +153,7 @@ class ResultInfo:
             path,
             "result description",
             "re-run `dsim run --force`",
+            oldest=OLDEST_RESULTS_FORMAT_VERSION,
         )
         policies = document.get("policies")
         if not isinstance(policies, dict) or not all(
@@ -180,6 +190,7 @@ class ResultInfo:
                     document["trace_path"] if isinstance(document.get("trace_path"), str) else None
                 ),
                 extra={k: v for k, v in document.items() if k not in _KEYS},
+                format_version=int(document["format_version"]),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise InputError(f"malformed result description: {exc}", path) from exc

@@ -7,7 +7,8 @@
       summary.parquet, summary.csv        one row per run x policy (docs/SPEC.md §5)
       <run>/
         result.json                       run metadata, replay parameters, cache keys
-        <fetch>__<start>.parquet          one row per replayed iteration
+        <fetch>__<start>.parquet          one row per replayed iteration, or a stub
+      dataset/iterations/<run>.parquet, dataset/gpus/<run>.parquet   the stubs' rows
 
 A per-iteration replay table has ``epoch``, ``iteration``, ``iteration_s``,
 ``stall_s``, ``delay_s``, ``fetch_diff_s``, ``start_diff_s`` and one
@@ -17,6 +18,16 @@ same replay serves any summary. Its Parquet schema metadata (key ``dsim``)
 records the format version, run, policy and cache key, and the provenance
 behind the key (replay model, the trace's digest, replay parameters), so a
 table is self-describing even when moved.
+
+Replay format 1 is that whole table. Format 2 is a *stub*: the same metadata
+with ``format_version`` 2 and ``"rows": "dataset"``, and no column: once
+``dsim run`` has moved a run directory's tidy dataset files into place (which
+hold every number of its replays, long), it rewrites each replay file as a stub,
+so results hold one copy of the numbers (docs/SPEC.md §7.1). ``ResultRun.read``
+returns the same table for both: a stub's rows are read from the dataset
+(``dsim.model.datasetfiles``) and its metadata given back format 1's. A stub is
+usable only while both dataset files list its key; otherwise it is refused like
+a missing replay, and ``dsim run`` recomputes it.
 
 Provenance rules for readers (``dsim summarize``, ``dsim report``):
 ``result.json`` lists, per policy, the cache key of exactly the replays of
@@ -47,6 +58,7 @@ from dsim.errors import InputError, OutputError, UsageError
 from dsim.io import parquetio
 from dsim.io.atomic import write_json, write_parquet
 from dsim.io.names import run_path
+from dsim.model import datasetfiles
 from dsim.model.columns import METRIC_COLUMNS, gpu_stall_column
 from dsim.model.resultinfo import RESULT_FILE, RESULTS_FORMAT_VERSION, ResultInfo
 from dsim.model.runinfo import RunInfo, refuse_newer, written_version
@@ -61,17 +73,29 @@ __all__ = [
     "ResultsScan",
     "check_results_directory",
     "find_result_runs",
+    "load_replay",
     "read_replay_key",
     "replay_metadata",
     "replay_path",
     "replay_table",
     "results_directories",
     "scan_results",
+    "stub_replays",
+    "unstub_stale",
     "write_replay",
     "write_result_info",
 ]
 
 SUMMARY_STEM = "summary"
+#: A replay file holding its rows (every replay written before results format 2).
+REPLAY_FORMAT_VERSION = 1
+#: A replay file whose rows are in the run directory's dataset files (a stub).
+STUB_FORMAT_VERSION = 2
+READABLE_REPLAY_VERSIONS = (REPLAY_FORMAT_VERSION, STUB_FORMAT_VERSION)
+STUB_ROWS = "dataset"
+_RERUN = "re-run `dsim run` for this run"
+_CORRUPT_REMEDY = "re-run `dsim run --force` for this run"  # the cache reads only the footer
+_PROVENANCE_PARTS = (("input", "trace"), ("params", "replay parameters"), ("model", "replay model"))
 
 
 def replay_path(out: str | Path, run: str, policy: Policy) -> Path:
@@ -105,7 +129,7 @@ def replay_table(
     for j, gpu in enumerate(gpus):
         columns[gpu_stall_column(int(gpu))] = pa.array(gpu_stall[:, j], pa.float64())
     meta = {
-        "format_version": RESULTS_FORMAT_VERSION,
+        "format_version": REPLAY_FORMAT_VERSION,
         "run": run,
         "fetch_align": policy[0],
         "start_align": policy[1],
@@ -126,7 +150,13 @@ def write_replay(table: pa.Table, out: str | Path) -> Path:
     return path
 
 
-def replay_metadata(table_or_schema: pa.Table | pa.Schema, path: Path) -> dict[str, Any]:
+def replay_metadata(
+    table_or_schema: pa.Table | pa.Schema,
+    path: Path,
+    versions: tuple[int, ...] = READABLE_REPLAY_VERSIONS,
+) -> dict[str, Any]:
+    """A replay file's ``dsim`` metadata, its ``format_version`` one of ``versions``
+    (``InputError`` otherwise: the message a dsim reading only format 1 gives a stub)."""
     schema = table_or_schema if isinstance(table_or_schema, pa.Schema) else table_or_schema.schema
     raw = (schema.metadata or {}).get(b"dsim")
     if raw is None:
@@ -137,26 +167,158 @@ def replay_metadata(table_or_schema: pa.Table | pa.Schema, path: Path) -> dict[s
         meta = None
     if not isinstance(meta, dict):
         raise InputError("not a dsim replay table (unreadable dsim metadata)", path)
-    if meta.get("format_version") != RESULTS_FORMAT_VERSION:
+    found = meta.get("format_version")
+    if isinstance(found, bool) or found not in versions:
+        expected = " or ".join(str(v) for v in versions)
         raise InputError(
-            f"replay written by another dsim results format ({meta.get('format_version')}, "
-            f"expected {RESULTS_FORMAT_VERSION}); re-run `dsim run --force`",
+            f"replay written by another dsim results format ({found}, "
+            f"expected {expected}); re-run `dsim run --force`",
             path,
+        )
+    if found == STUB_FORMAT_VERSION and meta.get("rows") != STUB_ROWS:
+        raise InputError(
+            "not a dsim replay table (a stub that does not say where its rows are)", path
         )
     return meta
 
 
-def read_replay_key(path: Path) -> str | None:
-    """The cache key a finished replay was computed with, or ``None`` if unusable."""
+def is_stub(meta: Mapping[str, Any]) -> bool:
+    """Whether replay metadata (``replay_metadata``) is a stub's: rows in the dataset."""
+    return meta.get("format_version") == STUB_FORMAT_VERSION
+
+
+def stub_table(meta: Mapping[str, Any]) -> pa.Table:
+    """The stub of a replay whose metadata is ``meta``: no column, no row, the same
+    metadata (key, run, policy, provenance) with ``format_version`` 2 and where its rows
+    are. Key order is kept, so ``replay_meta`` gives back the replay's JSON exactly."""
+    stub = {**meta, "format_version": STUB_FORMAT_VERSION, "rows": STUB_ROWS}
+    return pa.table({}).replace_schema_metadata({"dsim": json.dumps(stub)})
+
+
+def replay_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata of the whole replay a stub stands for (format 1, no ``rows``)."""
+    whole = {**meta, "format_version": REPLAY_FORMAT_VERSION}
+    whole.pop("rows", None)
+    return whole
+
+
+def _location(path: Path) -> tuple[Path, str]:
+    """(results directory, run directory name) of a replay file's path."""
+    return path.parent.parent, path.parent.name
+
+
+def _stub_usable(path: Path, meta: Mapping[str, Any]) -> bool:
+    """Whether the dataset files beside a stub hold the rows of its key."""
+    out, directory = _location(path)
+    label = policy_label((meta.get("fetch_align"), meta.get("start_align")))
+    return datasetfiles.holds(out, directory, label, str(meta.get("key")))
+
+
+def _stub_problem(path: Path) -> str:
+    out, directory = _location(path)
+    where = datasetfiles.dataset_path(out, datasetfiles.ITERATIONS, directory)
+    return (
+        f"its rows are in the dataset files ({where.parent.parent}/*/{where.name}), "
+        "which are missing or were built from other replays"
+    )
+
+
+def load_replay(
+    path: Path,
+    *,
+    ranks: tuple[int, ...] = (),
+    gpus: bool = True,
+    remedy: str,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """A replay file's table and metadata, whether it holds its rows (format 1) or is a
+    stub (format 2: rows from the dataset, metadata given back format 1's), page
+    checksums verified (``remedy`` ends the message of a corrupted file). Without
+    ``gpus`` only the per-iteration columns are read. ``ranks`` names the ranks of a
+    stub whose replay has no row. A stub whose dataset files do not hold its key is an
+    ``InputError`` (re-run ``dsim run``); a missing file ``FileNotFoundError``.
+    """
     try:
-        return replay_metadata(pq.read_schema(path), path).get("key")
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise parquetio.unreadable(exc, path, remedy) from exc
+    meta = replay_metadata(schema, path)
+    if not is_stub(meta):
+        columns = None if gpus else ["epoch", "iteration", *METRIC_COLUMNS]
+        return parquetio.read_table(path, remedy=remedy, columns=columns), meta
+    if not _stub_usable(path, meta):  # ``dsim run`` recomputes it
+        raise InputError(f"{_stub_problem(path)}: {_RERUN}", path)
+    out, directory = _location(path)
+    policy = (str(meta["fetch_align"]), str(meta["start_align"]))
+    try:
+        table = datasetfiles.read_policy(out, directory, policy, ranks, gpus=gpus, remedy=remedy)
+    except FileNotFoundError:  # removed since ``holds`` looked
+        raise InputError(f"{_stub_problem(path)}: {_RERUN}", path) from None
+    whole = replay_meta(meta)
+    return table.replace_schema_metadata({"dsim": json.dumps(whole)}), whole
+
+
+def read_replay_key(path: Path) -> str | None:
+    """The cache key of a finished replay, or ``None`` if unusable: unreadable, or a stub
+    whose dataset files do not hold its rows (then ``dsim run`` recomputes it)."""
+    try:
+        meta = replay_metadata(pq.read_schema(path), path)
     except (OSError, pa.ArrowException, InputError, ValueError):
         return None
+    if is_stub(meta) and not _stub_usable(path, meta):
+        return None
+    return meta.get("key")
 
 
-_RERUN = "re-run `dsim run` for this run"
-_CORRUPT_REMEDY = "re-run `dsim run --force` for this run"  # the cache reads only the footer
-_PROVENANCE_PARTS = (("input", "trace"), ("params", "replay parameters"), ("model", "replay model"))
+def stub_replays(out: str | Path, directory: str, policies: Mapping[str, str]) -> list[Path]:
+    """Rewrite as stubs the whole replays of ``directory`` that ``policies`` (label →
+    key, ``result.json``'s) lists and whose rows both dataset files now hold: after the
+    dataset is in place, the replay files keep only what cache and provenance read.
+
+    A replay of another key, already a stub, or whose rows the dataset lacks is left as
+    it is. Each stub replaces its replay atomically, so an interruption leaves every
+    file either whole or a usable stub. Returns the stubs written.
+    """
+    written: list[Path] = []
+    for label, key in policies.items():
+        path = Path(out) / directory / f"{label}.parquet"
+        try:
+            meta = replay_metadata(pq.read_schema(path), path)
+        except (OSError, pa.ArrowException, InputError, ValueError):
+            continue
+        if is_stub(meta) or meta.get("key") != key:
+            continue
+        if not datasetfiles.holds(out, directory, label, key):
+            continue
+        write_parquet(stub_table(meta), path)
+        written.append(path)
+    return written
+
+
+def unstub_stale(out: str | Path, directory: str, kept: Mapping[str, str]) -> list[Path]:
+    """Before ``directory``'s dataset files are replaced by ones holding only ``kept``
+    (label → key): write back whole every stub of a policy they drop, from the dataset
+    files still in place, so that a stale replay keeps its numbers and a later ``dsim
+    run`` reuses it when the policy comes back (§7.3), as a whole replay always was.
+
+    A stub the dataset in place does not hold is left (it has nothing to keep).
+    Returns the replays written back.
+    """
+    written: list[Path] = []
+    for policy, path in _replay_files(Path(out) / directory).items():
+        if policy_label(policy) in kept:
+            continue
+        try:
+            meta = replay_metadata(pq.read_schema(path), path)
+            if not is_stub(meta) or not _stub_usable(path, meta):
+                continue
+            table, _ = load_replay(path, remedy=_CORRUPT_REMEDY)
+        except (OSError, pa.ArrowException, InputError, ValueError):
+            continue  # unusable: it would be recomputed anyway
+        write_parquet(table, path)
+        written.append(path)
+    return written
 
 
 @dataclass
@@ -205,7 +367,8 @@ class ResultRun:
             raise InputError(f"{'; '.join(problems)}: {_RERUN}", path)
 
     def verify(self) -> None:
-        """Check the provenance of every listed replay (metadata only); ``InputError`` if bad."""
+        """Check the provenance of every listed replay (metadata only; for a stub, that
+        the dataset files hold its key); ``InputError`` if bad."""
         for policy, path in self.replays.items():
             if not path.is_file():
                 raise InputError(
@@ -217,18 +380,34 @@ class ResultRun:
                 schema = pq.read_schema(path)
             except (OSError, pa.ArrowException) as exc:
                 raise parquetio.unreadable(exc, path, _CORRUPT_REMEDY) from exc
-            self._check(replay_metadata(schema, path), policy, path)
+            meta = replay_metadata(schema, path)
+            self._check(meta, policy, path)
+            if is_stub(meta) and not _stub_usable(path, meta):
+                raise InputError(f"{_stub_problem(path)}: {_RERUN}", path)
 
-    def read(self, policy: Policy) -> pa.Table:
-        """One listed replay, its page checksums and provenance checked."""
+    def read(self, policy: Policy, *, gpus: bool = True) -> pa.Table:
+        """One listed replay, its page checksums and provenance checked: the same table
+        whether its file holds the rows or is a stub (rows from the dataset). Without
+        ``gpus``, only the per-iteration columns (a summary needs no more)."""
         path = self.replays[policy]
         try:
-            table = parquetio.read_table(path, remedy=_CORRUPT_REMEDY)
+            schema = pq.read_schema(path)
         except FileNotFoundError:
             raise InputError(
                 f"missing: {RESULT_FILE} lists it but the file is not there; {_RERUN}", path
             ) from None
-        self._check(replay_metadata(table, path), policy, path)
+        except (OSError, pa.ArrowException) as exc:
+            raise parquetio.unreadable(exc, path, _CORRUPT_REMEDY) from exc
+        self._check(replay_metadata(schema, path), policy, path)  # before the dataset
+        try:
+            table, meta = load_replay(
+                path, ranks=self.info.ranks, gpus=gpus, remedy=_CORRUPT_REMEDY
+            )
+        except FileNotFoundError:
+            raise InputError(
+                f"missing: {RESULT_FILE} lists it but the file is not there; {_RERUN}", path
+            ) from None
+        self._check(meta, policy, path)
         return table
 
 

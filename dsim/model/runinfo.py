@@ -53,12 +53,22 @@ _KEYS = (
 )
 
 
-def check_version(document: Any, expected: int, path: Path | None, what: str, remedy: str) -> None:
-    """Refuse a JSON document of another format version: newer ones need a newer dsim."""
+def check_version(
+    document: Any,
+    expected: int,
+    path: Path | None,
+    what: str,
+    remedy: str,
+    *,
+    oldest: int | None = None,
+) -> None:
+    """Refuse a JSON document of another format version: newer ones need a newer dsim.
+    ``oldest`` (default ``expected``): the oldest version this dsim still reads."""
     if not isinstance(document, dict):
         raise InputError(f"not a dsim {what} (a JSON object expected)", path)
     found = document.get("format_version")
-    if found == expected:
+    readable = range(expected if oldest is None else oldest, expected + 1)
+    if isinstance(found, int) and not isinstance(found, bool) and found in readable:
         return
     if isinstance(found, int) and not isinstance(found, bool) and found > expected:
         raise InputError(
@@ -124,6 +134,16 @@ def check_run_directory(directory: Path) -> None:
 def file_digest(data: bytes) -> dict[str, Any]:
     """Size and sha256 of one file's bytes: how ``run.json`` and cache keys name a table."""
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def path_digest(path: Path) -> dict[str, Any]:
+    """``file_digest`` of a file read in 1 MiB blocks: a table just written is not held
+    whole in memory again to be hashed (it was a parse's peak, BENCHMARKS.md)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def version_digest(files: Mapping[str, Mapping[str, Any]]) -> str:

@@ -38,6 +38,7 @@ from dsim.model.runinfo import (
     check_run_directory,
     digest_document,
     file_digest,
+    path_digest,
 )
 
 FETCH_FILE = "fetch.parquet"
@@ -171,17 +172,14 @@ def write_run_info(run: RunTables, directory: Path, rejects: pa.Table | None = N
             (run.train, TRAIN_SCHEMA, TRAIN_FILE),
         ):
             full = with_cpu(schema, table.column_names)
-            parquetio.write_table(table.select(full.names).cast(full), tmp / name)
+            # measurements nearly all distinct: plain pages (parquetio.write_options)
+            parquetio.write_table(table.select(full.names).cast(full), tmp / name, distinct=True)
         if run.gpu_util is not None:
             parquetio.write_table(run.gpu_util, tmp / GPU_UTIL_FILE)
         if rejects is not None and rejects.num_rows:
             # one chunk: pyarrow 17 writes the header again after an empty first chunk
             pacsv.write_csv(rejects.combine_chunks(), tmp / REJECTS_FILE)
-        files = {
-            name: file_digest((tmp / name).read_bytes())
-            for name in _TABLE_FILES
-            if (tmp / name).exists()
-        }
+        files = {name: path_digest(tmp / name) for name in _TABLE_FILES if (tmp / name).exists()}
         info = replace(run.info, digest=digest_document(files))
         info.save(tmp)
     return info

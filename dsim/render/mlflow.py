@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsim import __version__
 from dsim.analysis.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
-from dsim.model.results import RESULTS_FORMAT_VERSION
+from dsim.model.resultinfo import KEY_FORMAT_VERSION
 from dsim.model.runname import RUN_NAME_FIELDS
 from dsim.render.machine import answer_table
 
@@ -146,7 +146,7 @@ def tracking_key(info: Mapping[str, Any], params: Mapping[str, str]) -> str:
     """sha256 of the replay cache's ingredients (docs/SPEC.md §7.2, less the policy) and the
     params: equal for a re-run of the same thing, different when MLflow would refuse a param."""
     document = {
-        "format_version": RESULTS_FORMAT_VERSION,
+        "format_version": KEY_FORMAT_VERSION,
         "model": info.get("model", "per-iteration"),
         "trace": info.get("input"),
         "params": info.get("params"),
