@@ -334,3 +334,106 @@ def test_the_drain_hands_batches_over_faster_and_only_there() -> None:
     # shrinks by ρ_t / ρ* and never grows above it.
     np.testing.assert_allclose(got, [0.010, 0.010, 0.010, 0.010, 0.005, 0.010])
     np.testing.assert_array_equal(_stretched(prepared, 4.0, rho_t).calibration.hand, hand)
+
+
+def _fast_drain_base(n: int = 64, g: int = 2, workers: int = 8, drain_after: float = 0.005):
+    """A calibrated 8-worker (P = 2) run whose last 16 rows (its drain) have a fast trainer.
+
+    The body's step after the last arrival is 20 ms and its hand-over 1 ms; the
+    drain's, measured with idle workers, 5 ms and 0.2 ms (an 8-worker cpu run
+    of the contention sweep: 19 and 14 ms in the body, 11 and 4 ms in the
+    drain). Fetches last 40 ms, 10 ms of it CPU, on 64 cores: barely contended.
+    """
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    window = 2 * workers
+    rows = np.arange(n)
+    zeros = np.zeros((n, g))
+    fetch = np.full((n, g), 0.040)
+    inputs = PipelineInputs(
+        np.array([[0, n]]), rows, zeros, fetch, fetch + 0.001, zeros + 0.001,
+        zeros + 0.021, (rows % workers)[:, None].repeat(g, axis=1),
+    )  # fmt: skip
+    drain = (rows >= n - window)[:, None]
+    after = np.where(drain, drain_after, 0.020) + zeros
+    hand = np.where(drain, 0.0002, 0.001) + zeros
+    calibration = Calibration(workers, 2, zeros, zeros, hand, zeros, after, zeros)
+    load = cpu_share.CpuLoad(zeros + 0.010, zeros, zeros + 0.002, zeros, 64, g, False, True)
+    state = CpuState(load, 1.0, float(g * (0.010 + 0.002)), 0.5, 0.021)
+    return PreparedPipeline(inputs, calibration, state)
+
+
+def test_a_shorter_window_does_not_inherit_the_base_drain_as_body() -> None:
+    """Base drain rows that are body rows of the what-if take the base's body calibration.
+
+    An 8-worker run drains in its last P·W = 16 rows; a 4-worker what-if only in
+    its last 8, so rows n − 16 .. n − 9 are body rows of the what-if, where
+    every worker still builds batches. Carried over with the drain's fast
+    trainer they made 4 workers look as fast as 8 (issue #19; SPEC §4.2, "The
+    drain"): here ~5 ms per iteration there against a 21 ms body.
+    """
+    from dsim.replay.models.pipeline import rebodied
+
+    n = 64
+    prepared = _fast_drain_base(n)
+    model = PipelineModel()
+    times = model.replay(prepared, BASE, ReplayParams(workers=4, prefetch_factor=2)).iteration_s
+    body = float(np.mean(times[16 : n - 16]))
+    moved = times[n - 16 : n - 8]
+    assert body == pytest.approx(0.021, rel=0.05)
+    assert moved.min() > 0.95 * body  # without the fix: ~0.005 s
+    # The same or a longer window (the drain's own stretch handles the longer) changes nothing.
+    for workers, prefetch in ((8, 2), (4, 4), (16, 2)):
+        assert rebodied(prepared, workers, prefetch) is prepared
+
+
+def test_the_moved_rows_copy_body_rows_with_their_rank_spread() -> None:
+    """Row k takes row k − P_m·W_m's terms, every rank from that row: the spread stays.
+
+    An iteration ends when its slowest rank's step does; each rank's body mean
+    flattened the spread and left those rows 30 % fast on the contention sweep.
+    """
+    from dsim.replay.models.pipeline import rebodied
+
+    n, g = 64, 2
+    prepared = _fast_drain_base(n, g)
+    rng = np.random.default_rng(0)
+    varied = {t: rng.uniform(0.001, 0.03, (n, g)) for t in ("after", "hand")}
+    prepared = replace(prepared, calibration=replace(prepared.calibration, **varied))
+    cal = rebodied(prepared, 4, 2).calibration
+    for term, values in varied.items():
+        got = getattr(cal, term)
+        np.testing.assert_array_equal(got[n - 16 : n - 8], values[n - 32 : n - 24])
+        keep = np.r_[0 : n - 16, n - 8 : n]
+        np.testing.assert_array_equal(got[keep], values[keep])
+    # A segment too short to hold a body row P_m·W_m earlier: each rank's body mean.
+    short = replace(prepared, inputs=replace(prepared.inputs, segments=np.array([[0, 40]])))
+    got = rebodied(short, 4, 2).calibration.after
+    np.testing.assert_allclose(got[24:32], np.repeat(varied["after"][16:24].mean(0)[None], 8, 0))
+
+
+def test_the_fixed_point_leaves_the_measured_drain_out_of_t() -> None:
+    """T (and T_m) are means over the measured run's body: its fast drain rows left out.
+
+    With them, an 8-worker run's 16 fast rows lowered T_m, and a 4-worker
+    what-if (8 drain rows) got a lower u, a lower ρ* and a body faster than
+    the 8-worker run's own (issue #19).
+    """
+    from dsim.replay.models.pipeline import _mean_iteration
+    from dsim.replay.models.pipeline_kernel import replay_pipeline
+
+    n = 64
+    prepared = _fast_drain_base(n)
+    times = replay_pipeline(prepared.inputs, prepared.calibration, BASE, 4, 2)["iteration_s"]
+    got = _mean_iteration(prepared, BASE, 4, 2)
+    assert got == pytest.approx(float(np.mean(times[16 : n - 16])), rel=1e-12)
+
+
+def test_the_body_of_a_short_first_segment_is_empty() -> None:
+    """A segment shorter than the window has no body rows (a negative stop wrapped around)."""
+    from dsim.replay.models.pipeline import body_rows
+
+    got = body_rows(np.array([[0, 10], [10, 60]]), 60, 16)
+    assert not got[:10].any()
+    np.testing.assert_array_equal(np.flatnonzero(got), np.arange(26, 44))

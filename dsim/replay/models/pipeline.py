@@ -187,6 +187,68 @@ def drain_rows(segments: np.ndarray, n: int, startup: int) -> np.ndarray:
     return drain
 
 
+def body_rows(segments: np.ndarray, n: int, window: int) -> np.ndarray:
+    """[N] bool: each segment's rows from ``window`` (= P·W) to ``window`` before its end.
+
+    None in a segment of at most 2·``window`` rows (the stop is clipped at the
+    segment's start: a negative one would count from the run's end).
+    """
+    body = np.zeros(n, dtype=bool)
+    for lo, hi in segments:
+        body[lo + window : max(hi - window, lo)] = True
+    return body
+
+
+#: The calibrated terms a base run's drain makes fast: the trainer's step after the last
+#: arrival and its hand-over of a built batch (the loop's other terms keep their values).
+DRAIN_TERMS = ("after", "hand")
+
+
+def rebodied(
+    prepared: PreparedPipeline, workers: int | None, prefetch: int | None
+) -> PreparedPipeline:
+    """The run with the drain rows that the what-if keeps busy calibrated as body rows.
+
+    Why: the calibrated ``after`` and ``hand`` of the measured run's last
+    m = P_m·W_m rows (its drain) were measured with idle workers and a fast
+    trainer (an 8-worker cpu run: 11 ms after the last arrival there against
+    19 ms in its body). A what-if with a shorter window P·W drains only in
+    its last P·W rows, so the rows between are body rows of the what-if,
+    where every worker still builds batches; carried over as measured, they
+    made 4 workers look as fast as 8 (issue #19; SPEC §4.2, "The drain").
+    Row k of those takes the ``DRAIN_TERMS`` of row k − m, a body row of the
+    measured run, every rank's from the same row: an iteration ends when the
+    slowest rank's step does, so the ranks' spread within a row matters
+    (each rank's body mean instead gave those rows 37-43 ms against 52-57 ms
+    measured). Where row k − m is not a body row (a segment shorter than
+    3 m), each rank's mean over the body rows; with no body row, unchanged.
+    A longer window needs nothing here: its extra drain rows get the drain's
+    stretch (``trainer_stretches``). The measured window (the identity) is
+    left as it is.
+    """
+    c = prepared.calibration
+    measured = max(c.workers * c.prefetch, 1)
+    window = _loader_window(prepared, workers, prefetch)
+    if window >= measured:
+        return prepared
+    n = prepared.inputs.fetch.shape[0]
+    segments = prepared.inputs.segments
+    moved = np.flatnonzero(drain_rows(segments, n, measured) & ~drain_rows(segments, n, window))
+    body = body_rows(segments, n, measured)
+    if not len(moved) or not body.any():
+        return prepared
+    source = moved - measured
+    copied = (source >= 0) & body[np.maximum(source, 0)]
+    terms = {}
+    for term in DRAIN_TERMS:
+        values = np.array(getattr(c, term), dtype=np.float64)
+        means = values[body].mean(axis=0)
+        values[moved[copied]] = values[source[copied]]
+        values[moved[~copied]] = means
+        terms[term] = values
+    return replace(prepared, calibration=replace(c, **terms))
+
+
 def _loader_window(prepared: PreparedPipeline, workers: int | None, prefetch: int | None) -> int:
     """P·W of the replay (at least 1): the batches in flight, its start-up and drain length."""
     c = prepared.calibration
@@ -230,11 +292,9 @@ def trainer_stretches(
     n, g = prepared.inputs.fetch.shape
     startup = _loader_window(prepared, workers, prefetch)
     drain = drain_rows(prepared.inputs.segments, n, startup)
-    body = np.zeros(n, dtype=bool)
+    body = body_rows(prepared.inputs.segments, n, startup)
     first = np.zeros(n, dtype=bool)
-    for lo, hi in prepared.inputs.segments:
-        body[lo + startup : hi - startup] = True
-        first[lo] = True
+    first[prepared.inputs.segments[:, 0]] = True
     nodes = np.arange(g) // max(load.ranks_per_node, 1)
     rho_t = np.full((n, g), float(rho))
     for _ in range(TRAINER_PASSES):
@@ -446,7 +506,7 @@ class PipelineModel(ReplayModel):
 def _mean_iteration(
     prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
 ) -> float:
-    """The replay's steady mean iteration time: start-up batches of each segment left out.
+    """The replay's steady mean iteration time: each segment's start-up and measured drain left out.
 
     The first P*W batches of a segment are sent with the epoch's iterator and
     built while the loop waits for the first one; their iterations say
@@ -456,6 +516,14 @@ def _mean_iteration(
     Leaving only the what-if's P*W out let an 8-worker run's 16-batch
     start-up inflate T of a 2-worker what-if, lower u and ρ*, and predict
     its body below the cores' bound C / K (FIDELITY.md: -18 % to -32 %).
+
+    The measured run's last P_m*W_m rows (its drain) are left out too, of T
+    and of T_m alike: they ran with idle workers and a fast trainer, so an
+    8-worker run's 16 fast rows lowered T_m and raised u_m, and a 4-worker
+    what-if, which drains in 8 rows, got a T that mixed body rows in where
+    T_m had drain rows, a lower u and a lower ρ*: its body predicted faster
+    than the 8-worker run's (issue #19; validation/README.md, "The two open
+    misses").
     """
     from dsim.replay.models.pipeline_kernel import replay_pipeline
 
@@ -469,9 +537,11 @@ def _mean_iteration(
     w = c.workers if workers is None else int(workers)
     p = c.prefetch if prefetch is None else int(prefetch)
     startup = max(w * p, c.workers * c.prefetch, 1)
+    drain = max(c.workers * c.prefetch, 1)
     steady = np.ones(len(times), dtype=bool)
     for lo, hi in prepared.inputs.segments:
         steady[lo : min(lo + startup, hi)] = False
+        steady[max(hi - drain, lo) : hi] = False
     return float(np.mean(times[steady] if steady.any() else times))
 
 
@@ -500,7 +570,7 @@ def contended(
     stretch); the trainers' stretch follows the node's demand per iteration
     (``trainer_stretches``).
     """
-    prepared = aligned_cpu(prepared, policy[0])
+    prepared = aligned_cpu(rebodied(prepared, workers, prefetch), policy[0])
     cpu = prepared.cpu
     assert cpu is not None
     if cpu.rho_given is not None:
