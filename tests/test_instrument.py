@@ -352,9 +352,13 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
 ) -> None:
     from dsim.instrument import TrainingTimer, instrument_loader
 
-    log_dir = tmp_path_factory.mktemp("logs")
+    # Each rank logs into its own directory: the ranks run here one after the other, and
+    # parsed as one run they would be two jobs at disjoint times (which dsim parse refuses
+    # unless their iteration ends agree up to a constant, as they do only on a quiet machine).
+    logs = tmp_path_factory.mktemp("logs")
     ranks = (0, 1) if cfg["distributed"] else (0,)
     for rank in ranks:
+        log_dir = logs / f"rank{rank}"
         torch.manual_seed(cfg["seed"])
         plain, sampler = make_loader(torch, cfg, rank)
         expected = run_epochs(torch, plain, sampler, cfg["epochs"])
@@ -413,14 +417,13 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
         from dsim.sources.rawlog.discover import discover_runs
         from dsim.sources.rawlog.parse import parse_run
 
-        (source,) = discover_runs([log_dir], name="run")
-        tables = parse_run(source, strict=True).tables
-        expected_keys = Counter(
-            (e, i, g) for e in range(cfg["epochs"]) for i in range(n) for g in ranks
-        )
-        for table in (tables.fetch, tables.train):
-            columns = table.select(["epoch", "iteration", "gpu"]).to_pydict()
-            assert Counter(zip(*columns.values(), strict=True)) == expected_keys
+        for rank in ranks:
+            (source,) = discover_runs([logs / f"rank{rank}"], name="run")
+            tables = parse_run(source, strict=True).tables
+            expected_keys = Counter((e, i, rank) for e in range(cfg["epochs"]) for i in range(n))
+            for table in (tables.fetch, tables.train):
+                columns = table.select(["epoch", "iteration", "gpu"]).to_pydict()
+                assert Counter(zip(*columns.values(), strict=True)) == expected_keys
 
 
 def _has_schedstat() -> bool:
