@@ -83,6 +83,7 @@ def test_a_drifted_floor_is_caught() -> None:
 LATEST_ONLY = {
     "test_bench_smoke.py",
     "test_example_ddp.py",
+    "test_fidelity_smoke.py",
     "test_instrument_hf.py",
     "test_instrument_lightning.py",
 }
