@@ -324,6 +324,8 @@ class Original:
                 train_groups.setdefault(r.gpu, []).append(((r.epoch, r.iteration), r))
         self.fetch_groups = {k: sorted(v, key=lambda x: x[0]) for k, v in fetch_groups.items()}
         self.train_groups = {k: sorted(v, key=lambda x: x[0]) for k, v in train_groups.items()}
+        # the records per iteration, built once: every case compares its mutant's with them
+        self.by_iteration = by_iteration(self.by_line.values())
 
     def _near(self, group: list, position) -> set[tuple[int, int]]:
         keys = [k for k, _ in group]
@@ -359,6 +361,14 @@ class Original:
                     touched |= {(e, iteration) for e in (epoch - 1, epoch, epoch + 1)}
                     touched |= self._near(self.train_groups.get(gpu, []), (epoch, iteration))
         return touched
+
+
+def by_iteration(records) -> dict:
+    """(epoch, iteration) -> how many times each record (kind, GPU, values) occurs in it."""
+    out: dict = {}
+    for r in records:
+        out.setdefault((r.epoch, r.iteration), Counter())[(r.kind, r.gpu, r.values)] += 1
+    return out
 
 
 def _bisect(keys: list, position) -> int:
@@ -404,13 +414,7 @@ def check(original: Original, mutant: Mutant, directory: Path) -> dict:
             why,
         )
 
-    def by_iteration(records) -> dict:
-        out: dict = {}
-        for r in records:
-            out.setdefault((r.epoch, r.iteration), Counter())[(r.kind, r.gpu, r.values)] += 1
-        return out
-
-    before, after = by_iteration(original.by_line.values()), by_iteration(got.values())
+    before, after = original.by_iteration, by_iteration(got.values())
     for key in before.keys() | after.keys():  # (c)
         if key not in touched:
             assert before.get(key) == after.get(key), (

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.torch
+# latest_only: not in CI's floors phase (.ci/run): the job is torch and dsim.instrument
+# (standard library only); its logs' grammar is parsed there by every other parse test
+pytestmark = [pytest.mark.torch, pytest.mark.latest_only]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_cpu.py"
 DSIM = Path(sys.executable).with_name("dsim")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fwcheck import HERE, check_cut_epoch, check_parse_and_replay, free_port, job_env, require
 
-pytestmark = pytest.mark.torch
+# latest_only: not in CI's floors phase (.ci/run), where Lightning is not installed
+pytestmark = [pytest.mark.torch, pytest.mark.latest_only]
 
 ITERATIONS = 12
 STEP_S = 0.02  # each training step's sleep in fwjob_lightning.py

@@ -30,14 +30,23 @@ def _conf(directory: Path, name: str, **extra: object) -> str:
     return name
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """Two parsed runs, replayed once under all nine policies into ./results."""
-    write_synthetic(tmp_path / "traces", RUN, iterations=30, seed=0)
-    write_synthetic(tmp_path / "traces", OTHER, iterations=30, seed=1)
-    proc = run_dsim("run", "--conf", _conf(tmp_path, "sim_conf.json"), "--quiet", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two parsed runs, replayed once under all nine policies into ./results: one `dsim run`
+    for the module (never changed: each test edits its own copy, ``project``)."""
+    root = tmp_path_factory.mktemp("replayed")
+    write_synthetic(root / "traces", RUN, iterations=30, seed=0)
+    write_synthetic(root / "traces", OTHER, iterations=30, seed=1)
+    proc = run_dsim("run", "--conf", _conf(root, "sim_conf.json"), "--quiet", cwd=root)
     assert proc.returncode == 0, proc.stderr
-    return tmp_path
+    return root
+
+
+@pytest.fixture
+def project(replayed: Path, tmp_path: Path) -> Path:
+    """A fresh copy of ``replayed`` (nothing in it names its directory: result.json and the
+    replays' metadata hold content hashes and relative names)."""
+    return Path(shutil.copytree(replayed, tmp_path / "project", symlinks=True))
 
 
 def _fails(proc, needle: str, code: int = 3) -> str:

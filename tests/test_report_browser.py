@@ -20,6 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report import RUN_A, RUN_B, dsim, figure_ids, read_report, write_synthetic_run
 
+from dsim.synth import SynthParams, synthesize
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -314,10 +316,12 @@ MANY_FIGURES = ["fig-timeline", "fig-cdf", "fig-attr-workers", "fig-attr-last"]
 def many_ranks_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic run of 256 ranks, the last ones slowest, through the real CLI."""
     root = tmp_path_factory.mktemp("many")
-    synth = ["synth", "--gpus", MANY_GPUS, "--iterations", MANY_ITERATIONS, "--epochs", 1]
-    loader = ["--workers", 2, "--skew", 3, "--fetch-cv", 0.05, "--straggler-prob", 0]
+    # `dsim synth --gpus 256 --iterations 50 --epochs 1 --workers 2 --skew 3 --fetch-cv 0.05
+    # --straggler-prob 0 --name many` (its code in-process: tests/test_synth.py runs the CLI)
+    shape = {"gpus": MANY_GPUS, "iterations": MANY_ITERATIONS, "epochs": 1, "workers": 2}
+    loader = {"skew": 3.0, "fetch_cv": 0.05, "straggler_prob": 0.0}
+    synthesize(SynthParams(**shape, **loader, name="many"), root / "logs")
     for args in (
-        (*synth, *loader, "--name", "many", "--out", "logs", "-q"),
         ("parse", Path("logs") / "many", "--out", "traces", "-q"),
         ("run", "many", "-q"),
         ("report", "results", "--out", "report.html", "-q"),
@@ -479,10 +483,11 @@ def layout_reports(sample_report: Path, tmp_path_factory: pytest.TempPathFactory
     profiler = (
         Path(__file__).parents[1] / "traces" / "profiler" / SAMPLE.replace("epoch2", "epoch1")
     )
+    # `dsim synth --gpus 16 --iterations 120 --epochs 1 --workers 2 --skew 1 --name synth16`
+    params = SynthParams(gpus=16, iterations=120, epochs=1, workers=2, skew=1.0, name="synth16")
+    synthesize(params, root / "gpus16" / "logs")
     steps = {
         "gpus16": (
-            ("synth", "--gpus", 16, "--iterations", 120, "--epochs", 1, "--workers", 2,
-             "--skew", 1, "--name", "synth16", "--out", "logs", "-q"),
             ("parse", Path("logs") / "synth16", "--out", "traces", "-q"),
             ("run", "synth16", "-q"),
         ),
@@ -505,7 +510,7 @@ def layout_reports(sample_report: Path, tmp_path_factory: pytest.TempPathFactory
     reports["runs8"] = cwd / "report.html"
     for name, commands in steps.items():
         cwd = root / name
-        cwd.mkdir()
+        cwd.mkdir(exist_ok=True)
         for args in (*commands, ("report", "results", "--out", "report.html", "-q")):
             proc = dsim(*args, cwd=cwd)
             assert proc.returncode == 0, (args, proc.stderr)
