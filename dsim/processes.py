@@ -95,14 +95,22 @@ def _on_unraisable(unraisable) -> None:
     hook, itself a place where exceptions are ignored (and if it lands in
     one again, it comes back here and is sent again).
     """
+    if isinstance(unraisable.exc_value, _Stop):  # a busy worker's SIGTERM, the same way
+        _resend(signal.SIGTERM)
+        return
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received is not None:
         if handles(_received):
-            resend = threading.Timer(_RESEND_AFTER_S, os.kill, args=(os.getpid(), _received))
-            resend.daemon = True
-            with contextlib.suppress(RuntimeError):  # no new threads at interpreter exit
-                resend.start()
+            _resend(_received)
         return
     _default_unraisable(unraisable)
+
+
+def _resend(signum: int) -> None:
+    """Send ``signum`` to this process again a moment later, from another thread."""
+    resend = threading.Timer(_RESEND_AFTER_S, os.kill, args=(os.getpid(), signum))
+    resend.daemon = True
+    with contextlib.suppress(RuntimeError):  # no new threads at interpreter exit
+        resend.start()
 
 
 _default_unraisable = sys.unraisablehook
@@ -226,6 +234,9 @@ def worker_init(parent: int, board=None) -> None:
         _board = board
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_worker_term)
+    # a stop raised where it cannot unwind (a weakref callback of the import machinery, a
+    # __del__) is sent again rather than printed as "Exception ignored" and lost
+    sys.unraisablehook = _on_unraisable
     if not _set_parent_death_signal():
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     if os.getppid() != parent:  # the parent died before the death signal was armed
