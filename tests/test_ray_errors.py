@@ -191,7 +191,9 @@ def test_auto_with_no_cluster_fails_within_seconds(workdir: Path) -> None:
         "dsim: error: RAY_ADDRESS=auto but no Ray cluster is running on this machine "
         "(start one with `ray start --head`, or unset RAY_ADDRESS to use an embedded instance)"
     )
-    assert elapsed < 10, elapsed
+    # Ray's retries took minutes; importing dsim and Ray alone took up to 10.3 s on a loaded
+    # 2-core machine, so the bound tells the two apart without timing the imports
+    assert elapsed < 30, elapsed
 
 
 def _listening() -> tuple[socket.socket, str]:
