@@ -12,12 +12,12 @@ import subprocess
 import sys
 import textwrap
 
-_SCRIPT = textwrap.dedent(
+# An object whose __del__ signals its own process and runs on while the handler runs
+# there, where an exception cannot unwind; then a wait the signal must interrupt.
+_VICTIM = textwrap.dedent(
     """
     import os, signal, time
     from dsim import processes
-
-    processes.install_handlers()
 
     class Victim:
         def __del__(self):
@@ -25,13 +25,21 @@ _SCRIPT = textwrap.dedent(
             for _ in range(100_000):  # the handler runs here, inside __del__
                 pass
 
-    try:
+    def victim_then_wait():
         v = Victim()
         del v
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             time.sleep(0.01)
         print("lost", flush=True)
+    """
+)
+
+_SCRIPT = _VICTIM + textwrap.dedent(
+    """
+    processes.install_handlers()
+    try:
+        victim_then_wait()
     except KeyboardInterrupt:
         print("interrupted", processes.received(), flush=True)
     """
@@ -162,29 +170,12 @@ def test_a_forked_child_stopped_before_its_own_handlers_leaves_quietly() -> None
     assert done.stderr == "", done.stderr
 
 
-_WORKER_SCRIPT = textwrap.dedent(
+_WORKER_SCRIPT = _VICTIM + textwrap.dedent(
     """
-    import os, signal, sys, time
-    from dsim import processes
-
-    class Victim:
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(100_000):  # the worker's handler raises its stop here, inside __del__
-                pass
-
-    def task():
-        v = Victim()
-        del v
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-        print("lost", flush=True)
-
     pid = os.fork()
     if pid == 0:
         processes.worker_init(os.getppid())
-        processes.in_worker(task)
+        processes.in_worker(victim_then_wait)
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     print(os.waitstatus_to_exitcode(status), flush=True)

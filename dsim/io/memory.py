@@ -28,10 +28,9 @@ def _trim_c_heap() -> None:
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
         import ctypes
-        import ctypes.util
 
-        try:
-            _MALLOC_TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        try:  # the process's own symbols: no ctypes.util.find_library (it runs ldconfig)
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
         except (OSError, AttributeError):
             _MALLOC_TRIM = False
     if _MALLOC_TRIM:
