@@ -101,6 +101,31 @@ def test_a_run_that_keeps_changing_is_read_again_then_refused(tmp_path, monkeypa
     assert len(passes) == tables_module.SNAPSHOT_ATTEMPTS
 
 
+def test_a_run_json_that_moves_the_same_way_twice_is_still_a_parse_under_way(
+    tmp_path, monkeypatch
+) -> None:
+    """A writer swapping two versions back and forth can show two passes the very same
+    pair (run.json of one version before the tables, of the other after): that is a parse
+    under way, read again then refused as one, never reported as a hand-edited run.json."""
+    run_dir = write_run(_small(seed=0), tmp_path / RUN)
+    real = tables_module._read_pass
+    passes = []
+
+    def swapping(directory: Path):
+        snapshot = real(directory)
+        passes.append(snapshot)
+        return tables_module._Snapshot(
+            snapshot.before, snapshot.before + b" ", snapshot.blobs, snapshot.files
+        )
+
+    monkeypatch.setattr(tables_module, "_read_pass", swapping)
+    monkeypatch.setattr(tables_module, "SNAPSHOT_PAUSE_S", 0.0)
+    with pytest.raises(InputError) as caught:
+        read_run(run_dir)
+    assert str(caught.value) == f"{run_dir}: {CHANGED}"
+    assert len(passes) == tables_module.SNAPSHOT_ATTEMPTS
+
+
 def test_a_run_mid_swap_is_read_once_the_swap_is_over(tmp_path, monkeypatch) -> None:
     """Between atomic_dir's two renames the run is missing and `.<name>.old-<pid>` is there:
     the reader waits for the new version instead of saying the run was never parsed."""
