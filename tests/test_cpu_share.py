@@ -437,3 +437,39 @@ def test_the_body_of_a_short_first_segment_is_empty() -> None:
     got = body_rows(np.array([[0, 10], [10, 60]]), 60, 16)
     assert not got[:10].any()
     np.testing.assert_array_equal(np.flatnonzero(got), np.arange(26, 44))
+
+
+def test_less_contention_narrows_the_ranks_hand_over_spread_and_more_never_widens_it() -> None:
+    """Each row's hand-overs move towards the row's mean by (ρ − 1) / (ρ_m − 1) when
+    ρ < ρ_m (the waiting part of the spread), keep that mean, and stay as measured
+    when the what-if contends as much or more (SPEC §4.2, "The hand-over's spread")."""
+    from dsim.replay.models.pipeline import hand_spread
+
+    hand = np.array([[0.010, 0.020, 0.030], [0.004, 0.004, 0.004]])
+    got = hand_spread(hand, rho=2.0, rho_measured=3.0)  # half the waiting
+    np.testing.assert_allclose(got, [[0.015, 0.020, 0.025], [0.004, 0.004, 0.004]])
+    np.testing.assert_allclose(got.mean(axis=1), hand.mean(axis=1))
+    np.testing.assert_allclose(hand_spread(hand, 1.0, 3.0), [[0.02] * 3, [0.004] * 3])
+    np.testing.assert_allclose(hand_spread(hand, 0.5, 3.0), [[0.02] * 3, [0.004] * 3])
+    for rho in (3.0, 4.5):  # as contended or more: as measured, never widened
+        assert hand_spread(hand, rho, 3.0) is hand
+    assert hand_spread(hand, 2.0, 1.0) is hand  # nothing waited in the measured run
+
+
+def test_the_stretched_replay_narrows_the_spread_only_below_the_measured_stretch() -> None:
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    n, g = 4, 2
+    ones = np.ones((n, g))
+    inputs = PipelineInputs(
+        np.array([[0, n]]), np.arange(n), ones, ones, ones, ones, ones, np.zeros((n, g), int)
+    )
+    hand = np.tile([0.004, 0.012], (n, 1))
+    calibration = Calibration(2, 1, *(np.zeros((n, g)),) * 2, hand, *(np.zeros((n, g)),) * 3)
+    load = cpu_share.CpuLoad(ones, ones, ones, ones, 2, 2, False, True)
+    prepared = PreparedPipeline(inputs, calibration, CpuState(load, 3.0, 1.0, 0.5, 1.0))
+    np.testing.assert_array_equal(_stretched(prepared, 3.0).calibration.hand, hand)
+    np.testing.assert_array_equal(_stretched(prepared, 5.0).calibration.hand, hand)
+    narrowed = _stretched(prepared, 1.5).calibration.hand  # a quarter of the waiting left
+    np.testing.assert_allclose(narrowed, np.tile([0.007, 0.009], (n, 1)))

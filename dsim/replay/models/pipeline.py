@@ -159,7 +159,8 @@ def _stretched(
     In the ``drain`` rows ([N] bool: each segment's last P·W) the hand-over
     of a ready batch shrinks by min(1, ρ_t / ρ): there the loop only takes
     built batches off the queue, work of the training process that speeds
-    up with it (SPEC §4.2, "The drain").
+    up with it (SPEC §4.2, "The drain"). Below ρ_m every row's rank-to-rank
+    spread of the hand-over narrows (``hand_spread``).
     """
     cpu = prepared.cpu
     assert cpu is not None
@@ -173,10 +174,36 @@ def _stretched(
         prepared.calibration,
         after=prepared.calibration.after + cpu.load.train_cpu * trainer_delta,
     )
+    calibration = replace(calibration, hand=hand_spread(calibration.hand, rho, cpu.rho_measured))
     if trainer_rho is not None and drain is not None and drain.any() and rho > 0:
         ratio = np.where(drain[:, None], np.minimum(trainer_rho / rho, 1.0), 1.0)
         calibration = replace(calibration, hand=calibration.hand * ratio)
     return PreparedPipeline(inputs, calibration, None)
+
+
+def hand_spread(hand: np.ndarray, rho: float, rho_measured: float) -> np.ndarray:
+    """The hand-overs ([N, G]) with each row's rank-to-rank spread shrunk to a what-if's
+    lower contention: around the row's mean, by (ρ − 1) / (ρ_m − 1) when ρ < ρ_m.
+
+    Why: the hand-over of a built batch is the training process taking it off
+    the queue, and on a busy node part of it is that process waiting for a
+    core; the ranks wait unequally, and the spread is carried per row and rank
+    from the measured run. A what-if that leaves less CPU work (fetches
+    aligned to the fastest rank) waits less: in the cpu regime's align-min
+    re-runs the spread was 12–14 ms against 15–19 ms in the base runs, and
+    carried whole it predicted 8–23 points too much effective delay
+    (validation/README.md, "Aligned fetches"). The waiting part of the
+    stretch, ρ − 1, scales it. It is never widened: scaling the hand-over
+    itself up with ρ made the sleep regime's worker what-ifs miss by up to
+    9.5 % (SPEC §4.2, "The drain"), and the re-runs of align mean, where ρ
+    stays near ρ_m, kept their spread.
+    """
+    excess = rho_measured - 1.0
+    if not excess > 0.0 or not rho < rho_measured or hand.size == 0:
+        return hand
+    shrink = max(rho - 1.0, 0.0) / excess
+    mean = hand.mean(axis=1, keepdims=True)
+    return mean + (hand - mean) * shrink
 
 
 def drain_rows(segments: np.ndarray, n: int, startup: int) -> np.ndarray:
