@@ -454,6 +454,10 @@ def test_less_contention_narrows_the_ranks_hand_over_spread_and_more_never_widen
     for rho in (3.0, 4.5):  # as contended or more: as measured, never widened
         assert hand_spread(hand, rho, 3.0) is hand
     assert hand_spread(hand, 2.0, 1.0) is hand  # nothing waited in the measured run
+    gap = np.array([[0.010, np.nan, 0.030], [np.nan, np.nan, np.nan]])
+    np.testing.assert_allclose(
+        hand_spread(gap, 2.0, 3.0), [[0.015, np.nan, 0.025], [np.nan] * 3]
+    )  # a missing value stays missing and is not in its row's mean
 
 
 def test_the_stretched_replay_narrows_the_spread_only_below_the_measured_stretch() -> None:

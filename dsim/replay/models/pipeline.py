@@ -202,7 +202,10 @@ def hand_spread(hand: np.ndarray, rho: float, rho_measured: float) -> np.ndarray
     if not excess > 0.0 or not rho < rho_measured or hand.size == 0:
         return hand
     shrink = max(rho - 1.0, 0.0) / excess
-    mean = hand.mean(axis=1, keepdims=True)
+    finite = np.isfinite(hand)  # a rank without a value leaves the row's mean alone
+    counts = finite.sum(axis=1, keepdims=True)
+    sums = np.where(finite, hand, 0.0).sum(axis=1, keepdims=True)
+    mean = np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
     return mean + (hand - mean) * shrink
 
 
