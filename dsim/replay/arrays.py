@@ -16,8 +16,10 @@ Memory: the result holds 5 float64 and one int32 value per GPU-iteration (44
 bytes) plus two int32 per iteration. Building it adds, beside the tables, an
 int32 position per table row (int64 past 2^31 cells), a presence flag per cell
 and one [N, G] temporary at a time: rows are scattered straight into the final
-column-major matrices (``_Placement``), never through a full grid of every
-iteration nor a row-major copy.
+column-major matrices (``_Rows``), never through a full grid of every
+iteration nor a row-major copy. Handed the only reference to a run's columns
+(``TableColumns``, as ``dsim run`` and the headline do), the build frees each
+column once placed, so the tables and the arrays are never both whole.
 """
 
 from __future__ import annotations
