@@ -58,6 +58,11 @@ def _write(out: Path, add) -> list[bytes]:
     return [p.read_bytes() for p in writer.commit()]
 
 
+def _whole_constant(field: pa.Field, value, n: int) -> pa.Array:
+    """A constant column as the previous version built it: one array of ``n`` values."""
+    return pa.nulls(n, field.type) if value is None else pa.repeat(pa.scalar(value, field.type), n)
+
+
 def _old_gpus_table(replay: pa.Table) -> pa.Table:
     """The gpus rows as the previous version built them: whole, by repeat and tile."""
     n = replay.num_rows
@@ -68,7 +73,7 @@ def _old_gpus_table(replay: pa.Table) -> pa.Table:
     fields = dataset.GPUS_SCHEMA
     return pa.table(
         {
-            **{f.name: dataset._constant(f, const[f.name], n * g) for f in list(fields)[:7]},
+            **{f.name: _whole_constant(f, const[f.name], n * g) for f in list(fields)[:7]},
             "epoch": np.repeat(replay.column("epoch").to_numpy(), g),
             "iteration": np.repeat(replay.column("iteration").to_numpy(), g),
             "gpu": np.tile(gpus, n),

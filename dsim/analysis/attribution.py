@@ -39,7 +39,7 @@ what the terminal lines (``describe``) are printed from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,7 @@ def last_over_time(
     ``window`` of them in order (``window_size`` by default). Each window's rank shares
     and tie share add up to 100 %."""
     mask = np.ones(arrays.n_iterations, bool) if mask is None else np.asarray(mask, bool)
-    last = last_ranks(arrays.start[mask], arrays.fetch[mask])
+    last = _selected_last(arrays, mask)
     epoch, iteration = arrays.epoch[mask], arrays.iteration[mask]
     n, g = len(last), arrays.n_gpus
     window = window or window_size(n)
@@ -201,18 +201,48 @@ def worker_matrix(fetch: pa.Table, arrays: IterationArrays) -> np.ndarray:
     return out
 
 
+#: Iterations per block: attribution copies the selected rows a block at a time, never
+#: whole (each whole copy of an [N, G] matrix was 8 bytes per GPU-iteration at its peak).
+BLOCK_ROWS = 1 << 16
+
+
+def _blocks(matrix: np.ndarray, mask: np.ndarray) -> Iterator[np.ndarray]:
+    """The rows of ``matrix`` that ``mask`` selects, in order, a block of them at a time."""
+    for lo in range(0, len(mask), BLOCK_ROWS):
+        yield matrix[lo : lo + BLOCK_ROWS][mask[lo : lo + BLOCK_ROWS]]
+
+
+def _selected_last(arrays: IterationArrays, mask: np.ndarray) -> np.ndarray:
+    """``last_ranks`` of the selected iterations, computed a block at a time (row by row,
+    the same values as of the selected rows copied whole)."""
+    parts = [
+        last_ranks(start, fetch)
+        for start, fetch in zip(
+            _blocks(arrays.start, mask), _blocks(arrays.fetch, mask), strict=True
+        )
+    ]
+    return np.concatenate(parts) if parts else np.full(0, -1)
+
+
 def attribute(
     run: str, arrays: IterationArrays, workers: np.ndarray, mask: np.ndarray | None = None
 ) -> Attribution:
-    """Attribution of one run over the iterations ``mask`` selects (all by default)."""
+    """Attribution of one run over the iterations ``mask`` selects (all by default).
+
+    The selected rows are read a block at a time (``BLOCK_ROWS``) and the workers' shares a
+    GPU at a time: beside the arrays it holds one [selected, G] matrix (the excess), not
+    copies of four; the numbers are those of the selected rows copied whole.
+    """
     mask = np.ones(arrays.n_iterations, bool) if mask is None else np.asarray(mask, bool)
-    start, fetch = arrays.start[mask], arrays.fetch[mask]
-    stall, worker = arrays.stall[mask], workers[mask]
-    n, g = fetch.shape
-    stalls_only = bool(n and g) and bool(np.isnan(fetch).all())
-    last = last_ranks(start, fetch)
+    n, g = int(mask.sum()), arrays.n_gpus
+    stalls_only = bool(n and g) and all(np.isnan(f).all() for f in _blocks(arrays.fetch, mask))
+    last = _selected_last(arrays, mask)
     # a single GPU waits for no peer: nobody to blame
-    most_stalled = _sole_max(stall) if g >= 2 else np.full(n, -1)
+    if g >= 2:
+        stalled = [_sole_max(stall) for stall in _blocks(arrays.stall, mask)]
+        most_stalled = np.concatenate(stalled) if stalled else np.full(0, -1)
+    else:
+        most_stalled = np.full(n, -1)
     ranks = [
         RankShare(
             gpu=int(gpu),
@@ -230,45 +260,67 @@ def attribute(
         straggler = FIXED if share(top) >= FIXED_STRAGGLER_SHARE else WANDERING
         straggler_gpu = top.gpu
     if stalls_only:
-        workers = [WorkerShare(int(gpu), -1, 0, np.nan, np.nan, np.nan) for gpu in arrays.gpus]
+        shares = [WorkerShare(int(gpu), -1, 0, np.nan, np.nan, np.nan) for gpu in arrays.gpus]
     else:
-        workers = _worker_shares(arrays.gpus, fetch, worker) if n and g else []
+        shares = _worker_shares(arrays, workers, mask, n) if n and g else []
     return Attribution(
         run=run,
         iterations=n,
         ranks=ranks,
         straggler=straggler,
         straggler_gpu=straggler_gpu,
-        workers=workers,
+        workers=shares,
     )
 
 
-def _worker_shares(gpus: np.ndarray, fetch: np.ndarray, worker: np.ndarray) -> list[WorkerShare]:
-    excess = np.maximum(fetch - np.median(fetch, axis=1, keepdims=True), 0.0)
-    total = float(excess.sum())
-    gpu_index = np.broadcast_to(np.arange(len(gpus)), fetch.shape)
-    frame = pd.DataFrame(
-        {
-            "gpu": gpus[gpu_index.ravel()],
-            "worker": worker.ravel(),
-            "fetch": fetch.ravel(),
-            "excess": excess.ravel(),
-        }
-    )
-    grouped = frame.groupby(["gpu", "worker"], sort=True).agg(
-        fetches=("fetch", "size"), fetch_s_mean=("fetch", "mean"), excess_s=("excess", "sum")
-    )
-    shares = [
-        WorkerShare(
-            gpu=int(gpu),
-            worker=int(w),
-            fetches=int(r.fetches),
-            fetch_s_mean=float(r.fetch_s_mean),
-            excess_s=float(r.excess_s),
-            excess_share_pct=100.0 * float(r.excess_s) / total if total > 0 else np.nan,
+def _excess(arrays: IterationArrays, mask: np.ndarray, n: int) -> np.ndarray:
+    """Per selected fetch, its time above the median of its iteration's fetches: [n, G],
+    row-major like the selected rows copied whole (so that its sum is theirs, bit for
+    bit), filled a block at a time."""
+    excess = np.empty((n, arrays.n_gpus))
+    lo = 0
+    for fetch in _blocks(arrays.fetch, mask):
+        excess[lo : lo + len(fetch)] = np.maximum(
+            fetch - np.median(fetch, axis=1, keepdims=True), 0.0
         )
-        for (gpu, w), r in grouped.iterrows()
-    ]
+        lo += len(fetch)
+    return excess
+
+
+def _worker_shares(
+    arrays: IterationArrays, workers: np.ndarray, mask: np.ndarray, n: int
+) -> list[WorkerShare]:
+    """Each (rank, worker)'s fetches and excess. Grouped one GPU at a time: a group's rows
+    are one GPU's, in iteration order either way, so that pandas sums them in the order
+    the whole table of every (iteration, GPU) did, and the frame is a GPU's rows only."""
+    gpus = arrays.gpus
+    excess = _excess(arrays, mask, n)
+    total = float(excess.sum())
+    shares = []
+    for j, gpu in enumerate(gpus):
+        frame = pd.DataFrame(
+            {
+                "gpu": np.full(n, gpu, dtype=gpus.dtype),
+                "worker": workers[:, j][mask].astype(np.int64),
+                "fetch": arrays.fetch[:, j][mask],
+                "excess": excess[:, j],
+            }
+        )
+        grouped = frame.groupby(["gpu", "worker"], sort=True).agg(
+            fetches=("fetch", "size"), fetch_s_mean=("fetch", "mean"), excess_s=("excess", "sum")
+        )
+        del frame
+        shares += [
+            WorkerShare(
+                gpu=int(gpu),
+                worker=int(w),
+                fetches=int(r.fetches),
+                fetch_s_mean=float(r.fetch_s_mean),
+                excess_s=float(r.excess_s),
+                excess_share_pct=100.0 * float(r.excess_s) / total if total > 0 else np.nan,
+            )
+            for (gpu, w), r in grouped.iterrows()
+        ]
     return sorted(shares, key=lambda s: (-s.excess_s, s.gpu, s.worker))
 
 

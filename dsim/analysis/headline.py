@@ -48,7 +48,9 @@ def pipeline_verdict_on(
     for row in rows:
         policy = (str(row["fetch_align"]), str(row["start_align"]))
         stats = summarize_metrics(
-            model.replay(prepared, policy, ReplayParams()).metrics(), mask, threshold_s
+            model.replay(prepared, policy, ReplayParams(), per_gpu=False).metrics(),
+            mask,
+            threshold_s,
         )
         keep = {
             k: row.get(k) for k in ("run", "fetch_align", "start_align", "selected_epochs", "gpus")

@@ -78,7 +78,10 @@ def batch_from_throughput(throughput: np.ndarray, iteration_s: np.ndarray) -> fl
     ok = np.isfinite(t) & np.isfinite(s) & (t > 0) & (s > 0)
     if not ok.any():
         return None
-    batch = float(np.median(t[ok] * s[ok]))
+    # the products of the pairs kept, one array (not both columns copied first), whose
+    # order the median may change: it is ours
+    product = np.multiply(t, s, where=ok, out=np.zeros_like(t))[ok]
+    batch = float(np.median(product, overwrite_input=True))
     nearest = round(batch)
     return float(nearest) if nearest > 0 and abs(batch - nearest) <= 0.005 * batch else batch
 

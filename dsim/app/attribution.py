@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dsim.analysis.attribution import (
@@ -130,7 +129,7 @@ def _attribution(
         arrays = build_iteration_arrays(tables.fetch, tables.train)
         workers = worker_matrix(tables.fetch, arrays)
     else:  # built from these tables with every fetch: the worker of each cell as it is
-        workers = arrays.worker.astype(np.int64)
+        workers = arrays.worker
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
     attribution = attribute(run, arrays, workers, mask)
     del workers

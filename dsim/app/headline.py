@@ -23,6 +23,7 @@ from typing import Any
 from dsim.analysis.headline import pipeline_verdict_on, replays_policies
 from dsim.analysis.verdict import DEFAULT_MODEL, Verdict
 from dsim.errors import DsimError
+from dsim.io.memory import release_freed
 from dsim.model.selection import selection_mask
 
 #: The model FIDELITY.md shows more accurate, per kind of what-if `dsim run` verdicts make.
@@ -55,6 +56,7 @@ def pipeline_verdict(
     if selection is None:
         return None
     epochs, warmup, threshold = selection
+    release_freed()  # what the replays freed, before the trace is read again
     try:
         arrays = fetch_arrays(trace_dir, str(rows[0]["run"]))
     except DsimError:

@@ -33,7 +33,14 @@ from dsim.analysis.sanity import check_threshold, recorded_selections, selection
 from dsim.analysis.summary import summary_rows, summary_table
 from dsim.app.answer import Answer, attribution_rows, build_answer, with_headlines
 from dsim.app.attribution import write_directory_attributions
-from dsim.app.runplan import RunPlan, logged_loader, pending_policies, plan_runs_of, refusal
+from dsim.app.runplan import (
+    UNREAD,
+    RunPlan,
+    logged_loader,
+    pending_policies,
+    plan_runs_of,
+    refusal,
+)
 from dsim.app.runtask import RunReport, RunTask, finish_run, run_task
 from dsim.config import SimConfig
 from dsim.errors import InputError
@@ -142,7 +149,7 @@ def _in_process(
 def _plan(name: str, run_dir: Path, config: SimConfig) -> list[RunPlan] | RunReport:
     """One run read, checked and planned, or why it is skipped; its tables are let go of
     here, so that the plans hold only what they keep of them (``plan_runs_of``)."""
-    tables = read_run(run_dir)
+    tables = read_run(run_dir, UNREAD)
     refused = refusal(name, tables, config)
     if refused is not None:
         return RunReport(name, skipped=refused)

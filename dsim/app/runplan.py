@@ -21,22 +21,28 @@ from dsim.app.attribution import attribution_inputs
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
+from dsim.io.memory import release_freed
 from dsim.model.resultinfo import Selection
 from dsim.model.results import ResultInfo, read_replay_key, replay_path
 from dsim.model.runinfo import RunInfo
-from dsim.model.tables import RunTables, read_run
+from dsim.model.tables import FETCH_FILE, RunTables, read_run
 from dsim.replay.arrays import (
     MISSING_BOTH,
     MISSING_FETCH,
     MISSING_TRAIN,
     IterationArrays,
     LoaderSettings,
+    TableColumns,
     build_iteration_arrays,
 )
 from dsim.replay.models import DEFAULT_MODEL, STALL_ONLY_MODEL, ReplayModel, get_model
 from dsim.replay.params import ReplayParams
 from dsim.replay.policies import STALL_ONLY, Policy
 from dsim.words import counted
+
+#: The columns of a trace that ``dsim run`` never reads (``read_run``'s ``leave_out``): the
+#: fetch's ``end`` is its start plus its duration, both read.
+UNREAD = {FETCH_FILE: ("end",)}
 
 
 @dataclass
@@ -194,7 +200,7 @@ def plan_run(
     ``tables``, one snapshot of it from ``read_run``), writes nothing. ``arrays``: the
     run's arrays from another plan of the same ``tables`` and model (not built again), and
     ``batch`` that plan's ``batch`` (not computed again)."""
-    tables = read_run(run_dir) if tables is None else tables
+    tables = read_run(run_dir, UNREAD) if tables is None else tables
     has_fetch = tables.fetch.num_rows > 0
     if tables.train.num_rows == 0:
         raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
@@ -202,7 +208,12 @@ def plan_run(
     # before the arrays exist: its temporaries (~50 bytes per GPU-iteration) never meet them
     batch = _batch(tables) if batch is _UNKNOWN else batch
     if arrays is None:
-        arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=model.needs_fetch)
+        # with arrays attribution can use, the build takes the columns it reads over
+        fetch, train = hand_over(tables, model.needs_fetch == has_fetch)
+        arrays = build_iteration_arrays(
+            fetch, train, require_fetch=model.needs_fetch, release=release_freed
+        )
+        del fetch, train
         if arrays.n_iterations == 0:
             raise InputError(
                 _nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir
@@ -239,7 +250,7 @@ def plan_runs_of(
 ) -> list[RunPlan]:
     """Every plan of one run: its replay, and for a loader what-if also the measured
     baseline the what-if columns compare with (same model, same arrays, built once)."""
-    tables = read_run(run_dir) if tables is None else tables
+    tables = read_run(run_dir, UNREAD) if tables is None else tables
     model, params = get_model(config.model), replay_params(config)
     plans = [plan_run(name, run_dir, config, model, params, tables)]
     if plans[0].loader is not None and plans[0].loader["changed"]:
@@ -256,6 +267,29 @@ def plan_runs_of(
     for plan in plans:
         plan.tables = kept
     return plans
+
+
+def hand_over(tables: RunTables, with_arrays: bool) -> tuple[TableColumns, TableColumns]:
+    """The columns ``build_iteration_arrays`` reads of ``tables``, taken out of them, so that
+    the build frees each one once it is placed: ``tables`` keeps only what the plans read
+    after the build (each table's ``gpu`` column: its row count and, should no iteration
+    be complete, the GPUs named in the error) and what attribution reads of them
+    (``attribution_inputs``). Without arrays attribution can use (``with_arrays`` false:
+    it builds its own from the whole tables) nothing is taken.
+
+    Why: the tables whole beside the arrays being built were ``dsim run``'s peak (~84 and
+    44 bytes per GPU-iteration, BENCHMARKS.md "Memory and disk").
+    """
+    fetch = TableColumns.of(tables.fetch, "fetch")
+    train = TableColumns.of(tables.train, "training")
+    if with_arrays:
+        slim = attribution_inputs(tables, True)
+        kept = list(dict.fromkeys(["gpu", *slim.fetch.column_names]))
+        kept = [name for name in kept if name in tables.fetch.column_names]
+        kept_train = [name for name in ["gpu"] if name in tables.train.column_names]
+        tables.fetch = tables.fetch.select(kept)
+        tables.train = tables.train.select(kept_train)
+    return fetch, train
 
 
 def refusal(name: str, tables: RunTables, config: SimConfig) -> DsimError | None:

@@ -33,6 +33,7 @@ from dsim.analysis.attribution import Attribution, attribution_table
 from dsim.analysis.summary import summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
 from dsim.app.runplan import (
+    UNREAD,
     RunPlan,
     cuts_of,
     pending_policies,
@@ -98,7 +99,7 @@ def run_task(task: RunTask) -> RunReport:
     """Read, plan, replay and write one run (what a Ray task runs): the checks of
     ``dsim run`` for this run's directories first, then ``finish_run``."""
     with _working_directory(task.cwd):
-        tables = read_run(task.run_dir)
+        tables = read_run(task.run_dir, UNREAD)
         refused = refusal(task.name, tables, task.config)
         if refused is not None:  # another run may still replay what was asked (§4.3)
             return RunReport(task.name, skipped=refused)
@@ -138,6 +139,9 @@ def finish_run(
     report = RunReport(plans[0].name, dropped=dict(plans[0].arrays.dropped))
     for plan in plans:
         _finish_plan(plan, config, chunk_rows, on_rows, report)
+    # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
+    # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
+    release_freed()
     runs = find_result_runs([config.out / plan.directory for plan in plans])
     for run, plan in zip(runs, plans, strict=True):
         report.rows.extend(
@@ -176,6 +180,7 @@ def _finish_plan(
     try:
         for policy in sorted(plan.keys, key=policy_label):
             table = None  # the previous policy's replay is let go of before the next one
+            release_freed()  # and what it and its dataset rows freed, handed back
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
                 report.written.append(write_replay(table, config.out))

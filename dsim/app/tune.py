@@ -17,9 +17,10 @@ import numpy as np
 
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
+from dsim.io import memory
 from dsim.io.memory import release_freed
 from dsim.model.tables import read_run
-from dsim.replay.arrays import IterationArrays, build_iteration_arrays
+from dsim.replay.arrays import IterationArrays, TableColumns, build_iteration_arrays
 from dsim.replay.models import get_model
 from dsim.replay.models.pipeline import SUPPORTED, check_stream_workers, measured_loader
 from dsim.replay.params import LoaderSettings, ReplayParams
@@ -111,19 +112,24 @@ def _node_facts(loader: Any) -> tuple[int | None, int | None, int | None]:
 
 def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
     """A run's arrays with its logged loader settings; exit 3 without fetch records."""
-    from dsim.app.runplan import logged_loader
+    from dsim.app.runplan import UNREAD, logged_loader
 
-    tables = read_run(run_dir)
+    tables = read_run(run_dir, UNREAD)
     if tables.fetch.num_rows == 0:
         raise InputError(
             f"run {name} has no fetch records (profiler traces?): dsim tune replays the "
             "DataLoader's fetches, which only dsim.instrument's fetch lines record",
             run_dir,
         )
-    # row-major: the pipeline model's inputs take the matrices as they are (no copy)
-    arrays = build_iteration_arrays(tables.fetch, tables.train, order="C")
+    # the tables' columns handed to the build, which frees each once placed (no two whole
+    # copies of the run); row-major: the pipeline model's inputs take the matrices as they
+    # are (no copy)
     info = tables.info
+    fetch = TableColumns.of(tables.fetch, "fetch")
+    train = TableColumns.of(tables.train, "training")
     del tables
+    arrays = build_iteration_arrays(fetch, train, order="C", release=memory.release_freed)
+    del fetch, train
     release_freed()  # the tables' memory, before the pipeline model's arrays are made
     if arrays.n_iterations == 0:
         raise InputError(f"run {name}: no iteration has every rank's fetch and train record")

@@ -23,6 +23,7 @@ pyarrow >= 17, DuckDB, polars).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,20 @@ def read_table(path: str | Path, *, remedy: str, columns: list[str] | None = Non
         raise unreadable(exc, path, remedy) from exc
 
 
-def read_bytes(data: bytes, path: str | Path, *, remedy: str) -> pa.Table:
+def read_bytes(
+    data: bytes, path: str | Path, *, remedy: str, leave_out: Collection[str] = ()
+) -> pa.Table:
     """Read a dsim Parquet file from its bytes, verifying page checksums; ``path`` names it
-    in errors. Readers that check a file's digest parse exactly the bytes they hashed."""
+    in errors. Readers that check a file's digest parse exactly the bytes they hashed.
+    ``leave_out``: columns not decoded (what the reader never uses costs no memory)."""
     try:
-        return pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+        columns = None
+        if leave_out:
+            names = pq.read_schema(pa.BufferReader(data)).names
+            columns = [name for name in names if name not in leave_out]
+        return pq.read_table(
+            pa.BufferReader(data), columns=columns, page_checksum_verification=True
+        )
     except (OSError, pa.ArrowException) as exc:
         # pyarrow names the source '<Buffer>'; the message names ``path`` already
         text = str(exc).replace(" '<Buffer>'", "")

@@ -16,12 +16,15 @@ Memory: the result holds 5 float64 and one int32 value per GPU-iteration (44
 bytes) plus two int32 per iteration. Building it adds, beside the tables, an
 int32 position per table row (int64 past 2^31 cells), a presence flag per cell
 and one [N, G] temporary at a time: rows are scattered straight into the final
-column-major matrices (``_Placement``), never through a full grid of every
-iteration nor a row-major copy.
+column-major matrices (``_Rows``), never through a full grid of every
+iteration nor a row-major copy. Handed the only reference to a run's columns
+(``TableColumns``, as ``dsim run`` and the headline do), the build frees each
+column once placed, so the tables and the arrays are never both whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,17 +99,62 @@ def _rows(values: np.ndarray | None, rows: np.ndarray | slice) -> np.ndarray | N
     return None if values is None else values[rows]
 
 
-def _column(table: pa.Table, name: str, what: str, dtype: type) -> list[np.ndarray]:
-    """A checked column as NumPy views of its chunks (no copy of the column: a table read
-    from Parquet comes in chunks, and joining them copied every column the build reads)."""
-    if name not in table.column_names:
-        raise InputError(f"{what} table has no column {name!r} (re-run `dsim parse`)")
-    col = table.column(name)
-    if col.null_count:
-        raise InputError(f"{what} table: column {name!r} has {col.null_count} missing value(s)")
-    if pa.types.is_timestamp(col.type):
-        col = col.cast(pa.timestamp("ns")).cast(pa.int64())
-    return [np.asarray(c.to_numpy(zero_copy_only=False), dtype=dtype) for c in col.chunks]
+#: The columns the build reads, in the order they are checked (a missing or null column is an
+#: error before any work, the first in this order named).
+FETCH_COLUMNS = ("epoch", "iteration", "gpu", "start", "fetch_s", "worker")
+TRAIN_COLUMNS = ("epoch", "iteration", "gpu", "iteration_s", "stall_s", "start")
+#: Read when present: CPU times of both tables (SPEC §2.1), the fetch table's stream column.
+OPTIONAL_FLOATS = ("cpu_s", "runq_s")
+STREAM = "stream"
+
+
+class TableColumns:
+    """The columns of one table that the build reads, taken one at a time (``take``).
+
+    Why: a run's tables (~84 bytes per GPU-iteration) and its arrays (44) were both whole
+    while the arrays were built, the largest part of ``dsim run``'s peak. Made from a table
+    the caller keeps, nothing is freed early; made from a table whose every other reference
+    is gone (``dsim.app.runplan`` hands a run's tables over this way), each column is let go
+    of as soon as the build has placed its values, so the tables shrink while the arrays grow.
+    """
+
+    def __init__(self, table: pa.Table, what: str, names: tuple[str, ...]) -> None:
+        self.what = what
+        self.num_rows = table.num_rows
+        present = set(table.column_names)
+        self._columns = {name: table.column(name) for name in names if name in present}
+        self._names = tuple(table.column_names)
+
+    @classmethod
+    def of(cls, table: pa.Table, what: str) -> TableColumns:
+        """What the build reads of a fetch (``what`` "fetch") or training table."""
+        names = (*FETCH_COLUMNS, STREAM) if what == "fetch" else TRAIN_COLUMNS
+        return cls(table, what, names + OPTIONAL_FLOATS)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._columns
+
+    def check(self, name: str) -> None:
+        """A column the build needs: present, no missing value."""
+        if name not in self._columns:
+            raise InputError(f"{self.what} table has no column {name!r} (re-run `dsim parse`)")
+        nulls = self._columns[name].null_count
+        if nulls:
+            raise InputError(f"{self.what} table: column {name!r} has {nulls} missing value(s)")
+
+    def has_values(self, name: str) -> bool:
+        """Whether column ``name`` is present with a value in some row; let go of."""
+        col = self._columns.pop(name, None)
+        return col is not None and col.null_count < self.num_rows
+
+    def take(self, name: str, dtype: type) -> list[np.ndarray]:
+        """Column ``name`` as NumPy views of its chunks (no copy of the column: a table read
+        from Parquet comes in chunks, and joining them copied every column the build
+        reads), no longer held here: once the caller drops the views, it is freed."""
+        col = self._columns.pop(name)
+        if pa.types.is_timestamp(col.type):
+            col = col.cast(pa.timestamp("ns")).cast(pa.int64())
+        return [np.asarray(c.to_numpy(zero_copy_only=False), dtype=dtype) for c in col.chunks]
 
 
 def _pair_keys(epoch: list[np.ndarray], iteration: list[np.ndarray]) -> np.ndarray:
@@ -211,24 +259,25 @@ class _Rows:
         return out.reshape((self.n, g), order=self.order)
 
 
-def _optional(table: pa.Table, name: str, rows: _Rows, g: int) -> np.ndarray | None:
+def _optional(table: TableColumns, name: str, rows: _Rows, g: int) -> np.ndarray | None:
     """An optional float column (``cpu_s``, ``runq_s``) as [N, G]; NaN where absent."""
-    if name not in table.column_names:
+    if name not in table:
         return None
-    chunks = [
-        np.asarray(c.to_numpy(zero_copy_only=False), dtype=np.float64)
-        for c in table.column(name).chunks
-    ]
-    return rows.place(chunks, g, np.nan, np.float64)
+    return rows.place(table.take(name, np.float64), g, np.nan, np.float64)
+
+
+def _no_release() -> None:
+    return None
 
 
 def build_iteration_arrays(
-    fetch: pa.Table,
-    train: pa.Table,
+    fetch: pa.Table | TableColumns,
+    train: pa.Table | TableColumns,
     *,
     require_fetch: bool = True,
     origin_ns: int | None = None,
     order: str = "F",
+    release: Callable[[], None] = _no_release,
 ) -> IterationArrays:
     """Pivot the fetch and training tables of one run into ``IterationArrays``.
 
@@ -242,32 +291,33 @@ def build_iteration_arrays(
     ``order``: the memory layout of the [N, G] matrices, ``F`` (column-major: what the
     per-iteration kernel walks) or ``C`` (row-major: the pipeline kernel's inputs, which
     then take them without a copy); the values are the same.
+    ``fetch`` and ``train`` given as ``TableColumns`` that alone hold their columns are
+    consumed: each column is freed once placed, and ``release`` (``dsim.io.memory
+    .release_freed``) is called then, so that the allocator hands its memory back before
+    the next matrix is made.
     """
-    # every column checked first (a missing or null column is an error before any work)
-    f_epoch = _column(fetch, "epoch", "fetch", np.int32)
-    f_iter = _column(fetch, "iteration", "fetch", np.int32)
-    f_gpu = _column(fetch, "gpu", "fetch", np.int32)
-    f_start = _column(fetch, "start", "fetch", np.int64)
-    f_dur = _column(fetch, "fetch_s", "fetch", np.float64)
-    f_worker = _column(fetch, "worker", "fetch", np.int32)
-    t_epoch = _column(train, "epoch", "training", np.int32)
-    t_iter = _column(train, "iteration", "training", np.int32)
-    t_gpu = _column(train, "gpu", "training", np.int32)
-    t_time = _column(train, "iteration_s", "training", np.float64)
-    t_stall = _column(train, "stall_s", "training", np.float64)
-    t_start = _column(train, "start", "training", np.int64)
+    f = fetch if isinstance(fetch, TableColumns) else TableColumns.of(fetch, "fetch")
+    t = train if isinstance(train, TableColumns) else TableColumns.of(train, "training")
+    del fetch, train  # a table given here is the caller's: only ``f`` and ``t`` let go
+    for table, names in ((f, FETCH_COLUMNS), (t, TRAIN_COLUMNS)):
+        for name in names:  # every column checked first: an error before any work
+            table.check(name)
+    stream = f.has_values(STREAM)
 
-    f_key = _pair_keys(f_epoch, f_iter)
-    t_key = _pair_keys(t_epoch, t_iter)
+    f_key = _pair_keys(f.take("epoch", np.int32), f.take("iteration", np.int32))
+    t_key = _pair_keys(t.take("epoch", np.int32), t.take("iteration", np.int32))
+    release()
     keys = np.union1d(np.unique(f_key), np.unique(t_key))  # no concatenation of both
+    f_gpu, t_gpu = f.take("gpu", np.int32), t.take("gpu", np.int32)
     gpus = np.unique(np.concatenate([np.unique(c) for c in f_gpu + t_gpu] or [[]]))
     gpus = gpus.astype(np.int32)
     n, g = len(keys), len(gpus)
 
     f_rows = _Rows(keys, gpus, f_key, f_gpu, "fetch")
-    del f_key
+    del f_key, f_gpu
     t_rows = _Rows(keys, gpus, t_key, t_gpu, "training")
-    del t_key
+    del t_key, t_gpu
+    release()
     f_present, t_present = f_rows.present, t_rows.present
     assert f_present is not None and t_present is not None
     fetch_ok = f_present.reshape(n, g).all(axis=1)
@@ -281,6 +331,7 @@ def build_iteration_arrays(
     }
     dropped = {reason: count for reason, count in dropped.items() if count}
 
+    f_start, t_start = f.take("start", np.int64), t.take("start", np.int64)
     if origin_ns is not None:
         origin_ns = int(origin_ns)
     elif sum(len(c) for c in f_start):
@@ -294,15 +345,27 @@ def build_iteration_arrays(
     f_rows.present = t_rows.present = f_present = t_present = None
     f_rows.keep(keep, kept_row, kept, g, order)
     t_rows.keep(keep, kept_row, kept, g, order)
-    # the two matrices that need a temporary first, while the others do not exist yet
+    del kept_row
+    # the two matrices that need a temporary first, while the others do not exist yet;
+    # each column let go of (``release``) before the next matrix is made
     start = f_rows.seconds(f_start, origin_ns, g)
+    del f_start
+    release()
     arrival = t_rows.seconds(t_start, origin_ns, g)
-    fetch_s = f_rows.place(f_dur, g, 0.0, np.float64)
-    worker = f_rows.place(f_worker, g, 0, np.int32)
+    del t_start
+    release()
+    fetch_s = f_rows.place(f.take("fetch_s", np.float64), g, 0.0, np.float64)
+    release()
+    worker = f_rows.place(f.take("worker", np.int32), g, 0, np.int32)
+    release()
     if absent is not None:
         start[absent] = np.nan
         fetch_s[absent] = np.nan
         worker[absent] = -1
+    iteration_time = t_rows.place(t.take("iteration_s", np.float64), g, 0.0, np.float64)
+    release()
+    stall = t_rows.place(t.take("stall_s", np.float64), g, 0.0, np.float64)
+    release()
     kept_keys = keys[keep]
     return IterationArrays(
         epoch=(kept_keys >> 32).astype(np.int32),
@@ -310,16 +373,15 @@ def build_iteration_arrays(
         gpus=gpus,
         start=start,
         fetch=fetch_s,
-        iteration_time=t_rows.place(t_time, g, 0.0, np.float64),
-        stall=t_rows.place(t_stall, g, 0.0, np.float64),
+        iteration_time=iteration_time,
+        stall=stall,
         arrival=arrival,
         worker=worker,
         origin_ns=origin_ns,
         dropped=dropped,
-        fetch_cpu=_optional(fetch, "cpu_s", f_rows, g),
-        fetch_runq=_optional(fetch, "runq_s", f_rows, g),
-        train_cpu=_optional(train, "cpu_s", t_rows, g),
-        train_runq=_optional(train, "runq_s", t_rows, g),
-        stream="stream" in fetch.column_names
-        and fetch.column("stream").null_count < fetch.num_rows,
+        fetch_cpu=_optional(f, "cpu_s", f_rows, g),
+        fetch_runq=_optional(f, "runq_s", f_rows, g),
+        train_cpu=_optional(t, "cpu_s", t_rows, g),
+        train_runq=_optional(t, "runq_s", t_rows, g),
+        stream=stream,
     )

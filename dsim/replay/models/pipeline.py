@@ -494,7 +494,16 @@ class PipelineModel(ReplayModel):
     def supports(self, policy: Policy) -> bool:
         return all(name in SUPPORTED for name in policy)
 
-    def replay(self, prepared: PreparedPipeline, policy: Policy, params: ReplayParams) -> Replay:
+    def replay(
+        self,
+        prepared: PreparedPipeline,
+        policy: Policy,
+        params: ReplayParams,
+        per_gpu: bool = True,
+    ) -> Replay:
+        """``per_gpu=False``: ``gpu_stall_s`` left empty ([0, G]), for callers that read the
+        metrics only (``dsim.analysis.headline``): the kernel then holds two [N, G]
+        matrices fewer."""
         unsupported = [name for name in policy if name not in SUPPORTED]
         if unsupported:
             raise UsageError(
@@ -514,7 +523,13 @@ class PipelineModel(ReplayModel):
         if prepared.cpu is not None and not (same and replayed == ("actual", "actual")):
             prepared, replayed = contended(prepared, policy, workers, prefetch)
         out = replay_pipeline(
-            prepared.inputs, prepared.calibration, replayed, workers, prefetch, starts=False
+            prepared.inputs,
+            prepared.calibration,
+            replayed,
+            workers,
+            prefetch,
+            starts=False,
+            per_gpu=per_gpu,
         )
         return Replay(
             iteration_s=out["iteration_s"],

@@ -132,6 +132,10 @@ def _typical(samples, counts):  # pragma: no cover - compiled
 def _calibrate(
     segments, start, fetch, arrival, stall, itime, worker, workers, prefetch
 ):  # pragma: no cover - compiled
+    # Memory: besides the 6 [N, G] results, only buffers of the longest segment. The
+    # loop's request (arrival - stall), iteration end (request + T) and fetch end
+    # (start + F) are computed where they are read, never held as [N, G] matrices
+    # (the same IEEE sums: no product, so nothing for a fused multiply-add to change).
     n, g = start.shape
     lat_sent = np.empty((n, g))
     lat_free = np.empty((n, g))
@@ -139,18 +143,18 @@ def _calibrate(
     deliver = np.empty((n, g))
     after = np.empty((n, g))
     loop = np.zeros((n, g))
-    req = arrival - stall
-    end = req + itime
-    fe = start + fetch
-    sent = np.empty((n, g))
-    free = np.empty((n, g))
+    longest = 0
+    for s in range(segments.shape[0]):
+        longest = max(longest, segments[s, 1] - segments[s, 0])
+    sent = np.empty((longest, g))  # by position in the segment
+    free = np.empty((longest, g))
     nworkers = max(int(worker.max()) + 1, 1) if n else 1
     last_end = np.empty((g, nworkers))
-    # Per rank, the samples the typical latencies are the medians of.
-    index_bound = np.empty((g, n))  # fetch start - index sent, where the worker waited for it
-    busy_bound = np.empty((g, n))  # fetch start - previous batch done, where it was busy
-    ready = np.empty((g, n))  # stalls of batches that were there before the loop asked
-    waited = np.empty((g, n))  # arrival - fetch end of batches the loop waited for
+    # Per rank, the samples of one segment the typical latencies are the means of.
+    index_bound = np.empty((g, longest))  # fetch start - index sent, the worker waited for it
+    busy_bound = np.empty((g, longest))  # fetch start - previous batch done, it was busy
+    ready = np.empty((g, longest))  # stalls of batches that were there before the loop asked
+    waited = np.empty((g, longest))  # arrival - fetch end of batches the loop waited for
     counts = np.zeros((4, g), dtype=np.int64)
     for s in range(segments.shape[0]):
         lo, hi = segments[s, 0], segments[s, 1]
@@ -162,52 +166,57 @@ def _calibrate(
             for r in range(1, g):
                 last = max(last, arrival[i, r])
             for r in range(g):
+                req = arrival[i, r] - stall[i, r]
+                fe = start[i, r] + fetch[i, r]
                 if workers == 0:  # loading in the main process, on request
-                    sent[i, r] = req[i, r]
+                    sent[k, r] = req
                 elif k < prefetch * workers:  # the first indices go out with the iterator
-                    sent[i, r] = req[lo, r]
+                    sent[k, r] = arrival[lo, r] - stall[lo, r]
                 else:  # one more index each time a batch is handed to the loop
-                    sent[i, r] = arrival[i - prefetch * workers, r]
-                free[i, r] = -np.inf
+                    sent[k, r] = arrival[i - prefetch * workers, r]
+                free[k, r] = -np.inf
                 if workers > 0:
-                    free[i, r] = last_end[r, worker[i, r]]
-                    last_end[r, worker[i, r]] = fe[i, r]
+                    free[k, r] = last_end[r, worker[i, r]]
+                    last_end[r, worker[i, r]] = fe
                 if k > 0:
-                    loop[i, r] = req[i, r] - end[i - 1, r]
-                after[i, r] = end[i, r] - last
+                    loop[i, r] = req - ((arrival[i - 1, r] - stall[i - 1, r]) + itime[i - 1, r])
+                after[i, r] = (req + itime[i, r]) - last
                 if k < max(prefetch * workers, 1):
                     continue  # start-up batches (sent with the iterator) are not typical
-                if sent[i, r] > free[i, r]:
-                    index_bound[r, counts[0, r]] = start[i, r] - sent[i, r]
+                if sent[k, r] > free[k, r]:
+                    index_bound[r, counts[0, r]] = start[i, r] - sent[k, r]
                     counts[0, r] += 1
                 else:
-                    busy_bound[r, counts[1, r]] = start[i, r] - free[i, r]
+                    busy_bound[r, counts[1, r]] = start[i, r] - free[k, r]
                     counts[1, r] += 1
-                if fe[i, r] < req[i, r]:
+                if fe < req:
                     ready[r, counts[2, r]] = stall[i, r]
                     counts[2, r] += 1
                 else:
-                    waited[r, counts[3, r]] = arrival[i, r] - fe[i, r]
+                    waited[r, counts[3, r]] = arrival[i, r] - fe
                     counts[3, r] += 1
         s_hat = _typical(index_bound, counts[0])
         f_hat = _typical(busy_bound, counts[1])
         h_hat = _typical(ready, counts[2])
         d_hat = _typical(waited, counts[3])
         for i in range(lo, hi):
+            k = i - lo
             for r in range(g):
+                req = arrival[i, r] - stall[i, r]
+                fe = start[i, r] + fetch[i, r]
                 # Each measured latency goes to the constraint that held the fetch back; the
                 # other side gets its typical value (never more than the measurement allows).
-                if sent[i, r] + s_hat[r] >= free[i, r] + f_hat[r]:  # waited for the index
-                    lat_sent[i, r] = start[i, r] - sent[i, r]
-                    lat_free[i, r] = min(f_hat[r], start[i, r] - free[i, r])
+                if sent[k, r] + s_hat[r] >= free[k, r] + f_hat[r]:  # waited for the index
+                    lat_sent[i, r] = start[i, r] - sent[k, r]
+                    lat_free[i, r] = min(f_hat[r], start[i, r] - free[k, r])
                 else:  # busy with the previous batch
-                    lat_free[i, r] = start[i, r] - free[i, r]
-                    lat_sent[i, r] = min(s_hat[r], start[i, r] - sent[i, r])
-                if fe[i, r] + d_hat[r] <= req[i, r] + h_hat[r]:  # the batch was there
+                    lat_free[i, r] = start[i, r] - free[k, r]
+                    lat_sent[i, r] = min(s_hat[r], start[i, r] - sent[k, r])
+                if fe + d_hat[r] <= req + h_hat[r]:  # the batch was there
                     hand[i, r] = stall[i, r]
-                    deliver[i, r] = min(d_hat[r], arrival[i, r] - fe[i, r])
+                    deliver[i, r] = min(d_hat[r], arrival[i, r] - fe)
                 else:  # the loop waited for the fetch: delivery binds
-                    deliver[i, r] = arrival[i, r] - fe[i, r]
+                    deliver[i, r] = arrival[i, r] - fe
                     hand[i, r] = min(h_hat[r], stall[i, r])
     return lat_sent, lat_free, hand, deliver, after, loop
 
@@ -234,7 +243,7 @@ def calibrate(
 def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
     lat_sent, lat_free, hand, deliver, after, loop,
-    fetch_mode, start_mode, same_loader, new_w, new_p, want_starts,
+    fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus,
 ):  # fmt: skip
     n, g = start.shape
     iteration_s = np.empty(n)
@@ -242,8 +251,8 @@ def _replay(  # pragma: no cover - compiled
     delay_s = np.empty(n)
     fetch_diff = np.empty(n)
     start_diff = np.empty(n)
-    gpu_stall = np.empty((n, g))
-    end2 = np.empty((n, g))
+    gpu_stall = np.empty((n if want_gpus else 0, g))  # per-GPU outputs: only when read
+    end2 = np.empty((n if want_gpus else 0, g))
     req2 = np.empty((n, g))
     arr2 = np.empty((n, g))
     start2 = np.empty((n if want_starts else 0, g))  # only the causality tests read them
@@ -324,9 +333,10 @@ def _replay(  # pragma: no cover - compiled
             for r in range(g):
                 e = last + after[i, r]
                 end_prev[r] = e
-                end2[i, r] = e
                 st = arr2[i, r] - req2[i, r]
-                gpu_stall[i, r] = st
+                if want_gpus:
+                    end2[i, r] = e
+                    gpu_stall[i, r] = st
                 t_max = max(t_max, e - req2[i, r])
                 st_max = max(st_max, st)
                 st_min = min(st_min, st)
@@ -355,12 +365,16 @@ def replay_pipeline(
     workers: int | None = None,
     prefetch: int | None = None,
     starts: bool = True,
+    per_gpu: bool = True,
 ) -> dict[str, np.ndarray]:
     """Replay a calibrated run under ``policy`` and loader settings (default: as measured).
 
     Besides the metrics, ``gpu_start_s`` holds every replayed fetch start [N, G]: the
     causality tests check them against the worker's previous batch. ``starts=False``
     (the model's own replays) leaves it out: writing it costs the hot loop ~15 %.
+    ``per_gpu=False`` leaves out ``gpu_stall_s`` and ``gpu_end_s`` too (empty [0, G]), for
+    callers that read the per-iteration metrics only (``dsim run``'s headline): 16 bytes per
+    GPU-iteration less at its peak.
     """
     if policy[0] == "max":  # the kernel would take it for another fetch aggregate
         raise ValueError("max aligns starts only: it cannot stand on the fetch side")
@@ -374,7 +388,7 @@ def replay_pipeline(
         inputs.stall, inputs.worker,
         calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
         calibration.after, calibration.loop,
-        _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts,
+        _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu,
     )  # fmt: skip
     names = (
         *("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s"),

@@ -220,11 +220,16 @@ def _sorted_lines(key: np.ndarray, train) -> tuple[np.ndarray, np.ndarray]:
     iteration), so that the later one counts as the last before a fetch.
     """
     sort = np.argsort(key, kind="stable")
-    sorted_key = key[sort]
+    # ``key`` (a fresh array of the caller's) sorted in place: the values of ``key[sort]``
+    # without a third array of the lines beside it and its order (a parse's peak is here)
+    key.sort(kind="stable")
+    sorted_key = key
     if len(sort) > 1 and bool((sorted_key[1:] == sorted_key[:-1]).any()):
         _, epoch, iteration, _ = train
-        sort = np.lexsort((iteration, epoch, key))
-        sorted_key = key[sort]
+        original = np.empty_like(sorted_key)
+        original[sort] = sorted_key
+        sort = np.lexsort((iteration, epoch, original))
+        sorted_key = original[sort]
     return sort, sorted_key
 
 
@@ -244,12 +249,20 @@ def _skip_absent_epochs(out: np.ndarray, later: np.ndarray, present: np.ndarray)
     out[rows[inside]] = present[nxt[inside]]
 
 
+#: Fetches per block of ``_match``'s binary search.
+_BLOCK = 1 << 20
+
+
 def _match(
     sorted_key, sort, want, train, fetch_gpu, fetch_idx, out: np.ndarray, present: np.ndarray
 ) -> np.ndarray:
     """The rule for fetches at ``want`` against the sorted training lines (rank and time)."""
     train_gpu, train_epoch, train_iteration, train_total = train
-    last = np.searchsorted(sorted_key, want, side="left")  # lines strictly before E - TOL
+    # lines strictly before E - TOL, written over ``want`` (a fresh int64 array of the
+    # caller's) a block at a time: no second array of every fetch beside it
+    for lo in range(0, len(want), _BLOCK):
+        want[lo : lo + _BLOCK] = np.searchsorted(sorted_key, want[lo : lo + _BLOCK], side="left")
+    last = want
     del want, sorted_key
     last -= 1
     has_last = last >= 0

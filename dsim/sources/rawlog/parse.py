@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.io.memory import release_freed
 from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
@@ -295,6 +296,7 @@ def parse_run(
     train_table = _train_table(train, train_sort)
     del train_sort
     train = kept
+    release_freed()  # the records' memory, before the report's and the info's arrays
     if fetch_table.num_rows == 0 and train_table.num_rows == 0:
         raise InputError(
             f"no fetch or training records found ({_describe(counts, rejected)})",
@@ -760,9 +762,14 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return np.unique(values)
 
 
+def _distinct_of(*columns: np.ndarray) -> list[int]:
+    """The distinct values of several columns, ascending: each column's, then their union
+    (no concatenated copy of the columns)."""
+    return sorted({int(v) for column in columns for v in _distinct(column)})
+
+
 def _gpu_ids(fetch: pa.Table, train: pa.Table) -> list[int]:
-    both = np.concatenate([fetch["gpu"].to_numpy(), train["gpu"].to_numpy()])
-    return [int(g) for g in _distinct(both)]
+    return _distinct_of(fetch["gpu"].to_numpy(), train["gpu"].to_numpy())
 
 
 def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[str, Any]:
@@ -822,8 +829,7 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
 
 def _info(source, train, fetch_table, train_table, sources, report) -> RunInfo:
     gpu_ids = _gpu_ids(fetch_table, train_table)
-    both = [fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy()]
-    epochs = [int(e) for e in _distinct(np.concatenate(both))]
+    epochs = _distinct_of(fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy())
     present, declared = _iterations_per_epoch(train, fetch_table, epochs)
     return RunInfo(
         name=source.name,
