@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dsim.errors import UsageError
+from dsim.instrument.pid import current_pid
 
 # POSIX guarantees atomic appends of at most PIPE_BUF bytes; our lines are ~150.
 PIPE_BUF = getattr(select, "PIPE_BUF", 512)
@@ -158,18 +159,18 @@ class FileSink:
         except OSError as exc:
             reason = exc.strerror or exc
             raise UsageError(f"cannot write the log file {self.path}: {reason}") from exc
-        self._fd, self._pid = fd, os.getpid()
+        self._fd, self._pid = fd, current_pid()
         return fd
 
     def write(self, line: str) -> None:
-        fd = self._fd if self._pid == os.getpid() else self._open()
+        fd = self._fd if self._pid == current_pid() else self._open()  # no getpid call
         data = line.encode("utf-8")
         if len(data) > PIPE_BUF:  # cannot happen for dsim's own lines; keep them whole anyway
             data = data[: PIPE_BUF - 1] + b"\n"
         os.write(fd, data)
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == current_pid():
             os.close(self._fd)
         self._fd = self._pid = None
 
