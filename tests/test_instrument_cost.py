@@ -7,7 +7,8 @@ reads, writes and process-id look-ups per batch can. These tests fix the
 budget that bench/bench_instrument.py's ``--compare`` measured: per batch of a
 map-style loader without workers, two reads of the thread's CPU clock (the
 fetch's start and end), one of the process's (the iteration's end), three of
-schedstat, two writes (the fetch line, the training line), no ``getpid``.
+schedstat, no ``getpid``, and the two lines (fetch, training) written in blocks
+of about twenty, not with a ``write`` each (``dsim.instrument.sinks``).
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ def test_system_calls_per_batch_in_the_training_process(
 ) -> None:
     """Per batch, without workers: no getpid (it was 5), two reads of the thread's CPU
     clock (3: the timer read one it did not use), one of the process's, three schedstat
-    reads and two writes. Counted as the difference between epochs of 40 and 20 batches,
-    so what an epoch costs once (the loader line, opening files) cancels out."""
+    reads, and a tenth of a write (it was 2). Counted as the difference between epochs of
+    40 and 20 batches, so what an epoch costs once (the loader line, opening files) cancels
+    out."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -145,5 +147,7 @@ def test_system_calls_per_batch_in_the_training_process(
     epoch(5, 0)  # imports and first-use caches
     short, long = epoch(20, 1), epoch(40, 2)
     per_batch = {name: (long[name] - short[name]) / 20 for name in set(long) | set(short)}
-    expected = {"getpid": 0, "pread": 3, "write": 2, "thread_time": 2, "process_time": 1}
+    expected = {"getpid": 0, "pread": 3, "thread_time": 2, "process_time": 1}
     assert {name: per_batch.get(name, 0) for name in expected} == expected
+    # Lines are held and written in blocks of up to PIPE_BUF bytes (~20 lines): it was 2.
+    assert per_batch.get("write", 0) <= 0.25, per_batch
