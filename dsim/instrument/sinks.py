@@ -2,10 +2,10 @@
 
 Why the training process holds its lines a moment: between two training
 steps the instrumentation's work runs with cold caches, and a line's
-formatting and ``write`` cost about ten times more there than back to back
-(36 and 21 µs against 3.5 and 1 µs, measured after a cache-flushing sweep,
-BENCHMARKS.md). Formatting and writing a block of lines at once pays the
-cold start once per block. So a ``FileSink`` in the process that made it
+formatting and its ``write`` system call cost several times more there than
+back to back (``bench/bench_instrument.py --compare``'s "between steps"
+column, BENCHMARKS.md). Formatting and writing a block of lines at once pays
+the cold start once per block. So a ``FileSink`` in the process that made it
 keeps each record (the formatting function and its arguments: the values
 are measured at once, only the text is deferred) until it holds
 ``HOLD_LINES`` of them, until a flusher thread finds them held for up to
