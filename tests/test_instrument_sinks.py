@@ -99,9 +99,11 @@ def test_the_timer_writes_the_finished_iterations_when_the_loop_raises(tmp_path:
 def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     code = "from dsim.instrument.sinks import FileSink, flush_held\nimport os, sys\n"
     code += textwrap.dedent(body)
+    script = tmp_path / "script.py"  # a file, so that spawned children can import it
+    script.write_text(code)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
     )
 
 
@@ -139,6 +141,35 @@ def test_held_lines_are_written_at_exit_also_after_an_uncaught_exception(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert _lines(tmp_path / "killed.log") == ["kept"]
+
+
+def test_a_rank_started_by_multiprocessing_writes_its_held_lines_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    """torch.multiprocessing.start_processes / mp.spawn ranks end with os._exit after their
+    function returns: atexit never runs there, multiprocessing's exit finalizers do."""
+    done = _script(
+        tmp_path,
+        """
+        import multiprocessing
+
+        def rank(path):
+            sink = FileSink(path)
+            for i in range(3):
+                sink.put(lambda i: f"rank line {i}\\n", i)
+
+        if __name__ == "__main__":
+            for method in ("fork", "spawn"):
+                context = multiprocessing.get_context(method)
+                child = context.Process(target=rank, args=(method + ".log",))
+                child.start()
+                child.join()
+                assert child.exitcode == 0, child.exitcode
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    for method in ("fork", "spawn"):
+        assert _lines(tmp_path / f"{method}.log") == [f"rank line {i}" for i in range(3)]
 
 
 def test_a_forked_child_never_writes_its_parents_held_lines(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ keeps each record (the formatting function and its arguments: the values
 are measured at once, only the text is deferred) until it holds
 ``HOLD_LINES`` of them, until a flusher thread finds them held for up to
 ``HOLD_SECONDS``, until its loop ends (``TrainingTimer.iterate``), or until
-the interpreter exits (also after an uncaught exception). A process killed
+the process exits (``atexit``, also after an uncaught exception; a
+multiprocessing child's exit finalizers). A process killed
 by a signal loses the lines it held: at most its last ``HOLD_SECONDS`` (and
 ``HOLD_LINES`` lines per sink). DataLoader workers — copies of the sink in
 another process, forked or spawned — write each line at once, as before:
@@ -84,12 +85,21 @@ def _flush_forever() -> None:
 
 
 def _start_flusher() -> None:
+    """Once per process that holds records: the flusher thread, and a flush at exit.
+
+    A rank started by ``multiprocessing`` (``torch.multiprocessing.start_processes``,
+    ``mp.spawn``) ends with ``os._exit`` after its function returns, so Python's
+    ``atexit`` never runs there: multiprocessing's own exit finalizers do.
+    """
     with _flusher_lock:
         if _flusher and _flusher[0].is_alive():
             return
         thread = threading.Thread(target=_flush_forever, name="dsim-log-flusher", daemon=True)
         thread.start()
         _flusher[:] = [thread]
+        from multiprocessing import util
+
+        util.Finalize(None, flush_held, exitpriority=0)
 
 
 atexit.register(flush_held)  # runs also after an uncaught exception, not after a kill
