@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dsim.instrument import TrainingTimer, sinks
+from dsim.instrument import TrainingTimer, fetch_line, sinks
 from dsim.instrument.sinks import HOLD_LINES, PIPE_BUF, FileSink, flush_held
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +73,39 @@ def test_blocks_are_whole_lines_of_at_most_pipe_buf_bytes(
     assert 1 < len(writes) < len(expected)  # blocks, not one write per line
     assert all(len(block) <= PIPE_BUF and block.endswith(b"\n") for block in writes)
     assert b"".join(writes).decode().splitlines() == expected
+
+
+def _hammer_blocks(path: str, who: int, count: int) -> None:
+    sink = FileSink(path)  # made in this process: it holds and writes blocks
+    for i in range(count):
+        sink.put(fetch_line, 1_630_525_734.0 + i, who, who, 0.25 * i, i, 0.001 * i, 1e-6 * i)
+    sink.flush()
+
+
+def test_blocks_from_many_processes_never_tear_a_line(tmp_path: Path) -> None:
+    """Four processes append blocks to one file at once: every line whole, each
+    process's lines all there, in its own order."""
+    import multiprocessing
+    import re
+
+    path = tmp_path / "rank0.log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hammer_blocks, args=(str(path), w, 2000)) for w in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        assert proc.exitcode == 0
+    pattern = re.compile(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} DEBUG:\tGPU: (\d) worker_id: \1, "
+        r"END FETCH at_time \d+\.\d{9} data idx(\d+) cpu \d+\.\d{9} runq \d+\.\d{9}"
+    )
+    seen: dict[str, list[int]] = {str(w): [] for w in range(4)}
+    for line in _lines(path):
+        match = pattern.fullmatch(line)
+        assert match, line
+        seen[match.group(1)].append(int(match.group(2)))
+    assert all(indices == list(range(2000)) for indices in seen.values())
 
 
 def test_a_copy_in_another_process_writes_at_once(tmp_path: Path) -> None:
