@@ -239,3 +239,32 @@ def test_a_loader_without_timer_writes_its_fetch_lines_at_the_epochs_end(tmp_pat
         fetches = [line for line in _lines(tmp_path / "rank0.log") if "END FETCH" in line]
         assert len(fetches) == 4 * (epoch + 1)
     flush_held()
+
+
+def test_the_flusher_names_a_log_it_cannot_write_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A write error in the flusher thread is one line naming the file (the thread goes
+    on with the other sinks); the loop's own next flush raises it."""
+    path = tmp_path / "rank0.log"
+    sink = FileSink(path)
+    sink.put(_line, "first")  # opens the file
+    assert sink._fd is not None
+    os.close(sink._fd)
+    sink._fd = read_only = os.open(path, os.O_RDONLY)  # writes fail with EBADF
+    try:
+        deadline = time.monotonic() + 4 * sinks.HOLD_SECONDS + 5
+        err = ""
+        while "cannot write" not in err and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capfd.readouterr().err
+        assert f"dsim.instrument: cannot write {path}: Bad file descriptor" in err
+        time.sleep(2 * sinks.HOLD_SECONDS)
+        assert "cannot write" not in capfd.readouterr().err  # once
+        sink.put(_line, "second")
+        with pytest.raises(OSError):
+            sink.flush()
+    finally:
+        sink._held.clear()
+        sink._fd = sink._pid = None
+        os.close(read_only)

@@ -74,14 +74,23 @@ def flush_held() -> None:
 
 
 def _flush_forever() -> None:
-    """The flusher thread: every ``HOLD_SECONDS``, write what the sinks hold."""
+    """The flusher thread: every ``HOLD_SECONDS``, write what the sinks hold.
+
+    A sink it cannot write (a full disk) is named once on stderr and left to the
+    loop, whose next flush raises the error where the user sees it.
+    """
+    failed: set[Path] = set()
     while True:
         time.sleep(HOLD_SECONDS)
-        try:
-            flush_held()
-        except Exception as exc:  # the loop must not die of its logging; say it once
-            print(f"dsim.instrument: cannot write a log line: {exc}", file=sys.stderr)
-            return
+        for sink in list(_holding):
+            if sink.path in failed:
+                continue
+            try:
+                sink.flush()
+            except (OSError, UsageError) as exc:
+                failed.add(sink.path)
+                reason = getattr(exc, "strerror", None) or exc
+                print(f"dsim.instrument: cannot write {sink.path}: {reason}", file=sys.stderr)
 
 
 def _start_flusher() -> None:
