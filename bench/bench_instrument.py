@@ -28,17 +28,50 @@ alternation, its cost against its own plain loop. ``--quick`` is a smoke run
 (a few hundred batches, one repeat): it checks that the script works, its
 numbers mean nothing. Publish only numbers measured on a machine left alone.
 
+``--compare REF`` measures only the cost per batch (no training step), of
+this tree's dsim and of the commit REF's side by side: REF's ``dsim/`` is
+exported (``git archive``, no worktree is created) and each side runs in its
+own interpreter (``--per-batch-json``, with that side's dsim first on
+``PYTHONPATH``), the two alternating for ``--rounds`` rounds, best of all
+kept. Four loops: map-style with 0 and 2 workers, IterableDataset with 0 and
+2 workers; per loop the added wall time and the added CPU time of the loop's
+own process (the training process: its critical path), in µs per batch, and
+the added time *between steps*: the median time the loop spends in
+``next()`` (where all of dsim's per-batch work in the loop's process runs)
+when each batch is followed by a step of ``--gap-step-ms`` that first sweeps
+``--sweep-mb`` of memory, as a real step does, so that the next batch starts
+with cold caches. Back to back (no step) the instrumentation's code stays
+in the caches; between real steps it does not, and there it costs several
+times more (the excess of the 10 ms-step slowdown over the no-step cost).
+
     python bench/bench_instrument.py [--batches 2000] [--step-ms 10] [--repeats 5] [--stages]
                                      [--iterable] [--quick]
+    python bench/bench_instrument.py --compare main [--rounds 3] [--batches 2000] [--repeats 5]
+                                     [--gap-batches 100] [--gap-step-ms 10] [--sweep-mb 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: The loops whose cost per batch ``--compare`` reports: (name, IterableDataset?, workers).
+COST_LOOPS = (
+    ("map-style, 0 workers", False, 0),
+    ("map-style, 2 workers", False, 2),
+    ("iterable, 0 workers", True, 0),
+    ("iterable, 2 workers", True, 2),
+)
 
 
 class Cheap:
@@ -197,6 +230,165 @@ def measure(
     return out
 
 
+def _loop_clocks(make: Callable[[], tuple]) -> tuple[float, float]:
+    """(wall, CPU time of this process) of one epoch over the loader ``make`` builds,
+    from the first batch's arrival (as ``loop_seconds``) to the end."""
+    loader, iterate = make()
+    start = cpu = None
+    for _batch in iterate(loader):
+        if start is None:
+            start, cpu = time.perf_counter(), time.process_time()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _median_gap(make: Callable[[], tuple], step_s: float, sweep: object) -> float:
+    """Median seconds the loop spends in ``next()`` when a step follows each batch.
+
+    The step sweeps ``sweep`` (a NumPy array; evicting what the caches held, as a
+    real step's work does), then busy-waits the rest of ``step_s``.
+    """
+    import statistics
+
+    loader, iterate = make()
+    gaps, left = [], None
+    for _batch in iterate(loader):
+        arrived = time.perf_counter()
+        if left is not None:
+            gaps.append(arrived - left)
+        sweep.sum()  # type: ignore[attr-defined]
+        busy(step_s - (time.perf_counter() - arrived))
+        left = time.perf_counter()
+    return statistics.median(gaps)
+
+
+def per_batch_costs(
+    batches: int,
+    batch_size: int,
+    repeats: int,
+    gap_batches: int = 100,
+    gap_step_s: float = 0.01,
+    sweep_mb: float = 32.0,
+) -> dict[str, dict[str, float]]:
+    """µs per batch that dsim adds to each of ``COST_LOOPS`` without a training step.
+
+    Plain and instrumented loops alternate, ``repeats`` times; the best of each is
+    kept (noise only adds time). ``wall_us``: the loop's added wall time;
+    ``cpu_us``: the added CPU time of the loop's process (all its threads, not
+    the workers'), which a busy neighbour inflates less than the wall time;
+    ``between_steps_us``: the added median time in ``next()`` over ``gap_batches``
+    batches, each followed by a cache-sweeping step (``_median_gap``), best of
+    ``repeats``.
+    """
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+
+    tmp = Path(tempfile.mkdtemp(prefix="dsim-bench-"))
+    sweep = np.ones(int(sweep_mb * 2**20) // 8)
+    out: dict[str, dict[str, float]] = {}
+    for rank, (name, streamed, workers) in enumerate(COST_LOOPS):
+
+        def build(batches=batches, streamed=streamed, workers=workers):
+            n = batches * batch_size
+            dataset = stream_class()(n) if streamed else Cheap(n)
+            return DataLoader(dataset, batch_size=batch_size, num_workers=workers)
+
+        def instrumented(batches=batches, build=build, rank=rank):
+            loader = instrument_loader(build(batches), log_dir=tmp, rank=rank)
+            timer = TrainingTimer(log_dir=tmp, rank=rank)
+            return loader, lambda lo: timer.iterate(lo, epoch=0, total=batches)
+
+        variants = {"plain": lambda build=build: (build(), iter), "timed": instrumented}
+        stepped = {
+            "plain": lambda build=build: (build(gap_batches), iter),
+            "timed": lambda instrumented=instrumented: instrumented(gap_batches),
+        }
+        gaps = {key: min(_median_gap(make, gap_step_s, sweep) for _ in range(repeats))
+                for key, make in stepped.items()}  # fmt: skip
+        for make in variants.values():
+            _loop_clocks(make)  # warm up imports and caches
+        best = {key: [float("inf"), float("inf")] for key in variants}
+        for _ in range(repeats):
+            for key, make in variants.items():
+                wall, cpu = _loop_clocks(make)
+                best[key] = [min(best[key][0], wall), min(best[key][1], cpu)]
+        per = 1e6 / (batches - 1)
+        out[name] = {
+            "wall_us": (best["timed"][0] - best["plain"][0]) * per,
+            "cpu_us": (best["timed"][1] - best["plain"][1]) * per,
+            "between_steps_us": (gaps["timed"] - gaps["plain"]) * 1e6,
+        }
+    return out
+
+
+def export_dsim(ref: str, into: Path) -> Path:
+    """``ref``'s ``dsim/`` package written under ``into`` (``git archive``: no worktree,
+    nothing in the repository changes); returns the directory to put on ``PYTHONPATH``."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "dsim"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--compare {ref}: git archive failed: {archive.stderr.decode().strip()}")
+    tar_path = into / "dsim.tar"
+    tar_path.write_bytes(archive.stdout)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _side(root: Path, args: argparse.Namespace) -> dict:
+    """One ``--per-batch-json`` run in a fresh interpreter with ``root``'s dsim first."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--per-batch-json"]
+    command += ["--batches", str(args.batches), "--repeats", str(args.repeats)]
+    command += ["--batch-size", str(args.batch_size), "--gap-batches", str(args.gap_batches)]
+    command += ["--gap-step-ms", str(args.gap_step_ms), "--sweep-mb", str(args.sweep_mb)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"--compare: the run with {root}'s dsim failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["dsim"]).resolve().parents[1] != root.resolve():
+        raise SystemExit(f"--compare: expected {root}'s dsim, imported {result['dsim']}")
+    return result
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Old (``args.compare``) and new (this tree) cost per batch, alternating rounds."""
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="dsim-bench-ref-") as tmp:
+        sides = {args.compare: export_dsim(args.compare, Path(tmp)), "this tree": REPO}
+        best: dict[str, dict[str, dict[str, float]]] = {label: {} for label in sides}
+        for _ in range(args.rounds):
+            for label, root in sides.items():
+                for loop, cost in _side(root, args)["costs"].items():
+                    kept = best[label].setdefault(loop, dict(cost))
+                    for key, value in cost.items():
+                        kept[key] = min(kept[key], value)
+    old, new = best[args.compare], best["this tree"]
+    print(
+        f"dsim.instrument cost per batch: {args.compare} vs this tree "
+        f"(best of {args.rounds} rounds x {args.repeats} repeats, {args.batches} batches; "
+        f"1-min load {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end)"
+    )
+    print(
+        f"  {'loop':22} {'wall µs: old':>13} {'new':>7} {'CPU µs: old':>12} {'new':>7} "
+        f"{'between steps µs: old':>22} {'new':>7}"
+    )
+    for loop, *_ in COST_LOOPS:
+        o, n = old[loop], new[loop]
+        print(
+            f"  {loop:22} {o['wall_us']:13.1f} {n['wall_us']:7.1f} {o['cpu_us']:12.1f} "
+            f"{n['cpu_us']:7.1f} {o['between_steps_us']:22.1f} {n['between_steps_us']:7.1f}"
+        )
+    print(
+        f"  (between steps: median time in next() with a {args.gap_step_ms:g} ms step that "
+        f"sweeps {args.sweep_mb:g} MB after each batch, {args.gap_batches} batches)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=2000, help="batches in the no-step loop")
@@ -213,7 +405,32 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="smoke run: 200/30 batches, 1 ms step, 1 repeat"
     )
+    ap.add_argument(
+        "--compare", metavar="REF", help="cost per batch only: REF's dsim beside this tree's"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="--compare: alternations of the two")
+    ap.add_argument("--gap-batches", type=int, default=100, help="--compare: stepped batches")
+    ap.add_argument("--gap-step-ms", type=float, default=10.0, help="--compare: the step")
+    ap.add_argument("--sweep-mb", type=float, default=32.0, help="--compare: memory swept")
+    ap.add_argument("--per-batch-json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.compare:
+        if args.quick:
+            args.batches, args.repeats, args.rounds, args.gap_batches = 200, 1, 1, 20
+        compare(args)
+        return
+    if args.per_batch_json:
+        import torch
+
+        import dsim
+
+        torch.set_num_threads(1)
+        costs = per_batch_costs(
+            args.batches, args.batch_size, args.repeats,
+            args.gap_batches, args.gap_step_ms / 1e3, args.sweep_mb,
+        )  # fmt: skip
+        print(json.dumps({"dsim": dsim.__file__, "costs": costs}))
+        return
     if args.quick:
         args.batches, args.step_batches, args.step_ms, args.repeats = 200, 30, 1.0, 1
 

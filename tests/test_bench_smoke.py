@@ -137,6 +137,28 @@ def test_bench_instrument_quick_measures_the_iterable_path_beside_the_map_style_
     assert "ABOVE TARGET" not in done.stdout and "not judged" in done.stdout
 
 
+@pytest.mark.torch
+def test_bench_instrument_compare_runs_two_trees_side_by_side() -> None:
+    """--compare REF: REF's dsim (exported with git archive) and this tree's each run in
+    their own interpreter; a row per loop with old and new costs (numbers not judged)."""
+    pytest.importorskip("torch")
+    if not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout (the old side is exported with git archive)")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "bench_instrument.py"), "--compare", "HEAD", "--quick"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "HEAD vs this tree" in done.stdout
+    for loop in ("map-style, 0 workers", "map-style, 2 workers", "iterable, 0 workers"):
+        row = next(line for line in done.stdout.splitlines() if line.strip().startswith(loop))
+        assert len(row.split(",", 1)[1].split()) == 2 + 6  # "N workers" + three old/new pairs
+
+
 def test_one_reader_of_the_machine_for_every_benchmark() -> None:
     """bench_e2e.py, bench_replay.py and bench_pipeline.py each had a copy of machine(),
     with other keys for the same facts; now bench/machine_facts.py is the one reader."""

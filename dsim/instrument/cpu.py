@@ -15,26 +15,33 @@ wait, which cannot grow while the thread runs, is exact when read.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
+
+from dsim.instrument.pid import current_pid
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _local = threading.local()
 
 
 def _fd() -> int | None:
-    """This thread's schedstat descriptor (re-opened after a fork); ``None`` without /proc."""
-    pid = os.getpid()
-    cached = getattr(_local, "fd", None)
-    if cached is not None and cached[0] == pid:
-        return cached[1]
+    """This thread's schedstat descriptor (re-opened after a fork); ``None`` without /proc.
+
+    Per batch this is two attribute reads: the process id comes from
+    ``dsim.instrument.pid`` (no system call), the descriptor from a thread-local.
+    """
+    local = _local
+    try:
+        if local.pid == current_pid():
+            return local.fd
+    except AttributeError:  # this thread's first read
+        pass
     try:
         fd: int | None = os.open(_SCHEDSTAT, os.O_RDONLY)
     except OSError:
         fd = None
-    _local.fd = (pid, fd)
+    local.pid, local.fd = current_pid(), fd
     return fd
 
 
@@ -44,14 +51,26 @@ def parse_schedstat(text: bytes) -> tuple[float, float]:
     return int(on_cpu) * 1e-9, int(waiting) * 1e-9
 
 
+def thread_wait() -> float | None:
+    """Seconds this thread has waited on a run queue so far; ``None`` without schedstat.
+
+    One ``pread`` and the second field's digits: the per-batch cost is the
+    system call. A plain ``try`` rather than ``contextlib.suppress``, which
+    builds a context manager per call (a microsecond of the ~4 the old
+    ``thread_times`` cost).
+    """
+    fd = _fd()
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, 128, 0).split(None, 2)[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def thread_times() -> tuple[float, float | None]:
     """(CPU seconds, run-queue seconds or ``None``) this thread has used so far."""
-    fd = _fd()
-    waited = None
-    if fd is not None:
-        with contextlib.suppress(OSError, ValueError):
-            waited = parse_schedstat(os.pread(fd, 128, 0))[1]
-    return time.thread_time(), waited
+    return time.thread_time(), thread_wait()
 
 
 def process_cpu() -> float:

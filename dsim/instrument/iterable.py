@@ -37,6 +37,7 @@ from dsim.instrument.cpu import thread_times
 from dsim.instrument.lines import LineSink, fetch_line, loader_line
 from dsim.instrument.loader import _settings, _worker_id, loader_kwargs
 from dsim.instrument.proxy import DatasetProxy
+from dsim.instrument.sinks import flush_held
 
 
 class _Built(NamedTuple):
@@ -154,14 +155,17 @@ class _HandOut:
         return self
 
     def __next__(self) -> Any:
-        data = next(self._dsim_inner)
+        try:
+            data = next(self._dsim_inner)
+        except StopIteration:  # the epoch's end: write the lines this process holds
+            flush_held()
+            raise
         if not isinstance(data, _Built):
             return data
-        line = fetch_line(
-            data.wall_end, self._dsim_rank, data.worker, data.seconds, self._dsim_position,
-            data.cpu, data.runq, stream=data.stream,
+        self._dsim_sink.put(
+            fetch_line, data.wall_end, self._dsim_rank, data.worker, data.seconds,
+            self._dsim_position, data.cpu, data.runq, None, data.stream,
         )  # fmt: skip
-        self._dsim_sink.write(line)
         self._dsim_position += 1
         return data.value
 

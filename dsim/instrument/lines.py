@@ -1,26 +1,23 @@
 """The raw log lines dsim's parser reads (docs/SPEC.md §1), and where they go.
 
 Formatting is kept apart from timing so that the exact text is defined in one
-place and can be tested without PyTorch. Sinks write one complete line per
-call: many DataLoader worker processes append to the same per-rank file, and a
-line must never be torn or interleaved with another one, nor lost in a buffer
-when the job crashes.
+place and can be tested without PyTorch. Where the lines go, and when they
+are written, is ``dsim.instrument.sinks`` (its names are re-exported here).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import select
 import time
-from pathlib import Path
-from typing import Protocol
 
 from dsim.errors import UsageError
-
-# POSIX guarantees atomic appends of at most PIPE_BUF bytes; our lines are ~150.
-PIPE_BUF = getattr(select, "PIPE_BUF", 512)
-
+from dsim.instrument.sinks import (  # noqa: F401 (re-exported: the sinks lived here)
+    PIPE_BUF,
+    FileSink,
+    LineSink,
+    LoggerSink,
+    make_sink,
+)
 
 _second: list = [None, ""]  # (whole second, its formatted text): strftime is the costly part
 
@@ -128,77 +125,6 @@ def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
     if settings.get("batch_bytes") is not None:
         fields.append(f"batch_bytes {int(settings['batch_bytes'])}")  # type: ignore[call-overload]
     return f"{format_timestamp(wall)} GPU: {rank} LOADER {' '.join(fields)}\n"
-
-
-class LineSink(Protocol):
-    def write(self, line: str) -> None: ...
-
-
-class FileSink:
-    """Appends lines to one file, safely from many processes at once.
-
-    Each process opens its own descriptor with ``O_APPEND`` (re-opened after a
-    fork) and writes each line with a single unbuffered ``os.write``: the
-    kernel appends it whole, and nothing waits in a buffer if the job dies.
-    Picklable, so it travels to DataLoader workers started with ``spawn``.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._fd: int | None = None
-        self._pid: int | None = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"path": self.path, "_fd": None, "_pid": None}
-
-    def _open(self) -> int:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as exc:
-            reason = exc.strerror or exc
-            raise UsageError(f"cannot write the log file {self.path}: {reason}") from exc
-        self._fd, self._pid = fd, os.getpid()
-        return fd
-
-    def write(self, line: str) -> None:
-        fd = self._fd if self._pid == os.getpid() else self._open()
-        data = line.encode("utf-8")
-        if len(data) > PIPE_BUF:  # cannot happen for dsim's own lines; keep them whole anyway
-            data = data[: PIPE_BUF - 1] + b"\n"
-        os.write(fd, data)
-
-    def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = self._pid = None
-
-
-class LoggerSink:
-    """Sends lines to a ``logging.Logger`` (kept by name, so it pickles to workers).
-
-    The line carries its own timestamp: give the logger's handler a format
-    with no timestamp of its own (``%(message)s``, optionally after a prefix
-    such as ``[rank0]: ``), or the parser would read the logger's time.
-    """
-
-    def __init__(self, logger: logging.Logger | str, level: int = logging.INFO):
-        self.name = logger.name if isinstance(logger, logging.Logger) else logger
-        self.level = level
-
-    def write(self, line: str) -> None:
-        logging.getLogger(self.name).log(self.level, line.rstrip("\n"))
-
-
-def make_sink(
-    log_dir: str | Path | None, rank: int, logger: logging.Logger | str | None
-) -> LineSink:
-    """``<log_dir>/rank<rank>.log`` or the given logger: exactly one of the two."""
-    if (log_dir is None) == (logger is None):
-        raise UsageError("give exactly one of log_dir= and logger=")
-    if logger is not None:
-        return LoggerSink(logger)
-    return FileSink(Path(log_dir) / f"rank{rank}.log")
 
 
 def resolve_rank(rank: int | None) -> int:

@@ -30,6 +30,7 @@ from dsim.instrument.batchsize import on_first_batch
 from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 from dsim.instrument.proxy import DatasetProxy
+from dsim.instrument.sinks import flush_held
 from dsim.instrument.stages import Stages, read_then_collate
 from dsim.instrument.timer import LAST, TrainingTimer
 
@@ -65,7 +66,12 @@ class _Unwrap:
 
 
 class _TaggingSampler:
-    """Yields ``_Tagged(position, indices)``; positions restart with every epoch's iterator."""
+    """Yields ``_Tagged(position, indices)``; positions restart with every epoch's iterator.
+
+    It runs in the loop's process, and its end is the epoch's end there (without
+    workers, the last batch is built right after): the fetch lines this process
+    holds are written then, also when no ``TrainingTimer`` runs the loop.
+    """
 
     def __init__(self, inner: Any):
         self.inner = inner
@@ -73,6 +79,7 @@ class _TaggingSampler:
     def __iter__(self):
         for position, index in enumerate(self.inner):
             yield _Tagged(position, index)
+        flush_held()
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -147,17 +154,16 @@ class TimedDataset(DatasetProxy):
         stages = None if mid is None else Stages.between(start, cpu0, mid, end, cpu1)
         wall_end = time.time()
         runq = None if runq0 is None or runq1 is None else runq1 - runq0
-        self._dsim_sink.write(
-            fetch_line(
-                wall_end,
-                self._dsim_rank,
-                _worker_id(),
-                seconds,
-                tagged.batch,
-                cpu1 - cpu0,
-                runq,
-                stages,
-            )
+        self._dsim_sink.put(  # formatted later, in a block (dsim.instrument.sinks)
+            fetch_line,
+            wall_end,
+            self._dsim_rank,
+            _worker_id(),
+            seconds,
+            tagged.batch,
+            cpu1 - cpu0,
+            runq,
+            stages,
         )
         return _Collated(batch)
 
