@@ -1,0 +1,82 @@
+"""How long ``dsim`` takes to start and answer, per command, on paths that do no real work.
+
+Why: every CLI call pays the interpreter's start-up and the imports of the
+modules it loads before it can say anything. ``dsim --version``, ``--help``
+and usage or input errors (a missing file: exit 2 or 3) should answer
+before pandas, pyarrow, plotly or Ray are loaded; the test suite also runs
+hundreds of such calls. This times each case in a fresh interpreter,
+interleaved (one round of every case, then the next), and prints the
+median and best of the repeats next to a bare ``python -c pass``.
+
+Usage (repository root)::
+
+    python bench/bench_startup.py                 # 5 repeats
+    python bench/bench_startup.py --repeats 9 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: name -> arguments after ``python -m dsim`` ({missing}: a path that does not exist)
+CASES: dict[str, list[str]] = {
+    "dsim --version": ["--version"],
+    "dsim --help": ["--help"],
+    "dsim parse --help": ["parse", "--help"],
+    "dsim parse MISSING": ["parse", "{missing}"],
+    "dsim run --conf MISSING": ["run", "--conf", "{missing}"],
+    "dsim summarize MISSING": ["summarize", "{missing}"],
+    "dsim report MISSING": ["report", "{missing}"],
+    "dsim compare MISSING": ["compare", "{missing}", "{missing}"],
+    "dsim tune MISSING": ["tune", "{missing}"],
+    "dsim watch MISSING": ["watch", "{missing}"],
+    "dsim summarize --epochs x": ["summarize", "--epochs", "x", "{missing}"],
+    "dsim help spec 9": ["help", "spec", "9"],
+}
+
+
+def _time(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, check=False)
+    return time.perf_counter() - start, done.returncode
+
+
+def main() -> None:
+    """Time every case ``--repeats`` times, interleaved, and print a table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the timings here")
+    args = parser.parse_args()
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("DSIM_DEBUG", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        missing = str(Path(tmp) / "missing")
+        cases = {"python -c pass": [sys.executable, "-c", "pass"]}
+        for name, rest in CASES.items():
+            cases[name] = [sys.executable, "-m", "dsim", *(a.format(missing=missing) for a in rest)]
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        codes: dict[str, int] = {}
+        for _ in range(args.repeats):
+            for name, argv in cases.items():
+                seconds, codes[name] = _time(argv, env)
+                times[name].append(seconds)
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"{'case':32} {'exit':>4} {'median s':>9} {'best s':>7}")
+    for name, values in times.items():
+        median, best = statistics.median(values), min(values)
+        print(f"{name:32} {codes[name]:>4} {median:>9.3f} {best:>7.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"load": load, "times": times, "codes": codes}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
