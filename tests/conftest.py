@@ -69,6 +69,7 @@ def run_dsim_in_process(
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     saved = (sys.unraisablehook, processes._received, processes._owner_pid)
     here = os.getcwd()
+    had_ray = "ray" in sys.modules
     code: object = None
     try:
         with contextlib.ExitStack() as stack:
@@ -88,6 +89,7 @@ def run_dsim_in_process(
             signal.signal(signum, handler)
         sys.unraisablehook, processes._received, processes._owner_pid = saved
     assert not processes.hard_exit_requested(), "a hard exit: test this path with run_dsim"
+    assert had_ray or "ray" not in sys.modules, "Ray was started: test this path with run_dsim"
     assert isinstance(code, int), f"dsim.cli.main ended without an exit code: {code!r}"
 
     def text(data: bytes) -> str:  # what subprocess.run(text=True) makes of the bytes
