@@ -12,6 +12,11 @@ Usage (repository root)::
 
     python bench/bench_startup.py                 # 5 repeats
     python bench/bench_startup.py --repeats 9 --json out.json
+    python bench/bench_startup.py --tree ../before --tree .   # two checkouts, side by side
+
+``--tree DIR`` runs ``python -m dsim`` with ``PYTHONPATH=DIR`` (a checkout's root), so
+two versions are timed interleaved on the same load; without it, the ``dsim`` on the
+current path.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ CASES: dict[str, list[str]] = {
 
 
 def _time(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Seconds from start to exit of ``argv``, and its exit code."""
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, check=False)
     return time.perf_counter() - start, done.returncode
@@ -54,28 +60,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the timings here")
+    parser.add_argument(
+        "--tree", action="append", type=Path, help="a checkout to time (repeat to compare)"
+    )
     args = parser.parse_args()
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("DSIM_DEBUG", None)
+    trees = [tree.resolve() for tree in args.tree] if args.tree else [None]
+    envs = {tree: {**env, "PYTHONPATH": str(tree)} if tree else env for tree in trees}
+    envs[None] = env
     with tempfile.TemporaryDirectory() as tmp:
         missing = str(Path(tmp) / "missing")
-        cases = {"python -c pass": [sys.executable, "-c", "pass"]}
+        cases = {("python -c pass", None): [sys.executable, "-c", "pass"]}
         for name, rest in CASES.items():
-            cases[name] = [sys.executable, "-m", "dsim", *(a.format(missing=missing) for a in rest)]
-        times: dict[str, list[float]] = {name: [] for name in cases}
-        codes: dict[str, int] = {}
+            for tree in trees:
+                argv = [sys.executable, "-m", "dsim", *(a.format(missing=missing) for a in rest)]
+                cases[(name, tree)] = argv
+        times: dict[tuple, list[float]] = {key: [] for key in cases}
+        codes: dict[tuple, int] = {}
+        start = os.getloadavg()
         for _ in range(args.repeats):
-            for name, argv in cases.items():
-                seconds, codes[name] = _time(argv, env)
-                times[name].append(seconds)
+            for key, argv in cases.items():
+                seconds, codes[key] = _time(argv, envs[key[1]])
+                times[key].append(seconds)
     load = os.getloadavg()
-    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{'case':32} {'exit':>4} {'median s':>9} {'best s':>7}")
-    for name, values in times.items():
+    print(f"load average (1, 5, 15 min): {start[0]:.2f} {start[1]:.2f} {start[2]:.2f} at the")
+    print(f"start, {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
+    print(f"{'case':32} {'tree':>12} {'exit':>4} {'median s':>9} {'best s':>7}")
+    for (name, tree), values in times.items():
         median, best = statistics.median(values), min(values)
-        print(f"{name:32} {codes[name]:>4} {median:>9.3f} {best:>7.3f}")
+        where = tree.name if tree else "-"
+        print(f"{name:32} {where:>12} {codes[(name, tree)]:>4} {median:>9.3f} {best:>7.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"load": load, "times": times, "codes": codes}, indent=1))
+        rows = [
+            {"case": name, "tree": str(tree), "code": codes[(name, tree)], "seconds": values}
+            for (name, tree), values in times.items()
+        ]
+        args.json.write_text(json.dumps({"load": [start, load], "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
