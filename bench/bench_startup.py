@@ -48,10 +48,12 @@ CASES: dict[str, list[str]] = {
 }
 
 
-def _time(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """Seconds from start to exit of ``argv``, and its exit code."""
+def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, int]:
+    """Seconds from start to exit of ``argv``, and its exit code. ``cwd``: a directory
+    without a ``dsim`` package (``python -m`` puts the working directory first on the path,
+    ahead of ``--tree``'s ``PYTHONPATH``)."""
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, check=False)
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, check=False)
     return time.perf_counter() - start, done.returncode
 
 
@@ -81,7 +83,7 @@ def main() -> None:
         start = os.getloadavg()
         for _ in range(args.repeats):
             for key, argv in cases.items():
-                seconds, codes[key] = _time(argv, envs[key[1]])
+                seconds, codes[key] = _time(argv, envs[key[1]], tmp)
                 times[key].append(seconds)
     load = os.getloadavg()
     print(f"load average (1, 5, 15 min): {start[0]:.2f} {start[1]:.2f} {start[2]:.2f} at the")
