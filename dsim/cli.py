@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import core as click_core
     from click import exceptions as click_exceptions
 
-from dsim import __version__, processes
+from dsim import processes
 from dsim.commands import compare as compare_cmd
 from dsim.commands import help as help_cmd
 from dsim.commands import parse as parse_cmd
@@ -94,6 +94,10 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
+        # Looked up here, not imported at the top: importlib.metadata costs every other
+        # command's start-up ~0.05 s (see dsim/__init__.py).
+        from dsim import __version__
+
         typer.echo(f"dsim {__version__}")
         raise typer.Exit()
 

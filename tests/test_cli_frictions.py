@@ -1,9 +1,10 @@
 """Rough edges a careful user meets in the first minutes (issue #22, item 3).
 
-Each test runs the real CLI in a subprocess, as a user would, and failed
-before its fix: help that hid the ``--fail-if`` syntax and showed ``<bool>``
-after flags, a report command without examples, a report written into
-directories it silently created.
+Each test runs the real CLI, as a user would (the help texts through its entry
+point in-process, ``run_dsim_in_process``: one message each), and failed before
+its fix: help that hid the ``--fail-if`` syntax and showed ``<bool>`` after
+flags, a report command without examples, a report written into directories it
+silently created.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 WIDE = {"COLUMNS": "200"}
 
 
 @pytest.mark.parametrize("command", ["run", "summarize"])
 def test_help_shows_the_fail_if_syntax_and_flags_without_a_value(command: str) -> None:
-    proc = run_dsim(command, "--help", env=WIDE)
+    proc = run_dsim_in_process(command, "--help", env=WIDE)
     assert proc.returncode == 0, proc.stderr
     assert "METRIC[@FETCH/START] OP NUMBER" in proc.stdout
     assert "METRIC OP" not in proc.stdout
@@ -28,13 +29,13 @@ def test_help_shows_the_fail_if_syntax_and_flags_without_a_value(command: str) -
 
 def test_every_help_shows_flags_as_flags() -> None:
     for args in ([], ["parse"], ["report"], ["compare"], ["tune"], ["synth"], ["watch"]):
-        proc = run_dsim(*args, "--help", env=WIDE)
+        proc = run_dsim_in_process(*args, "--help", env=WIDE)
         assert proc.returncode == 0, (args, proc.stderr)
         assert "<bool>" not in proc.stdout, args
 
 
 def test_report_help_has_examples() -> None:
-    proc = run_dsim("report", "--help", env=WIDE)
+    proc = run_dsim_in_process("report", "--help", env=WIDE)
     assert proc.returncode == 0, proc.stderr
     assert "Examples:" in proc.stdout
     assert "dsim report results/ --out report.html" in proc.stdout

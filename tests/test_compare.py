@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.analysis.comparison import compare
 from dsim.errors import UsageError
@@ -93,11 +93,11 @@ def test_compare_json_and_csv(runs) -> None:
 
 
 def test_compare_refuses_what_it_cannot_answer(runs, tmp_path: Path) -> None:
-    proc = run_dsim("compare", str(runs[0].parent), str(runs[1]))
+    proc = run_dsim_in_process("compare", str(runs[0].parent), str(runs[1]))
     assert proc.returncode == 2 and "holds 2 runs" in proc.stderr
-    proc = run_dsim("compare", *map(str, runs), "--policy", "min/avg")
+    proc = run_dsim_in_process("compare", *map(str, runs), "--policy", "min/avg")
     assert proc.returncode == 2 and "BEFORE has no replay of min/avg" in proc.stderr
-    proc = run_dsim("compare", *map(str, runs), "--format", "xml")
+    proc = run_dsim_in_process("compare", *map(str, runs), "--format", "xml")
     assert proc.returncode == 2
     proc = run_dsim("compare", str(tmp_path / "nowhere"), str(runs[1]))
     assert proc.returncode == 3

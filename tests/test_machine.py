@@ -1,6 +1,7 @@
 """Machine interfaces (docs/SPEC.md §5.6): ``--json``, ``--out -``, ``--fail-if``.
 
-The real CLI in a subprocess on a real parsed run; the JSON is validated
+The real CLI in a subprocess on a real parsed run (its usage errors, one line
+each, in-process: conftest's ``run_dsim_in_process``); the JSON is validated
 against the schema block of docs/SPEC.md §5.6 itself (with ``jsonschema``)
 and read with ``jq`` when it is installed.
 """
@@ -14,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -123,7 +124,7 @@ def test_out_dash_writes_the_file_bytes_to_stdout(work: Path, run_json, fmt: str
     ],
 )
 def test_usage_errors(work: Path, run_json, args: tuple, message: str) -> None:
-    proc = run_dsim("summarize", "results", *args, cwd=work)
+    proc = run_dsim_in_process("summarize", "results", *args, cwd=work)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("\n") == 1
 

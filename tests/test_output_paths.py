@@ -1,6 +1,7 @@
 """Nothing written or deleted outside ``--out``, nor a directory dsim did not write (#20).
 
-The reproductions are the real CLI in a subprocess: run names that are paths,
+The reproductions are the real CLI (the refused run names, one message and exit 2
+each, in-process: conftest's ``run_dsim_in_process``): run names that are paths,
 a log file whose name gives the run name ``.``, a user's directory or a link
 where a run directory would go, a link planted at the lock file, and a
 results directory written by a newer dsim.
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from loglines import one_epoch
 from tracegen import write_synthetic
 
@@ -73,7 +74,7 @@ def test_parse_name_cannot_leave_out(tmp_path, name):
     dsim.api.parse(log, out=tmp_path / "traces")
     before = _tree(tmp_path)
     name = str(tmp_path / "abs" / "path") if name == "ABS" else name
-    result = run_dsim("parse", log, "--name", name, "--out", "traces", cwd=tmp_path)
+    result = run_dsim_in_process("parse", log, "--name", name, "--out", "traces", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "is not a valid run name" in result.stderr and "Traceback" not in result.stderr
     assert _tree(tmp_path) == before  # mydata/ and the run already in traces/ untouched
@@ -84,7 +85,7 @@ def test_log_file_named_dotdot_log_does_not_wipe_out(tmp_path):
     dsim.api.parse(_log(tmp_path / "logs" / "run1" / "output.log"), out=tmp_path / "traces")
     bad = _log(tmp_path / "..log")
     before = _tree(tmp_path / "traces")
-    result = run_dsim("parse", bad.name, "--out", "traces", cwd=tmp_path)
+    result = run_dsim_in_process("parse", bad.name, "--out", "traces", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "..log: the run name '.'" in result.stderr and "--name" in result.stderr
     assert _tree(tmp_path / "traces") == before

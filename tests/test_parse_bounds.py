@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 from dsim.app.parse import parse_and_write
 from dsim.commands import parse as parse_cmd
@@ -144,7 +144,7 @@ def test_the_line_limit_is_an_option_of_parse(tmp_path):
     assert result.returncode == EXIT_INPUT
     assert f"{log}:{len(GOOD) + 1}: line longer than 4096 bytes" in result.stderr
     assert run_dsim("parse", log, "--out", "t", "-q", cwd=tmp_path).returncode == 0
-    bad = run_dsim("parse", log, "--max-line-bytes", "0", cwd=tmp_path)
+    bad = run_dsim_in_process("parse", log, "--max-line-bytes", "0", cwd=tmp_path)  # one line
     assert bad.returncode == 2 and "--max-line-bytes" in bad.stderr
     assert parse_cmd.MAX_LINE_BYTES == logfile.MAX_LINE_BYTES
 

@@ -1,11 +1,15 @@
-"""`dsim parse` end to end: a real subprocess on a fresh directory."""
+"""`dsim parse` end to end: a real subprocess on a fresh directory.
+
+Usage errors, help and inputs without records (one message and an exit code each)
+go through the same entry point in-process (conftest's ``run_dsim_in_process``).
+"""
 
 from __future__ import annotations
 
 import json
 
 import pyarrow.parquet as pq
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from loglines import fetch_line, one_epoch, train_line
 
 
@@ -60,7 +64,7 @@ def test_garbage_empty_and_missing_inputs(tmp_path):
     (tmp_path / "empty.log").write_bytes(b"")
     (tmp_path / "junk.log").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 1000)
     for name in ("empty.log", "junk.log"):
-        result = run_dsim("parse", name, "--out", "t", cwd=tmp_path)
+        result = run_dsim_in_process("parse", name, "--out", "t", cwd=tmp_path)
         assert result.returncode == 3, result.stderr
         assert "no fetch or training records" in result.stderr and name in result.stderr
         assert "Traceback" not in result.stderr
@@ -70,16 +74,16 @@ def test_garbage_empty_and_missing_inputs(tmp_path):
 
 
 def test_usage_errors_exit_2(tmp_path):
-    result = run_dsim("parse", cwd=tmp_path)
+    result = run_dsim_in_process("parse", cwd=tmp_path)
     assert result.returncode == 2
     write(tmp_path / "a" / "x.log", one_epoch(gpus=(0,), iters=1))
     write(tmp_path / "b" / "y.log", one_epoch(gpus=(0,), iters=1))
-    result = run_dsim("parse", "a", "b", "--name", "one", cwd=tmp_path)
+    result = run_dsim_in_process("parse", "a", "b", "--name", "one", cwd=tmp_path)
     assert result.returncode == 2 and "--name names one run" in result.stderr
 
 
 def test_help_and_version():
-    result = run_dsim("parse", "--help")
+    result = run_dsim_in_process("parse", "--help")
     assert result.returncode == 0 and "Examples" in result.stdout
     result = run_dsim("--version")
     assert result.returncode == 0 and result.stdout.startswith("dsim ")

@@ -2,7 +2,8 @@
 
 The logs are the shipped sample trace, written here with gzip, bzip2, xz and
 zstd; rotated sets split one rank's log into several files, written in a
-shuffled order.
+shuffled order. Logs refused (one message and exit 3 each) go through the CLI's
+entry point in-process (conftest's ``run_dsim_in_process``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 from dsim.sources.rawlog.discover import discover_runs, log_files
 
@@ -232,7 +233,7 @@ def test_a_compressed_log_cut_short_is_an_input_error_and_nothing_is_written(tmp
     run.mkdir()
     (run / ("rank0.log" + suffix)).write_bytes(data[: len(data) - 9])
     (run / "rank1.log").write_bytes((SAMPLE / "rank1.log").read_bytes())
-    result = run_dsim("parse", str(run), "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(run), "--out", "t", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     name = NAMES[suffix]
     assert (
@@ -250,7 +251,7 @@ def test_corrupt_gzip_is_an_input_error(tmp_path):
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
     log = tmp_path / "rank0.log.gz"
     log.write_bytes(bytes(data))
-    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(log), "--out", "t", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert f"{log}: corrupt gzip data" in result.stderr or f"{log}: gzip data" in result.stderr
 
@@ -272,7 +273,7 @@ def test_corrupt_gzip_is_an_input_error(tmp_path):
 def test_binary_files_that_are_no_known_compression_say_so(tmp_path, content, message):
     log = tmp_path / "run.log"
     log.write_bytes(content)
-    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(log), "--out", "t", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert f"dsim: error: {log}: no fetch or training records: {message}" in result.stderr
 
@@ -283,7 +284,7 @@ def test_a_rotation_kept_twice_compressed_and_not_is_refused(tmp_path):
     data = (SAMPLE / "rank0.log").read_bytes()
     (run / "rank0.log.1").write_bytes(data)
     (run / "rank0.log.1.gz").write_bytes(gzip.compress(data))
-    result = run_dsim("parse", str(run), "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(run), "--out", "t", cwd=tmp_path)
     assert result.returncode == 3
     assert "rank0.log.1 and rank0.log.1.gz are the same file of one log" in result.stderr
 

@@ -1,5 +1,10 @@
 """Inputs `dsim parse` must read or refuse clearly: pipes, unreadable files,
-per-rank runs with repeated lines, stray ranks, logs cut short, runs without training lines."""
+per-rank runs with repeated lines, stray ranks, logs cut short, runs without training lines.
+
+What parse or run says about one input (a warning, a refusal) is checked through the
+CLI's entry point in-process (conftest's ``run_dsim_in_process``); pipes, process
+substitution and repeated lines through the real CLI in a subprocess.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 from loglines import fetch_line, one_epoch, run_of, timed_lines
 
 from dsim import cli
@@ -80,7 +85,7 @@ def test_a_log_cut_short_reports_the_iterations_it_holds(tmp_path):
     parsed = parse_run(discover_runs([log])[0])
     assert parsed.tables.info.iterations_per_epoch == {"0": 3, "1": 2}
     assert parsed.tables.info.declared_iterations_per_epoch == {"0": 3, "1": 3}
-    result = run_dsim("parse", str(log), "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(log), "--out", "t", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "epochs 0,1, 3 iterations per epoch, epoch 1: 2 of 3 iterations;" in result.stdout
 
@@ -94,7 +99,7 @@ def test_fetch_only_epochs_count_their_batches(tmp_path):
 
 
 def test_dev_null_is_an_empty_input_not_a_directory(tmp_path):
-    result = run_dsim("parse", "/dev/null", "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", "/dev/null", "--out", "t", cwd=tmp_path)
     assert result.returncode == 3
     assert "/dev/null: no fetch or training records found (the input is empty)" in result.stderr
 
@@ -197,7 +202,7 @@ def test_a_flipped_rank_digit_is_a_stray_rank(tmp_path):
     lines[k] = lines[k].replace("GPU: 1", "GPU: 7")
     log = tmp_path / "output.log"
     log.write_text("\n".join(lines) + "\n")
-    result = run_dsim("parse", str(log), "--name", "run", "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(log), "--name", "run", "--out", "t", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     info = json.loads((tmp_path / "t" / "run" / "run.json").read_text())
     assert info["gpus"] == 2 and info["gpu_ids"] == [0, 1]
@@ -209,7 +214,7 @@ def test_a_flipped_rank_digit_is_a_stray_rank(tmp_path):
         "(--stray-rank-share 0 keeps it)"
     )
     assert f"warning: {message}" in result.stdout
-    result = run_dsim(
+    result = run_dsim_in_process(
         "parse", str(log), "--name", "run", "--stray-rank-share", "0", "--out", "t", cwd=tmp_path
     )
     info = json.loads((tmp_path / "t" / "run" / "run.json").read_text())
@@ -220,10 +225,12 @@ def test_run_without_training_lines_says_what_to_do(tmp_path):
     log = tmp_path / "logs" / "fetchonly" / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("\n".join(line for line in one_epoch() if "FETCH" in line) + "\n")
-    result = run_dsim("parse", str(log), "--out", "traces", cwd=tmp_path)
+    result = run_dsim_in_process("parse", str(log), "--out", "traces", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "warning: no training lines (did you wrap your loop with" in result.stdout
-    result = run_dsim("run", "fetchonly", "--traces", "traces", "--out", "res", cwd=tmp_path)
+    result = run_dsim_in_process(
+        "run", "fetchonly", "--traces", "traces", "--out", "res", cwd=tmp_path
+    )
     assert result.returncode == 3
     assert (
         "no training lines in this run: did you wrap your training loop with "
@@ -237,8 +244,8 @@ def test_run_with_a_gpu_lacking_training_lines_names_it(tmp_path):
     log = tmp_path / "logs" / "half" / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("\n".join(lines) + "\n")
-    assert run_dsim("parse", str(log), "--out", "traces", cwd=tmp_path).returncode == 0
-    result = run_dsim("run", "half", "--traces", "traces", "--out", "res", cwd=tmp_path)
+    assert run_dsim_in_process("parse", str(log), "--out", "traces", cwd=tmp_path).returncode == 0
+    result = run_dsim_in_process("run", "half", "--traces", "traces", "--out", "res", cwd=tmp_path)
     assert result.returncode == 3
     assert (
         "no complete iteration to replay: 0 iterations lack a fetch record for some GPU, "

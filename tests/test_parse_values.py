@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from loglines import T0, fetch_line, one_epoch, run_of, train_line
 
 from dsim.commands import parse as parse_cmd
@@ -123,9 +123,14 @@ def test_max_duration_option_end_to_end(tmp_path):
     info = json.loads((tmp_path / "t" / "run" / "run.json").read_text())
     assert info["report"]["rejected"] == 1
     for bad in ("0", "-1", "nan", "inf"):
-        result = run_dsim("parse", str(log), "--max-duration", bad, "--out", "t", cwd=tmp_path)
+        # usage errors: one message each, in-process (conftest's run_dsim_in_process)
+        result = run_dsim_in_process(
+            "parse", str(log), "--max-duration", bad, "--out", "t", cwd=tmp_path
+        )
         assert result.returncode == 2 and "--max-duration" in result.stderr, (bad, result.stderr)
-    result = run_dsim("parse", str(log), "--stray-rank-share", "2", "--out", "t", cwd=tmp_path)
+    result = run_dsim_in_process(
+        "parse", str(log), "--stray-rank-share", "2", "--out", "t", cwd=tmp_path
+    )
     assert result.returncode == 2 and "--stray-rank-share" in result.stderr
 
 

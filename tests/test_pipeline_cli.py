@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import synthetic_run, write_synthetic
 
 from dsim.errors import UsageError
@@ -144,18 +144,19 @@ def test_loader_what_if_is_compared_with_the_measured_run(tmp_path: Path) -> Non
 
 def test_loader_options_need_the_pipeline_model(tmp_path: Path) -> None:
     write_synthetic(tmp_path / "traces", RUN, iterations=15)
-    proc = run_dsim("run", RUN, "--workers", "4", "--executor", "local", cwd=tmp_path)
+    proc = run_dsim_in_process("run", RUN, "--workers", "4", "--executor", "local", cwd=tmp_path)
     assert proc.returncode == 2
     assert "--workers is a what-if of the pipeline model: add --model pipeline" in proc.stderr
-    bad = run_dsim("run", RUN, "--model", "nope", cwd=tmp_path)
+    bad = run_dsim_in_process("run", RUN, "--model", "nope", cwd=tmp_path)
     assert bad.returncode == 2 and "known models: per-iteration, pipeline" in bad.stderr
 
 
 def test_repeated_or_listed_loader_options_are_refused_not_last_wins(tmp_path: Path) -> None:
     """Issue #19: `--workers 4 --workers 8` kept only 8; a sweep is `dsim tune`'s."""
     write_synthetic(tmp_path / "traces", RUN, iterations=15)
-    proc = run_dsim("run", RUN, "--model", "pipeline", "--workers", "4", "--workers", "8",
-                    cwd=tmp_path)  # fmt: skip
+    proc = run_dsim_in_process(
+        "run", RUN, "--model", "pipeline", "--workers", "4", "--workers", "8", cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "dsim: error: --workers given 2 times (4, 8): dsim run replays one loader setting; "
@@ -179,7 +180,7 @@ def test_config_keys_and_their_original_names(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "results" / f"{RUN}@pipeline-w2-p2" / "result.json").is_file()
     conf.write_text(json.dumps({"FILE": RUN, "workers": 2, "WORKER_NUM": 3}))
-    clash = run_dsim("run", "--conf", str(conf), cwd=tmp_path)
+    clash = run_dsim_in_process("run", "--conf", str(conf), cwd=tmp_path)
     assert clash.returncode == 2 and "workers and WORKER_NUM disagree" in clash.stderr
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import zstandard
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 from dsim.model.results import load_replay
 
@@ -93,7 +93,7 @@ def test_fetch_policies_models_and_configs_are_refused_for_a_profiled_run(
     conf = tmp_path / "sim_conf.json"
     conf.write_text(json.dumps({"FILE": RUN, "FETCH_ALIGN": [False, "min"]}))
     for args in (["--conf", str(conf)], [RUN, "-p", "min/min"], [RUN, "--model", "pipeline"]):
-        proc = run_dsim("run", *args, "--executor", "local", cwd=tmp_path)
+        proc = run_dsim_in_process("run", *args, "--executor", "local", cwd=tmp_path)
         assert proc.returncode == 3, (args, proc.stderr)
         assert f"run {RUN} has no fetch records" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
@@ -112,10 +112,14 @@ def test_fetch_policies_models_and_configs_are_refused_for_a_profiled_run(
 
 def test_stall_policies_on_a_run_with_fetch_records(tmp_path: Path) -> None:
     assert run_dsim("parse", str(LOGS), "--name", "logged", "-q", cwd=tmp_path).returncode == 0
-    refused = run_dsim("run", "logged", "-p", "stall-min", "--executor", "local", cwd=tmp_path)
+    refused = run_dsim_in_process(
+        "run", "logged", "-p", "stall-min", "--executor", "local", cwd=tmp_path
+    )
     assert refused.returncode == 2
     assert "stall alignments are replayed by the stall-only model" in refused.stderr
-    wrong = run_dsim("run", "logged", "--model", "stall-only", "-p", "min/min", cwd=tmp_path)
+    wrong = run_dsim_in_process(
+        "run", "logged", "--model", "stall-only", "-p", "min/min", cwd=tmp_path
+    )
     assert wrong.returncode == 2 and "replays only actual/actual" in wrong.stderr
     ok = run_dsim("run", "logged", "--model", "stall-only", "--executor", "local", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr

@@ -3,6 +3,8 @@
 `result.json` lists the replays of the last completed `dsim run` of a run;
 summarize and report refuse replays that do not match it, ignore stale ones
 with a note, skip run directories without it, and detect corrupted pages.
+Their refusals (one line and exit 3 each, no replay) go through the CLI's entry
+point in-process (conftest's ``run_dsim_in_process``); `dsim run` stays a subprocess.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import write_synthetic
 
 from dsim.model.results import replay_table, write_replay, write_result_info
@@ -76,7 +78,7 @@ def test_replay_copied_from_another_run_is_refused(project: Path) -> None:
     results = project / "results"
     shutil.copy(results / OTHER / "avg__min.parquet", results / RUN / "avg__min.parquet")
     for command in (["summarize", "results"], ["report", "results", "--out", "r.html"]):
-        line = _fails(run_dsim(*command, cwd=project), "avg__min.parquet")
+        line = _fails(run_dsim_in_process(*command, cwd=project), "avg__min.parquet")
         assert f"replay of run '{OTHER}', not of '{RUN}'" in line
         assert "re-run `dsim run` for this run" in line
     assert not (project / "r.html").exists()
@@ -88,7 +90,7 @@ def test_replay_of_other_parameters_is_refused(project: Path) -> None:
     proc = run_dsim("run", "--conf", conf, "--out", "elsewhere", "--quiet", cwd=project)
     assert proc.returncode == 0, proc.stderr
     shutil.copy(project / "elsewhere" / RUN / "min__avg.parquet", project / "results" / RUN)
-    line = _fails(run_dsim("summarize", "results", cwd=project), "min__avg.parquet")
+    line = _fails(run_dsim_in_process("summarize", "results", cwd=project), "min__avg.parquet")
     assert "made with other replay parameters than result.json lists" in line
     # `dsim run` repairs it: the foreign replay's key is not the config's, so it is recomputed
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
@@ -99,13 +101,13 @@ def test_replay_of_other_parameters_is_refused(project: Path) -> None:
 def test_replay_claiming_another_policy_is_refused(project: Path) -> None:
     run_dir = project / "results" / RUN
     shutil.copy(run_dir / "min__min.parquet", run_dir / "avg__avg.parquet")
-    line = _fails(run_dsim("summarize", "results", cwd=project), "avg__avg.parquet")
+    line = _fails(run_dsim_in_process("summarize", "results", cwd=project), "avg__avg.parquet")
     assert "holds policy min/min, not the avg/avg its name says" in line
 
 
 def test_listed_replay_missing_is_refused(project: Path) -> None:
     (project / "results" / RUN / "avg__avg.parquet").unlink()
-    line = _fails(run_dsim("summarize", "results", cwd=project), "avg__avg.parquet")
+    line = _fails(run_dsim_in_process("summarize", "results", cwd=project), "avg__avg.parquet")
     assert "result.json lists policy avg/avg but its replay is not there" in line
 
 
@@ -146,9 +148,11 @@ def test_run_directory_without_result_json_is_reported(project: Path) -> None:
     assert RUN in proc.stdout and OTHER not in proc.stdout
 
     (project / "results" / RUN / "result.json").unlink()
-    line = _fails(run_dsim("summarize", "results", cwd=project), "no dsim results here")
+    line = _fails(run_dsim_in_process("summarize", "results", cwd=project), "no dsim results here")
     assert "hold(s) replays but no result.json" in line
-    line = _fails(run_dsim("summarize", f"results/{RUN}", cwd=project), "no result.json here")
+    line = _fails(
+        run_dsim_in_process("summarize", f"results/{RUN}", cwd=project), "no result.json here"
+    )
 
 
 def _flip_in_data_page(path: Path, column: str) -> None:
@@ -168,7 +172,7 @@ def test_corrupted_replay_page_is_detected(project: Path) -> None:
     path = project / "results" / "dataset" / "iterations" / f"{RUN}.parquet"
     _flip_in_data_page(path, "iteration_s")
     for command in (["summarize", "results"], ["report", "results", "--out", "r.html"]):
-        line = _fails(run_dsim(*command, cwd=project), str(path.relative_to(project)))
+        line = _fails(run_dsim_in_process(*command, cwd=project), str(path.relative_to(project)))
         assert "corrupted Parquet data (checksum mismatch)" in line
         assert "re-run `dsim run --force` for this run" in line
     again = run_dsim("run", "--conf", "sim_conf.json", "--force", "-q", cwd=project)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import ORIGINAL_CONFIG, write_synthetic
 
 from dsim.errors import UsageError
@@ -144,12 +144,13 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_model_name_is_recorded_and_unknown_models_are_usage_errors(project: Path) -> None:
-    bad = run_dsim("run", "--conf", "sim_conf.json", "--model", "median", cwd=project)
+    # the usage errors in-process (conftest's run_dsim_in_process): one message each
+    bad = run_dsim_in_process("run", "--conf", "sim_conf.json", "--model", "median", cwd=project)
     assert bad.returncode == 2, bad.stderr
     assert "unknown replay model 'median'; known models: per-iteration, pipeline" in bad.stderr
     conf = json.loads((project / "sim_conf.json").read_text())
     (project / "bad.json").write_text(json.dumps({**conf, "model": "nope"}), encoding="utf-8")
-    bad = run_dsim("run", "--conf", "bad.json", cwd=project)
+    bad = run_dsim_in_process("run", "--conf", "bad.json", cwd=project)
     assert bad.returncode == 2 and "unknown replay model 'nope'" in bad.stderr
 
     done = run_dsim("run", "--conf", "sim_conf.json", "--model", "per-iteration", "-q", cwd=project)

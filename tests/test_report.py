@@ -12,7 +12,7 @@ import markupsafe
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.model.results import replay_table, write_replay, write_result_info
 from dsim.render.figures import short_labels
@@ -79,6 +79,9 @@ RUN_B = "fsNprepNloadNtrain_openimage_default_resnet18_epoch2_b512_worker12_thre
 
 
 dsim = run_dsim  # the real CLI in a subprocess (tests/conftest.py)
+# its entry point in-process, for the refusals below (one line and an exit code each);
+# a missing directory stays a subprocess test (conftest's run_dsim_in_process says why)
+dsim_here = run_dsim_in_process
 
 
 def read_report(path: Path) -> str:
@@ -260,7 +263,7 @@ def assert_fails(proc: subprocess.CompletedProcess[str], code: int, *needles: st
 def test_directory_without_results(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     out = tmp_path / "r.html"
-    assert_fails(dsim("report", tmp_path / "empty", "--out", out), 3, "no dsim results")
+    assert_fails(dsim_here("report", tmp_path / "empty", "--out", out), 3, "no dsim results")
     assert not out.exists()
 
 
@@ -276,7 +279,7 @@ def test_results_of_an_older_format(tmp_path: Path) -> None:
     info["format_version"] = 0
     (run_dir / "result.json").write_text(json.dumps(info))
     out = tmp_path / "r.html"
-    assert_fails(dsim("report", tmp_path / "res", "--out", out), 3, "another dsim format")
+    assert_fails(dsim_here("report", tmp_path / "res", "--out", out), 3, "another dsim format")
     assert not out.exists()
 
 
@@ -290,14 +293,16 @@ def test_replay_table_of_an_older_format(tmp_path: Path) -> None:
     meta["format_version"] = 0
     pq.write_table(table.replace_schema_metadata({"dsim": json.dumps(meta)}), path)
     out = tmp_path / "r.html"
-    assert_fails(dsim("report", tmp_path / "res", "--out", out), 3, "another dsim results format")
+    assert_fails(
+        dsim_here("report", tmp_path / "res", "--out", out), 3, "another dsim results format"
+    )
     assert not out.exists()
 
 
 def test_run_without_replays(tmp_path: Path) -> None:
     write_result_info({"summary": {}, "policies": {}}, tmp_path / "res", "bare")
     out = tmp_path / "r.html"
-    assert_fails(dsim("report", tmp_path / "res", "--out", out), 3, "no replay tables")
+    assert_fails(dsim_here("report", tmp_path / "res", "--out", out), 3, "no replay tables")
     assert not out.exists()
 
 
@@ -316,7 +321,7 @@ def test_run_without_replays(tmp_path: Path) -> None:
 )
 def test_bad_options(results: Path, tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "r.html"
-    assert_fails(dsim("report", results, "--out", out, *args), 2, needle)
+    assert_fails(dsim_here("report", results, "--out", out, *args), 2, needle)
     assert not out.exists()
 
 
@@ -324,15 +329,17 @@ def test_policy_missing_from_results(tmp_path: Path) -> None:
     write_synthetic_run(tmp_path / "res", "few", policies=[("actual", "actual")])
     out = tmp_path / "r.html"
     assert_fails(
-        dsim("report", tmp_path / "res", "--out", out, "--policy", "avg/avg"), 2, "no such replay"
+        dsim_here("report", tmp_path / "res", "--out", out, "--policy", "avg/avg"),
+        2,
+        "no such replay",
     )
 
 
 def test_unwritable_output(results: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "file.txt"
     blocker.write_text("in the way")
-    assert_fails(dsim("report", results, "--out", blocker / "r.html"), 4, "not a directory")
-    assert_fails(dsim("report", results, "--out", tmp_path), 4, "is a directory")
+    assert_fails(dsim_here("report", results, "--out", blocker / "r.html"), 4, "not a directory")
+    assert_fails(dsim_here("report", results, "--out", tmp_path), 4, "is a directory")
 
 
 def test_existing_report_is_replaced_whole(results: Path, tmp_path: Path) -> None:

@@ -1,4 +1,9 @@
-"""`dsim run` end to end: the real CLI in a subprocess on a fresh directory."""
+"""`dsim run` end to end: the real CLI in a subprocess on a fresh directory.
+
+Config and option errors, one message and an exit code each and found before any
+replay, go through the same entry point in-process (conftest's
+``run_dsim_in_process``); a missing config stays a subprocess test.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import ORIGINAL_CONFIG, synthetic_run, write_synthetic
 
 from dsim.model.results import METRIC_COLUMNS, load_replay, read_replay_key
@@ -176,7 +181,7 @@ def test_runs_named_on_the_command_line(project: Path) -> None:
 )
 def test_bad_config_exits_2_and_writes_nothing(project: Path, conf: dict, needle: str) -> None:
     (project / "bad.json").write_text(json.dumps(conf), encoding="utf-8")
-    proc = run_dsim("run", "--conf", "bad.json", cwd=project)
+    proc = run_dsim_in_process("run", "--conf", "bad.json", cwd=project)
     assert proc.returncode == 2
     assert proc.stderr.startswith("dsim: error: invalid config")
     assert needle in proc.stderr
@@ -186,11 +191,11 @@ def test_bad_config_exits_2_and_writes_nothing(project: Path, conf: dict, needle
 
 
 def test_bad_options_exit_2(project: Path) -> None:
-    proc = run_dsim("run", "--conf", "sim_conf.json", "--epochs", "x", cwd=project)
+    proc = run_dsim_in_process("run", "--conf", "sim_conf.json", "--epochs", "x", cwd=project)
     assert proc.returncode == 2 and "--epochs" in proc.stderr
     proc = run_dsim("run", "--conf", "missing.json", cwd=project)
     assert proc.returncode == 2 and "config file not found" in proc.stderr
-    proc = run_dsim("run", cwd=project)
+    proc = run_dsim_in_process("run", cwd=project)
     assert proc.returncode == 2 and "nothing to run" in proc.stderr
     assert not (project / "results").exists()
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import write_synthetic
 
 from dsim.analysis.sanity import check_threshold, selection_changes
@@ -35,14 +35,14 @@ def test_threshold_of_a_second_or_more_is_refused_naming_the_unit() -> None:
 
 
 def test_run_refuses_before_writing_anything(project: Path) -> None:
-    proc = run_dsim("run", "synth_run", "--threshold", "30", cwd=project)
+    proc = run_dsim_in_process("run", "synth_run", "--threshold", "30", cwd=project)
     assert proc.returncode == 2
     assert "the threshold is in seconds" in proc.stderr and "0.030 for 30 ms" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (project / "results").exists()
     conf = {"FILE": "synth_run", "effective_delay_threshold_s": 5}
     (project / "c.json").write_text(json.dumps(conf), encoding="utf-8")
-    proc = run_dsim("run", "--conf", "c.json", cwd=project)
+    proc = run_dsim_in_process("run", "--conf", "c.json", cwd=project)
     assert proc.returncode == 2 and "effective_delay_threshold_s in c.json 5:" in proc.stderr
     assert not (project / "results").exists()
 
@@ -51,7 +51,7 @@ def test_force_keeps_a_large_threshold_everywhere(project: Path) -> None:
     proc = run_dsim("run", "synth_run", "--threshold", "1.5", "--force", cwd=project)
     assert proc.returncode == 0, proc.stderr
     for command in (["summarize", "results"], ["report", "results", "--out", "r.html"]):
-        proc = run_dsim(*command, "--threshold", "2", cwd=project)
+        proc = run_dsim_in_process(*command, "--threshold", "2", cwd=project)
         assert proc.returncode == 2 and "the threshold is in seconds" in proc.stderr
         proc = run_dsim(*command, "--threshold", "2", "--force", cwd=project)
         assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import write_synthetic
 
 import dsim
@@ -178,7 +178,7 @@ def test_a_stub_without_its_dataset_rows_is_refused_and_recomputed(
     else:  # a dataset file of other replays: another run's, under this run's name
         shutil.copy(datasetfiles.dataset_path(out, datasetfiles.GPUS, "other"), path)
     for command in (["summarize", "out"], ["report", "out", "--out", "r.html"]):
-        proc = run_dsim(*command, cwd=traces)
+        proc = run_dsim_in_process(*command, cwd=traces)  # one line, exit 3 (conftest)
         assert proc.returncode == 3, proc.stderr
         line = proc.stderr.strip()
         assert "\n" not in line and f"out/{RUN}/actual__actual.parquet: " in line, line

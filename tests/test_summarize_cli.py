@@ -1,4 +1,9 @@
-"""`dsim summarize` end to end: the real CLI in a subprocess on real Parquet result directories."""
+"""`dsim summarize` end to end: the real CLI in a subprocess on real Parquet result directories.
+
+Usage errors and help, one message and an exit code each, go through the same entry
+point in-process (``dsim_here``; conftest's ``run_dsim_in_process`` says when that is
+allowed); the subprocess tests keep the success paths and the input and output errors.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.model.results import replay_table, write_replay, write_result_info
 
@@ -50,6 +55,11 @@ def make_results(out: Path, run: str, scale: float = 1.0) -> Path:
 def dsim(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real CLI (conftest's ``run_dsim``) with a wide terminal, so tables keep one layout."""
     return run_dsim(*args, cwd=cwd, env={"COLUMNS": "200"}, timeout=120)
+
+
+def dsim_here(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``dsim`` as above, in this process (``run_dsim_in_process``)."""
+    return run_dsim_in_process(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 @pytest.fixture
@@ -118,7 +128,7 @@ def test_filters_and_several_results_directories(results, tmp_path):
     ],
 )
 def test_bad_options_give_one_line_and_write_nothing(results, tmp_path, args, code, message):
-    proc = dsim("summarize", results, *args, cwd=tmp_path)
+    proc = dsim_here("summarize", results, *args, cwd=tmp_path)
     assert proc.returncode == code
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -144,7 +154,7 @@ def test_unwritable_out_is_an_output_error(results, tmp_path):
 
 
 def test_help_has_examples():
-    proc = dsim("summarize", "--help")
+    proc = dsim_here("summarize", "--help")
     assert proc.returncode == 0
     assert "Examples" in proc.stdout and "--policy" in proc.stdout
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_dsim_in_process
 
 from dsim.app.watch import Watch
 
@@ -202,7 +203,8 @@ def test_missing_or_empty_logdir_is_one_line_and_exit_3(tmp_path: Path, dsim_cli
     for run in ("a", "b"):  # a tree of two runs: watch one
         (tmp_path / "tree" / run).mkdir(parents=True)
         (tmp_path / "tree" / run / "rank0.log").write_text("")
-    tree = dsim_cli("watch", tmp_path / "tree", "--once")
+    # in-process (conftest's run_dsim_in_process): one message, and --once cannot hang
+    tree = run_dsim_in_process("watch", tmp_path / "tree", "--once")
     assert tree.returncode == 2 and "holds 2 runs" in tree.stderr
     bad = dsim_cli("watch", SAMPLE, "--json")
     assert bad.returncode == 2 and "--once" in bad.stderr

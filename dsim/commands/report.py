@@ -15,7 +15,6 @@ import typer
 
 from dsim.commands.common import Quiet
 from dsim.errors import UsageError
-from dsim.options import parse_epochs_option, parse_policy_option
 
 IMAGE_FORMATS = ("png", "svg")
 
@@ -126,6 +125,10 @@ def command(
     ] = False,
     quiet: Quiet = False,
 ) -> None:
+    # Here, not at the top: dsim.options loads numpy, which every other command (and
+    # `dsim --help`) would then pay for at start-up.
+    from dsim.options import parse_epochs_option, parse_policy_option
+
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
     epoch_sel = parse_epochs_option(epochs)
