@@ -37,29 +37,25 @@ def test_same_answer_as_the_subprocess(tmp_path: Path, args: list[str]) -> None:
     )
 
 
+def _process_state() -> tuple:
+    """What an in-process CLI call could leave changed in the test's process."""
+    return (
+        os.getcwd(),
+        dict(os.environ),
+        signal.getsignal(signal.SIGINT),
+        signal.getsignal(signal.SIGTERM),
+        sys.stdout,
+        sys.stderr,
+        sys.unraisablehook,
+    )
+
+
 def test_process_state_is_restored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSIM_DEBUG", "1")  # dropped inside, as run_dsim drops it
-    before = (
-        os.getcwd(),
-        dict(os.environ),
-        signal.getsignal(signal.SIGINT),
-        signal.getsignal(signal.SIGTERM),
-        sys.stdout,
-        sys.stderr,
-        sys.unraisablehook,
-    )
+    before = _process_state()
     proc = run_dsim_in_process("summarize", "--epochs", "x", "r", cwd=tmp_path)
     assert proc.returncode == 2 and "--epochs" in proc.stderr
-    after = (
-        os.getcwd(),
-        dict(os.environ),
-        signal.getsignal(signal.SIGINT),
-        signal.getsignal(signal.SIGTERM),
-        sys.stdout,
-        sys.stderr,
-        sys.unraisablehook,
-    )
-    assert after == before
+    assert _process_state() == before
 
 
 def test_debug_is_refused() -> None:
