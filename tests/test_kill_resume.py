@@ -38,9 +38,15 @@ from dsim.errors import InputError
 from dsim.model.results import is_stub, replay_metadata, stub_table
 from dsim.synth import SynthParams, synthesize
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads signal masks from /proc"
-)
+# latest_only: not in CI's floors phase (.ci/run): the subject is dsim's own atomic writes
+# and resumption; the floors phase runs these commands' outputs (test_parse_cli, test_run_cli,
+# test_report) and signals at start-up (test_signals) (tests/test_dependency_floors.py)
+pytestmark = [
+    pytest.mark.latest_only,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="reads signal masks from /proc"
+    ),
+]
 
 TEMP = re.compile(r"^\.(.+)\.([0-9]+)\.[a-z0-9_]{8}\.tmp$|^\.(.+)\.old-([0-9]+)$")
 RUNS = ("big0", "big1")

@@ -221,6 +221,7 @@ def _fingerprint(run_dir: Path) -> str:
     return json.dumps(files, sort_keys=True)
 
 
+@pytest.mark.latest_only  # not in CI's floors phase: tests/test_dependency_floors.py says why
 def test_parse_and_run_racing_never_mix_two_versions(tmp_path: Path) -> None:
     """A writer process re-writes the run, alternating two versions, while this process
     replays it again and again: every replay is one version's, and its result.json names

@@ -242,6 +242,7 @@ def test_ctrl_c_stops_the_live_view_with_130(tmp_path: Path) -> None:
     assert proc.returncode == 130 and err.strip() == "dsim: interrupted"
 
 
+@pytest.mark.latest_only  # not in CI's floors phase: tests/test_dependency_floors.py says why
 @pytest.mark.torch
 def test_a_real_ddp_job_watched_while_it_trains(tmp_path: Path, dsim_cli) -> None:
     pytest.importorskip("torch")
