@@ -9,6 +9,7 @@ declared, or leave a declared floor untested.
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -144,11 +145,12 @@ def _marked_files(tests: Path) -> dict[str, bool]:
     for path in tests.glob("test_*.py"):
         text = path.read_text("utf-8")
         if path.name != Path(__file__).name and "mark.latest_only" in text:
-            whole = any(
-                line.startswith("pytestmark") and "latest_only" in line
-                for line in text.splitlines()
+            marked[path.name] = any(
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+                and "latest_only" in ast.unparse(node.value)
+                for node in ast.parse(text).body
             )
-            marked[path.name] = whole
     return marked
 
 
@@ -170,7 +172,9 @@ def test_the_floors_phase_deselects_only_the_listed_tests() -> None:
 
 def test_a_whole_file_marked_latest_only_cannot_cover_another(tmp_path: Path) -> None:
     """The check above tells a file marked as a whole from one with a marked test."""
-    (tmp_path / "test_whole.py").write_text("pytestmark = pytest.mark.latest_only\n")
+    (tmp_path / "test_whole.py").write_text(
+        "pytestmark = [\n    pytest.mark.torch,\n    pytest.mark.latest_only,\n]\n"
+    )
     (tmp_path / "test_part.py").write_text("@pytest.mark.latest_only\ndef test_x(): ...\n")
     (tmp_path / "test_none.py").write_text("def test_y(): ...\n")
     assert _marked_files(tmp_path) == {"test_whole.py": True, "test_part.py": False}
