@@ -53,9 +53,10 @@ class _Unwrap:
 
     Anything else is collated with the user's ``collate_fn``: frameworks that
     rebuild a loader from its attributes (accelerate's ``skip_first_batches``
-    on resume, Lightning re-instantiating a loader) build one with a plain
-    sampler, whose untagged samples must still become the user's batches
-    (then without fetch lines) rather than a list of samples.
+    on resume, until ``instrument_rebuilt`` tags it; Lightning re-instantiating
+    a loader) build one with a plain sampler, whose untagged samples must
+    still become the user's batches (then without fetch lines) rather than a
+    list of samples.
     """
 
     def __init__(self, collate_fn: Any):
