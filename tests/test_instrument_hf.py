@@ -7,6 +7,7 @@ over 2 batches, run in one job — give logs that `dsim parse` and `dsim run` re
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,28 @@ def test_instrument_accelerate_refuses_a_loader_accelerate_did_not_prepare(tmp_p
 
     with pytest.raises(UsageError, match=r"Accelerator\.prepare"):
         instrument_accelerate(DataLoader(range(4)), log_dir=tmp_path)
+
+
+def test_instrument_accelerate_takes_a_rebuilt_shard_into_its_original_place(tmp_path) -> None:
+    """A shard rebuilt around an instrumented loader's dataset with a SkipBatchSampler
+    (what skip_first_batches builds) logs where that loader logs, at positions from the
+    count skipped; a log_dir elsewhere is refused rather than splitting a rank's lines."""
+    require("torch", "accelerate")
+    from accelerate.data_loader import DataLoaderShard, SkipBatchSampler
+    from torch.utils.data import DataLoader
+
+    from dsim.errors import UsageError
+    from dsim.instrument import instrument_loader
+    from dsim.instrument.huggingface import instrument_accelerate
+
+    loader = instrument_loader(DataLoader(range(8), batch_size=2), log_dir=tmp_path / "a", rank=0)
+    skipper = SkipBatchSampler(loader.batch_sampler, skip_batches=1)
+    shard = DataLoaderShard(loader.dataset, batch_sampler=skipper, collate_fn=loader.collate_fn)
+    with pytest.raises(UsageError, match="logs where the one it was rebuilt from logs"):
+        instrument_accelerate(shard, log_dir=tmp_path / "b")
+    assert instrument_accelerate(shard, log_dir=tmp_path / "a") is shard
+    assert [b.tolist() for b in shard] == [[2, 3], [4, 5], [6, 7]]
+    text = (tmp_path / "a" / "rank0.log").read_text()
+    assert [int(i) for i in re.findall(r"data idx(\d+)", text)] == [1, 2, 3]
+    assert re.findall(r"Epoch: \[0\]\[(\d)/4\]", text) == ["1", "2", "3"]
+    assert not (tmp_path / "b").exists()
