@@ -48,14 +48,14 @@ from pathlib import Path
 from typing import Any
 
 from dsim.errors import UsageError
-from dsim.instrument.lines import LoggerSink, resolve_rank
+from dsim.instrument.lines import resolve_rank
 from dsim.instrument.loader import (
     TimedDataset,
     instrument_loader,
     instrument_rebuilt,
     is_instrumented,
 )
-from dsim.instrument.sinks import FileSink
+from dsim.instrument.sinks import FileSink, LoggerSink
 from dsim.instrument.timer import TrainingTimer
 
 
