@@ -7,6 +7,9 @@ Two numbers:
   the worst case);
 - slowdown of a training step of --step-ms (busy-waiting, so the step itself
   has no timer jitter), in percent of the plain loop's wall time. Target < 1 %.
+  ``--cuda-step`` makes the step real GPU work instead (bf16 matrix products
+  calibrated to --step-ms, then a sync), as a GPU training loop waits for its
+  step; run it on a GPU machine.
 
 Plain and instrumented runs alternate and the best of --repeats is kept for
 each: a noisy neighbour only ever adds time, so the fastest run is the
@@ -45,7 +48,7 @@ in the caches; between real steps it does not, and there it costs several
 times more (the excess of the 10 ms-step slowdown over the no-step cost).
 
     python bench/bench_instrument.py [--batches 2000] [--step-ms 10] [--repeats 5] [--stages]
-                                     [--iterable] [--quick]
+                                     [--iterable] [--quick] [--cuda-step]
     python bench/bench_instrument.py --compare main [--rounds 3] [--batches 2000] [--repeats 5]
                                      [--gap-batches 100] [--gap-step-ms 10] [--sweep-mb 32]
 """
@@ -148,7 +151,46 @@ def target_verdict(low: float, high: float, target: float = 1.0) -> str:
     return "undecided: the interval spans the target; more --repeats on a quiet machine"
 
 
-def loop_seconds(make: Callable[[], tuple], step_s: float) -> float:
+def cuda_step(step_s: float) -> Callable[[float], None]:
+    """A training step of about ``step_s`` on the GPU: bf16 matrix products, then a sync.
+
+    Why: a busy-wait is a step with no GPU and hot caches; a real loop launches
+    kernels and waits for them (``loss.item()``, the optimizer's sync) while its
+    process's caches cool, which is where the instrumentation's per-batch work
+    runs. The number of products is calibrated once, so that one step takes
+    ``step_s`` on this GPU; the argument each call gets is ignored.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--cuda-step: CUDA is not available here")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def products(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a @ a
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    products(20)  # warm up the kernels and the clocks
+    per = min(products(50) for _ in range(3)) / 50
+    n = max(1, round(step_s / per))
+
+    def step(_seconds: float) -> None:
+        for _ in range(n):
+            a @ a
+        torch.cuda.synchronize()
+
+    step.products = n  # type: ignore[attr-defined]
+    step.seconds = n * per  # type: ignore[attr-defined]
+    return step
+
+
+def loop_seconds(
+    make: Callable[[], tuple], step_s: float, step: Callable[[float], None] = busy
+) -> float:
     """Wall time of one epoch over the loader ``make`` builds, with a step of ``step_s``.
 
     The clock starts when the first batch arrives: starting worker processes
@@ -160,7 +202,7 @@ def loop_seconds(make: Callable[[], tuple], step_s: float) -> float:
         if start is None:
             start = time.perf_counter()
         if step_s:
-            busy(step_s)
+            step(step_s)
     return time.perf_counter() - start
 
 
@@ -172,6 +214,7 @@ def measure(
     repeats: int,
     stages: bool = False,
     iterable: bool = False,
+    step: Callable[[float], None] = busy,
 ) -> dict:
     """Best-of-``repeats`` wall times of the plain loop, the instrumented one and, with
     ``stages``, the one instrumented with stage timing; costs against the plain loop.
@@ -213,7 +256,7 @@ def measure(
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, make in variants.items():
-            times[name].append(loop_seconds(make, step_s))
+            times[name].append(loop_seconds(make, step_s, step))
     p = min(times["plain"])
     out = {"plain_s": p, "times": times}
     for name, key in (("instrumented", ""), ("staged", "staged_")):
@@ -406,6 +449,11 @@ def main() -> None:
         "--quick", action="store_true", help="smoke run: 200/30 batches, 1 ms step, 1 repeat"
     )
     ap.add_argument(
+        "--cuda-step",
+        action="store_true",
+        help="the step is --step-ms of bf16 matrix products on the GPU and a sync, not a busy-wait",
+    )
+    ap.add_argument(
         "--compare", metavar="REF", help="cost per batch only: REF's dsim beside this tree's"
     )
     ap.add_argument("--rounds", type=int, default=3, help="--compare: alternations of the two")
@@ -437,7 +485,18 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    print(f"dsim.instrument overhead (torch {torch.__version__}, best of {args.repeats})")
+    step: Callable[[float], None] = busy
+    kind = "busy-wait"
+    if args.cuda_step:
+        step = cuda_step(args.step_ms / 1e3)
+        kind = (
+            f"{torch.cuda.get_device_name()}: {step.products} bf16 4096^3 products + sync, "  # type: ignore[attr-defined]
+            f"{step.seconds * 1e3:.2f} ms"  # type: ignore[attr-defined]
+        )
+    print(
+        f"dsim.instrument overhead (torch {torch.__version__}, best of {args.repeats}; "
+        f"step: {kind})"
+    )
     for workers in (0, 2):
         r = measure(
             args.batches, args.batch_size, workers, 0.0, args.repeats, args.stages, args.iterable
@@ -467,6 +526,7 @@ def main() -> None:
             args.repeats,
             args.stages,
             args.iterable,
+            step,
         )
         rows = [("instrumented", "", "plain_s", "instrumented_s")]
         if args.stages:

@@ -5,10 +5,15 @@ MODE LOG_ROOT ITERATIONS`` with MODE ``trainer`` (transformers.Trainer with
 DsimTrainerCallback, logs in LOG_ROOT/trainer), ``accelerate`` (a plain
 accelerate loop with instrument_accelerate, LOG_ROOT/accelerate) or ``both``.
 The model and data are plain PyTorch. Every loop accumulates gradients over 2
-batches (``gradient_accumulation_steps``; accelerate's ``accumulate``). The Trainer
-saves a checkpoint mid-epoch 1; a second Trainer resumes from it
-(``resume_from_checkpoint``) and stops 3 optimizer steps into epoch 2
-(``max_steps``), logging in LOG_ROOT/trainer-cut.
+batches (``gradient_accumulation_steps``; accelerate's ``accumulate``).
+
+Resuming mid-epoch, into the first job's log directory (LOG_ROOT/trainer-cut): a
+Trainer stops (``max_steps``) at the checkpoint it saves mid-epoch 1; a second
+Trainer resumes from it (``resume_from_checkpoint``, which skips the epoch's
+first SKIP batches through accelerate's ``skip_first_batches``) and stops 3
+optimizer steps into epoch 2. The accelerate mode also runs a resumed loop in
+LOG_ROOT/accelerate-resumed: epoch 1 from batch SKIP (``skip_first_batches``,
+instrumented too), then epoch 2.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 BATCH, EPOCHS, RANKS, WORKERS = 8, 2, 2, 2
 ACCUMULATE, SAVE_STEP, CUT_STEPS = 2, 9, 3  # batches per step; checkpoint; epoch 2's steps
+SKIP = 6  # batches of epoch 1 done at the checkpoint: (SAVE_STEP - 6 steps of epoch 0) * 2
 
 
 class Samples(Dataset):
@@ -51,19 +57,24 @@ class Model(torch.nn.Module):
 
 
 def trainer(log_dir: str, data: Dataset, iterations: int) -> None:
-    """Two epochs with a checkpoint at step SAVE_STEP (mid-epoch 1); then a Trainer that
-    resumes from it and stops CUT_STEPS steps into epoch 2 (``max_steps``)."""
+    """Two epochs; then, logging into one other directory, a Trainer that stops at its
+    checkpoint at step SAVE_STEP (mid-epoch 1) and one that resumes from it and stops
+    CUT_STEPS steps into epoch 2 (``max_steps``)."""
     from transformers import Trainer
 
     from dsim.instrument.huggingface import DsimTrainerCallback
 
-    output = os.path.join(log_dir, "..", "..", "hf-output")
-    args = _arguments(output, save_strategy="steps", save_steps=SAVE_STEP)
+    args = _arguments(os.path.join(log_dir, "..", "..", "hf-output"), save_strategy="no")
     callback = DsimTrainerCallback(log_dir=log_dir)
     Trainer(Model(), args, train_dataset=data, callbacks=[callback]).train()
 
+    output = os.path.join(log_dir, "..", "..", "hf-output-cut")
+    args = _arguments(output, save_strategy="steps", save_steps=SAVE_STEP, max_steps=SAVE_STEP)
+    callback = DsimTrainerCallback(log_dir=log_dir + "-cut")
+    Trainer(Model(), args, train_dataset=data, callbacks=[callback]).train()
+
     steps = EPOCHS * iterations // ACCUMULATE + CUT_STEPS
-    args = _arguments(output + "-cut", save_strategy="no", max_steps=steps)
+    args = _arguments(output, save_strategy="no", max_steps=steps)
     callback = DsimTrainerCallback(log_dir=log_dir + "-cut")
     resumed = Trainer(Model(), args, train_dataset=data, callbacks=[callback])
     resumed.train(resume_from_checkpoint=os.path.join(output, f"checkpoint-{SAVE_STEP}"))
@@ -99,12 +110,27 @@ def accelerate(log_dir: str, data: Dataset) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     loader = instrument_accelerate(loader, log_dir=log_dir)
     for _ in range(EPOCHS):
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch)["loss"]
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
+        _train(accelerator, model, optimizer, loader)
+
+    # Resumed at batch SKIP of epoch 1 (the checkpoint's state loading left out), as
+    # accelerate's examples resume: the rebuilt loader for that epoch, the prepared one after.
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=WORKERS)
+    loader = instrument_accelerate(accelerator.prepare(loader), log_dir=log_dir + "-resumed")
+    for epoch in (1, EPOCHS):
+        loader.set_epoch(epoch)
+        active = loader
+        if epoch == 1:
+            active = instrument_accelerate(accelerator.skip_first_batches(loader, SKIP))
+        _train(accelerator, model, optimizer, active)
+
+
+def _train(accelerator, model, optimizer, loader) -> None:
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch)["loss"]
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
 
 
 def main(mode: str, log_dir: str, iterations: int) -> None:

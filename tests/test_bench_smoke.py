@@ -138,6 +138,28 @@ def test_bench_instrument_quick_measures_the_iterable_path_beside_the_map_style_
 
 
 @pytest.mark.torch
+def test_bench_instrument_cuda_step_runs_or_says_why_not() -> None:
+    """--cuda-step: with a GPU the step is calibrated GPU work and the header names it;
+    without one the script stops with the reason, not a traceback."""
+    torch = pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_instrument.py"), "--quick", "--cuda-step"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if torch.cuda.is_available():
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "bf16 4096^3 products + sync" in done.stdout
+    else:
+        assert done.returncode != 0
+        assert "--cuda-step: CUDA is not available here" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.torch
 def test_bench_instrument_compare_runs_two_trees_side_by_side() -> None:
     """--compare REF: REF's dsim (exported with git archive) and this tree's each run in
     their own interpreter; a row per loop with old and new costs (numbers not judged)."""

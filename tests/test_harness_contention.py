@@ -7,6 +7,7 @@ tests/test_fidelity_smoke.py; these need neither torch nor a DDP job.
 from __future__ import annotations
 
 import multiprocessing
+import platform
 import sys
 import time
 
@@ -82,6 +83,38 @@ def test_start_max_is_a_barrier_and_min_never_waits() -> None:
     assert by_rank[0]["clipped"]["count"] == 0  # the earliest poster is never clipped
     assert by_rank[2]["clipped"]["count"] >= 2  # rank 2 posted 20 and 40 ms late
     assert by_rank[2]["clipped"]["p90_ms"] >= 15
+
+
+def _wait_at_barrier(path: str, out) -> None:
+    gate = startalign.StartGate(path, "max", (1, 1, 2))
+    gate._open()  # the file's mapping is not the waiting's cost
+    cpu, wall = time.process_time(), time.monotonic()
+    gate.enter(0, 0, 0)
+    out.put((time.process_time() - cpu, time.monotonic() - wall))
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
+    reason="no futex here: the barrier polls",
+)
+def test_start_max_waits_asleep_not_spinning() -> None:
+    """A rank held 2 s at the barrier spends almost no CPU: polling every 0.2 ms spent
+    ~0.2 s of CPU per 2 s here, CPU the trainers sharing the cores then lacked."""
+    ctx = multiprocessing.get_context("fork")
+    path = startalign.create_board(1, 1, 2, tag="test")
+    try:
+        done = ctx.Queue()
+        waiter = ctx.Process(target=_wait_at_barrier, args=(str(path), done))
+        waiter.start()
+        time.sleep(2.0)
+        startalign.StartGate(path, "max", (1, 1, 2)).enter(0, 0, 1)
+        cpu, wall = done.get(timeout=30)
+        waiter.join(timeout=30)
+        assert waiter.exitcode == 0
+    finally:
+        startalign.remove_board(path)
+    assert wall >= 1.5  # it did wait for the other rank
+    assert cpu < 0.1, f"{cpu:.3f} s of CPU while waiting {wall:.2f} s"
 
 
 def test_unposted_board_is_refused() -> None:

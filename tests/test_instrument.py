@@ -536,6 +536,60 @@ def test_a_loader_rebuilt_from_the_instrumented_ones_attributes_still_collates(
     assert all(map(same, plain, rebuilt))
 
 
+class _SkipFirst:
+    """A batch sampler that skips another's first ``skip_batches`` (as accelerate's
+    ``SkipBatchSampler`` does, written here without accelerate)."""
+
+    def __init__(self, batch_sampler, skip_batches: int):
+        self.batch_sampler, self.skip_batches = batch_sampler, skip_batches
+
+    def __iter__(self):
+        for k, indices in enumerate(self.batch_sampler):
+            if k >= self.skip_batches:
+                yield indices
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler) - self.skip_batches
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_rebuilt_loader_resuming_an_epoch_logs_its_batches_at_their_positions(
+    torch, tmp_path: Path, workers: int
+) -> None:
+    """A loader rebuilt from an instrumented one's attributes to resume an epoch past
+    its first 3 batches (accelerate's skip_first_batches), given to instrument_rebuilt:
+    the same batches as the plain loader's from batch 3, fetch lines data idx 3-9 from
+    its workers and training lines [3/10] … [9/10], into the original's file."""
+    from torch.utils.data import DataLoader
+
+    from dsim.instrument import TrainingTimer, instrument_loader
+    from dsim.instrument.loader import instrument_rebuilt
+
+    kwargs = {"num_workers": workers} if workers else {}
+    plain = DataLoader(Squares(20), batch_size=2, collate_fn=tuple_collate, **kwargs)
+    loader = instrument_loader(plain, log_dir=tmp_path, rank=2)
+    rebuilt = DataLoader(
+        loader.dataset, batch_sampler=_SkipFirst(loader.batch_sampler, 3),
+        collate_fn=loader.collate_fn, **kwargs,
+    )  # fmt: skip
+    timer = TrainingTimer(rank=2, batch_size=2, sink=loader.dataset._dsim_sink)
+    resumed = instrument_rebuilt(rebuilt, 3, timer=timer, epoch=lambda: 4)
+    batches = list(resumed)
+    assert len(batches) == 7 and all(map(same, list(plain)[3:], batches))
+    fetches, trains = read_log(tmp_path / "rank2.log")
+    assert sorted(int(r["idx"]) for r in fetches) == list(range(3, 10))
+    assert {r["gpu"] for r in fetches + trains} == {"2"}
+    assert [(r["epoch"], int(r["it"]), r["total"]) for r in trains] == [
+        ("4", i, "10") for i in range(3, 10)
+    ]
+    with pytest.raises(UsageError, match="already instrumented"):
+        instrument_rebuilt(resumed, 3)
+    with pytest.raises(UsageError, match="rebuilt from an instrumented one"):
+        instrument_rebuilt(plain, 3)
+    with pytest.raises(UsageError, match="not both"):
+        TrainingTimer(log_dir=tmp_path, sink=loader.dataset._dsim_sink)
+
+
 def test_rank_comes_from_the_environment_and_logger_output_works(
     torch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

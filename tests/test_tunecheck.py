@@ -22,7 +22,15 @@ import dsim
 from dsim.synth import SynthParams, synthesize
 from validation.cells import Stat, stat
 from validation.report import tune_section
-from validation.tunecheck import judge, knee, measured_best, measured_grids, tune_rows
+from validation.tunecheck import (
+    judge,
+    knee,
+    knee_field,
+    knees_within_noise,
+    measured_best,
+    measured_grids,
+    tune_rows,
+)
 
 GRID = {
     (1, 2): Stat(100.0, 1.0, 3),
@@ -62,6 +70,26 @@ def test_a_recommendation_outside_the_grid_is_not_judged() -> None:
     assert row["within"] is None and row["gap_pct"] is None and row["predicted_err_pct"] is None
 
 
+def test_knees_the_measured_noise_cannot_rule_out() -> None:
+    # The cpu regime's curve: 1 -> 2 w gains 3 %, 2 -> 4 w nothing, 4 -> 8 w 7 %, all
+    # within 2 sigma of 2 %: every knee is possible, and so is "past the grid".
+    cpu = {1: Stat(52.30, 2.82, 3), 2: Stat(50.71, 2.21, 3), 4: Stat(50.91, 0.85, 3),
+           8: Stat(47.64, 1.92, 3)}  # fmt: skip
+    assert knee({w: s.mean for w, s in cpu.items()}, 0.02) == 2
+    assert knees_within_noise(cpu, 0.02) == [1, 2, 4, None]
+    # A clear curve: 1 -> 2 w nearly halves the time, 2 -> 4 w loses, with small sds:
+    # only 2 w.
+    clear = {1: Stat(43.09, 0.24, 3), 2: Stat(24.18, 0.16, 3), 4: Stat(24.50, 0.20, 3)}
+    assert knees_within_noise(clear, 0.02) == [2]
+    # Still gaining clearly at every step: only past the grid.
+    steep = {1: Stat(100.0, 1.0, 3), 2: Stat(60.0, 1.0, 3), 4: Stat(40.0, 1.0, 3)}
+    assert knees_within_noise(steep, 0.02) == [None]
+    # One value per cell (sd None counts as 0): the plain knee.
+    plain = {1: Stat(100.0, None, 1), 2: Stat(60.0, None, 1), 4: Stat(59.0, None, 1)}
+    assert knees_within_noise(plain, 0.02) == [2]
+    assert knee_field([1, 2, None]) == "1;2;past"
+
+
 def test_knee_of_a_measured_curve() -> None:
     assert knee({1: 100.0, 2: 60.0, 4: 59.0, 8: 61.0}, 0.02) == 2
     assert knee({1: 100.0, 2: 80.0, 4: 60.0}, 0.02) is None
@@ -90,7 +118,11 @@ def _row(regime: str, base: int, rec: int, predicted: float, grid: dict) -> dict
             "base_workers": base, "base_prefetch": 2, "grid_workers": "1;2;4;8",
             "grid_prefetch": "2", **judge((rec, 2), predicted, grid),
             "predicted_knee_workers": 2, "predicted_knee_reason": "stall-left",
-            "measured_knee_workers": knee(curve, 0.02)}  # fmt: skip
+            "measured_knee_workers": knee(curve, 0.02),
+            "measured_knees_within_noise": knee_field(
+                knees_within_noise({w: s for (w, _), s in grid.items()}, 0.02)),
+            "knee_within_noise": 2 in knees_within_noise({w: s for (w, _), s in grid.items()},
+                                                         0.02)}  # fmt: skip
 
 
 def test_fidelity_section_counts_and_target() -> None:
@@ -102,7 +134,11 @@ def test_fidelity_section_counts_and_target() -> None:
         in text
     )
     assert "| 4 w (59.00 ms) | 4 w ×1, 2 w ×1 | 1/2 | 2/2 | +1.7 % | 2/2 |" in text
-    assert "| 2 w / 2 w ×2 |" in text
+    # 1 -> 2 w gains 67 %; 2 -> 4 w 1.7 % ± 2.4 and 4 -> 8 w -3.3 % ± 6.8 could gain 2 % or not
+    assert "| 2 w / 2 w ×2 | 2 w, 4 w or past the grid; 2/2 |" in text
+    assert "tune's predicted knee is one the measured curve's noise allows from 2/2" in text
+    old = tune.drop(columns=["measured_knees_within_noise", "knee_within_noise"])
+    assert "| 2 w / 2 w ×2 | n/a |" in "\n".join(tune_section(old, frame))  # an older CSV
     assert "from every base run of every regime: met." in text
     bad = pd.DataFrame([_row("x", 1, 1, 95.0, GRID)])
     assert "regime: missed (x)." in "\n".join(tune_section(bad, frame))

@@ -500,6 +500,21 @@ def _share(flags: pd.Series) -> str:
     return f"{sum(judged)}/{len(judged)}" if judged else "n/a"
 
 
+def _within_noise(field: object, flags: pd.Series | None) -> str:
+    """``1, 2 w or past the grid; 9/12``: the measured knees the noise allows, and how many
+    predicted knees are among them (``n/a`` for a CSV written before the column existed)."""
+    if flags is None or field is None or (isinstance(field, float) and math.isnan(field)):
+        return "n/a"
+    from validation.tunecheck import PAST_GRID
+
+    parts = [p for p in str(field).split(";") if p]
+    knees = [f"{p} w" for p in parts if p != PAST_GRID]
+    if PAST_GRID in parts:
+        knees.append("past the grid")
+    allowed = " or ".join([", ".join(knees[:-1]), knees[-1]] if len(knees) > 1 else knees)
+    return f"{allowed or 'none'}; {_share(flags)}"
+
+
 def _knee(value: object) -> str:
     v = _num(value)
     return "not in the grid" if v is None else f"{int(v)} w"
@@ -536,7 +551,10 @@ def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
         "measured*: tune's predicted iteration time of its recommendation against that "
         "setting's measured mean (mean |error|, and the worst); *flattens*: the first "
         "worker count whose next step gains < 2 % (tune's rule), on the measured curve "
-        "and on tune's predicted one (counted over base runs).",
+        "and on tune's predicted one (counted over base runs); *within noise*: the "
+        "measured curve's knees that its noise cannot rule out (a step could gain ≥ 2 % "
+        "when its gain + 2σ reaches 2 %, could gain less when its gain − 2σ falls below), "
+        "and how many base runs' predicted knee is one of them.",
         "",
     ]
     rows, misses = [], []
@@ -569,16 +587,20 @@ def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
             f"{errs.abs().mean():.1f} %; worst {errs.loc[errs.abs().idxmax()]:+.1f} %",
             f"{_knee(first['measured_knee_workers'])} / "
             + _tally(_knee(v) for v in part["predicted_knee_workers"]),
+            _within_noise(first.get("measured_knees_within_noise"), part.get("knee_within_noise")),
         ])  # fmt: skip
     header = ["regime (kind)", "measured iteration ms", "measured best",
               "tune recommends (base runs)", "= best", f"within max({NEAR_PCT:g} %, 2σ)",
               "worst gap", f"within {TARGET_PCT:g} %", "predicted vs measured",
-              "flattens: measured / predicted"]  # fmt: skip
+              "flattens: measured / predicted", "within noise"]  # fmt: skip
     verdict = "met" if not misses else f"missed ({', '.join(misses)})"
+    shape = _share(tune["knee_within_noise"]) if "knee_within_noise" in tune else "n/a"
     return [*head, *_table(header, rows), "",
             f"Issue #19's target, the recommended setting's measured time within "
             f"{TARGET_PCT:g} % of the measured best, from every base run of every regime: "
-            f"{verdict}.", "", *tune_detail(tune)]  # fmt: skip
+            f"{verdict}.",
+            f"Where the curve flattens: tune's predicted knee is one the measured curve's "
+            f"noise allows from {shape} base runs.", "", *tune_detail(tune)]  # fmt: skip
 
 
 def tune_detail(tune: pd.DataFrame) -> list[str]:

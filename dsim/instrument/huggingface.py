@@ -24,18 +24,38 @@ accelerate reads one batch ahead (to know the last one), so iteration i is
 the wait for batch i and then the step on batch i−1, which that wait gates
 (docs/SPEC.md §1.10). transformers and accelerate are
 imported only when this module is, never by ``import dsim``.
+
+Resuming mid-epoch: accelerate's ``skip_first_batches`` builds a new shard
+from the instrumented one's attributes, with its ``TimedDataset`` and a
+``SkipBatchSampler``; that loader would build untagged batches and log
+nothing. ``instrument_accelerate`` given such a loader instruments it too,
+numbering its batches from the count skipped (positions in the epoch, as the
+first job numbered them), into the lines of the loader it was rebuilt from.
+The Trainer calls ``skip_first_batches`` inside its epoch loop, where no
+callback runs between the rebuild and the first batch, so the callback wraps
+the name the Trainer calls (``transformers.trainer.skip_first_batches``)
+once per process; the wrapper instruments only loaders dsim instrumented and
+hands every other loader back as accelerate built it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dsim.errors import UsageError
 from dsim.instrument.lines import resolve_rank
-from dsim.instrument.loader import TimedDataset, instrument_loader
+from dsim.instrument.loader import (
+    TimedDataset,
+    instrument_loader,
+    instrument_rebuilt,
+    is_instrumented,
+)
+from dsim.instrument.sinks import FileSink, LoggerSink
 from dsim.instrument.timer import TrainingTimer
 
 
@@ -55,6 +75,12 @@ def instrument_accelerate(
     accelerate's loops set them). Refused: a loader that ``prepare`` did not
     shard per process (``dispatch_batches``, iterable datasets) and a
     stateful (torchdata) inner loader, whose state dict would be lost.
+
+    A loader ``skip_first_batches`` rebuilt from an instrumented one (a job
+    resumed mid-epoch) is instrumented as well: its batches keep their
+    positions in the epoch (the first is the count skipped), and its lines go
+    where the instrumented one's go (its rank; ``log_dir``/``logger`` may be
+    left out, and must name that place when given).
     """
     inner = vars(loader).get("base_dataloader")
     if inner is None:
@@ -67,8 +93,14 @@ def instrument_accelerate(
             f"instrument_accelerate cannot time a {type(loader).__name__}: only loaders "
             "sharded per process (DataLoaderShard; not dispatch_batches) build their own batches"
         )
-    if isinstance(inner.dataset, TimedDataset):
+    if is_instrumented(inner):
         return loader
+    if isinstance(inner.dataset, TimedDataset):  # rebuilt by skip_first_batches
+        _check_place(inner.dataset, log_dir, logger)
+        dataset = inner.dataset
+        rank, sink = dataset._dsim_rank, dataset._dsim_sink
+        timer = TrainingTimer(rank=rank, batch_size=_batch_size(inner), sync=sync, sink=sink)
+        return _instrument_skipped(loader, timer, {"batch_size": timer.batch_size})
     if hasattr(inner, "state_dict"):
         raise UsageError("instrument_accelerate cannot keep a stateful (torchdata) loader's state")
     rank = resolve_rank(rank)
@@ -86,15 +118,96 @@ def instrument_accelerate(
     return loader
 
 
+def _instrument_skipped(skipped: Any, timer: TrainingTimer, settings: dict[str, int | None]) -> Any:
+    """``skip_first_batches``' shard with its inner DataLoader instrumented in place.
+
+    The first batch's position is the ``SkipBatchSampler``'s count skipped;
+    epochs are the new shard's (the Trainer's ``set_epoch`` on it).
+    """
+    inner = skipped.base_dataloader
+    if hasattr(inner, "state_dict"):
+        raise UsageError("instrument_accelerate cannot keep a stateful (torchdata) loader's state")
+    skipper = inner.batch_sampler if inner.batch_sampler is not None else inner.sampler
+    start = getattr(skipper, "skip_batches", None)
+    if start is None:
+        raise UsageError(
+            "instrument_accelerate: this loader holds an instrumented dataset but skips no "
+            "batches through a SkipBatchSampler; instrument the loader prepare returned instead"
+        )
+    skipped.base_dataloader = instrument_rebuilt(
+        inner, int(start), timer=timer, epoch=lambda: int(skipped.iteration), settings=settings
+    )
+    return skipped
+
+
+def _wrap_trainer_skip() -> None:
+    """Make the Trainer's ``skip_first_batches`` instrument what it rebuilds from a dsim loader.
+
+    Why a wrapper: the Trainer rebuilds the loader of the epoch it resumes in
+    inside its epoch loop and iterates it at once; no callback runs in
+    between. Installed once per process; any other loader passes unchanged.
+    """
+    module = sys.modules.get("transformers.trainer")
+    original = getattr(module, "skip_first_batches", None)
+    if original is None or hasattr(original, "_dsim_wraps"):
+        return
+
+    @functools.wraps(original)
+    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+        skipped = original(dataloader, num_batches)
+        inner = vars(dataloader).get("base_dataloader")
+        if not is_instrumented(inner) or type(skipped).__name__ != "DataLoaderShard":
+            return skipped
+        if inner._dsim_timer is None:
+            return skipped
+        skipped = _instrument_skipped(skipped, inner._dsim_timer, dict(inner._dsim_settings))
+        dataloader._dsim_skipped = skipped  # the callback ends its iteration at a stop
+        return skipped
+
+    skip_first_batches._dsim_wraps = original  # type: ignore[attr-defined]
+    module.skip_first_batches = skip_first_batches  # type: ignore[union-attr]
+
+
+def _finish(shard: Any) -> None:
+    """End the running iteration of ``shard``'s instrumented loader, and of the loader
+    ``skip_first_batches`` rebuilt from it, now (``_dsim_finish``; a no-op where none runs)."""
+    for loader in (shard, vars(shard).get("_dsim_skipped")):
+        inner = None if loader is None else vars(loader).get("base_dataloader")
+        finish = getattr(inner, "_dsim_finish", None)
+        if finish is not None:
+            finish()
+
+
+def _check_place(dataset: TimedDataset, log_dir: str | Path | None, logger: Any) -> None:
+    """A rebuilt loader logs where its dataset logs: refuse a ``log_dir``/``logger`` elsewhere."""
+    sink = dataset._dsim_sink
+    if log_dir is not None:
+        same = isinstance(sink, FileSink) and sink.path.parent.resolve() == Path(log_dir).resolve()
+    elif logger is not None:
+        name = logger if isinstance(logger, str) else logger.name
+        same = isinstance(sink, LoggerSink) and sink.name == name
+    else:
+        return
+    if not same:
+        where = sink.path.parent if isinstance(sink, FileSink) else "its logger"
+        raise UsageError(
+            "instrument_accelerate: a loader skip_first_batches rebuilt logs where the one "
+            f"it was rebuilt from logs ({where}); leave log_dir/logger out or name that place"
+        )
+
+
 def _batch_size(inner: Any) -> int | None:
     """A process's batch size: accelerate's sharding batch sampler hides it from the loader.
 
     ``BatchSamplerShard.batch_size`` is the wrapped sampler's; with
-    ``split_batches`` each process gets its share of it.
+    ``split_batches`` each process gets its share of it. A ``SkipBatchSampler``
+    (``skip_first_batches``) wraps the sharding one and has no batch size.
     """
     if inner.batch_size is not None:
         return int(inner.batch_size)
     sampler = inner.batch_sampler
+    if sampler is not None and hasattr(sampler, "skip_batches"):
+        sampler = getattr(sampler, "batch_sampler", sampler)
     size = getattr(sampler, "batch_size", None)
     if size is None:
         return None
@@ -143,16 +256,14 @@ def callback_class() -> type:
             self.loader = instrument_accelerate(
                 train_dataloader, self.log_dir, logger=self.logger, sync=self.sync
             )
+            _wrap_trainer_skip()  # resume_from_checkpoint mid-epoch: log that epoch's rest
 
         def on_step_end(self, args, state, control, **kwargs):
             # max_steps reached (or a callback's stop): the Trainer leaves its loop after
             # this step, with the next batch already asked for. That iteration (its wait,
             # then this step) ends here, where the next request would have come.
-            if control.should_training_stop:
-                inner = getattr(self.loader, "base_dataloader", None)
-                finish = getattr(inner, "_dsim_finish", None)
-                if finish is not None:
-                    finish()
+            if control.should_training_stop and self.loader is not None:
+                _finish(self.loader)
 
     _callback = DsimTrainerCallback
     return _callback

@@ -53,9 +53,10 @@ class _Unwrap:
 
     Anything else is collated with the user's ``collate_fn``: frameworks that
     rebuild a loader from its attributes (accelerate's ``skip_first_batches``
-    on resume, Lightning re-instantiating a loader) build one with a plain
-    sampler, whose untagged samples must still become the user's batches
-    (then without fetch lines) rather than a list of samples.
+    on resume, until ``instrument_rebuilt`` tags it; Lightning re-instantiating
+    a loader) build one with a plain sampler, whose untagged samples must
+    still become the user's batches (then without fetch lines) rather than a
+    list of samples.
     """
 
     def __init__(self, collate_fn: Any):
@@ -66,18 +67,20 @@ class _Unwrap:
 
 
 class _TaggingSampler:
-    """Yields ``_Tagged(position, indices)``; positions restart with every epoch's iterator.
+    """Yields ``_Tagged(position, indices)``; positions restart at ``start`` with every
+    epoch's iterator (0, or the batches a resumed epoch skips: ``instrument_rebuilt``).
 
     It runs in the loop's process, and its end is the epoch's end there (without
     workers, the last batch is built right after): the fetch lines this process
     holds are written then, also when no ``TrainingTimer`` runs the loop.
     """
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Any, start: int = 0):
         self.inner = inner
+        self.start = start
 
     def __iter__(self):
-        for position, index in enumerate(self.inner):
+        for position, index in enumerate(self.inner, self.start):
             yield _Tagged(position, index)
         flush_held()
 
@@ -195,18 +198,22 @@ def _instrumented_loader_class() -> type:
             _dsim_epoch: Callable[[], int] | None = None
             _dsim_settings: dict[str, int | None] = {}  # noqa: RUF012 (replaced, never mutated)
             _dsim_running: Iterator[Any] | None = None
+            _dsim_start = 0  # position of the first batch in the epoch (a resumed epoch's skip)
 
             @property
             def _index_sampler(self):
-                return _TaggingSampler(super()._index_sampler)
+                return _TaggingSampler(super()._index_sampler, self._dsim_start)
 
             def __iter__(self):
                 if self._dsim_timer is None or self._dsim_epoch is None:
                     return self._dsim_iter()
                 # Iterated lazily by the timer, so that starting the workers counts as
                 # waiting for the first batch, as with ``timer.iterate(loader)``.
-                epoch, total = self._dsim_epoch(), len(self)
-                running = self._dsim_timer.iterate(_Iterates(self._dsim_iter), epoch, total)
+                start = self._dsim_start
+                epoch, total = self._dsim_epoch(), start + len(self)
+                running = self._dsim_timer.iterate(
+                    _Iterates(self._dsim_iter), epoch, total, start=start
+                )
                 self._dsim_running = running
                 return running
 
@@ -261,6 +268,11 @@ def _settings(loader: Any) -> dict[str, object]:
         "cores": usable_cores(),
         "local_world_size": local_world_size(),
     }
+
+
+def is_instrumented(loader: Any) -> bool:
+    """Whether ``loader`` is a DataLoader ``instrument_loader`` (or ``instrument_rebuilt``) made."""
+    return _loader_class is not None and isinstance(loader, _loader_class)
 
 
 def loader_kwargs(loader: Any, collate_fn: Any) -> dict[str, Any]:
@@ -319,7 +331,7 @@ def instrument_loader(
     """
     if (timer is None) != (epoch is None):
         raise UsageError("give both timer= and epoch=, or neither")
-    from torch.utils.data import BatchSampler, IterableDataset
+    from torch.utils.data import IterableDataset
 
     from dsim.instrument import iterable
 
@@ -331,11 +343,57 @@ def instrument_loader(
         return iterable.instrument_iterable(loader, sink, rank)
     auto = loader.batch_sampler is not None
     dataset = TimedDataset(loader.dataset, loader.collate_fn, sink, rank, auto, stages)
-
     kwargs = loader_kwargs(loader, _Unwrap(loader.collate_fn))
+    return _build(loader, dataset, kwargs, timer, epoch, settings, 0)
+
+
+def instrument_rebuilt(
+    loader: Any,
+    start: int,
+    *,
+    timer: TrainingTimer | None = None,
+    epoch: Callable[[], int] | None = None,
+    settings: Mapping[str, int | None] | None = None,
+) -> Any:
+    """Instrument a DataLoader a framework rebuilt from an instrumented one's attributes.
+
+    Such a loader (accelerate's ``skip_first_batches``, which resumes an epoch
+    past the batches a checkpoint had trained) holds the instrumented loader's
+    ``TimedDataset`` and ``collate_fn`` but a plain sampler, so its batches
+    carry no position and write no line. The loader returned builds the same
+    batches in the same order and logs them as ``instrument_loader``'s does,
+    into the same sink and rank, its first batch at position ``start`` of the
+    epoch (the batches skipped), so that fetch and training lines keep the
+    positions the first job gave them. ``timer``, ``epoch`` and ``settings``
+    as for ``instrument_loader``.
+    """
+    if (timer is None) != (epoch is None):
+        raise UsageError("give both timer= and epoch=, or neither")
+    dataset = loader.dataset
+    if not isinstance(dataset, TimedDataset):
+        raise UsageError("instrument_rebuilt needs a loader rebuilt from an instrumented one")
+    if is_instrumented(loader):
+        raise UsageError("this DataLoader is already instrumented")
+    if start < 0:
+        raise UsageError(f"start must be a batch position (>= 0), not {start}")
+    kwargs = loader_kwargs(loader, loader.collate_fn)  # already the instrumented one's _Unwrap
+    return _build(loader, dataset, kwargs, timer, epoch, settings, start)
+
+
+def _build(
+    loader: Any,
+    dataset: TimedDataset,
+    kwargs: dict[str, Any],
+    timer: TrainingTimer | None,
+    epoch: Callable[[], int] | None,
+    settings: Mapping[str, int | None] | None,
+    start: int,
+) -> Any:
+    """The instrumented DataLoader over ``dataset`` with ``loader``'s samplers and ``kwargs``."""
+    from torch.utils.data import BatchSampler
 
     batch_sampler = loader.batch_sampler
-    if not auto:
+    if batch_sampler is None:
         kwargs.update(batch_size=None, sampler=loader.sampler)
     elif type(batch_sampler) is BatchSampler and batch_sampler.sampler is loader.sampler:
         # Rebuild the default batch sampler so .sampler/.batch_size/.drop_last stay the user's.
@@ -345,7 +403,8 @@ def instrument_loader(
     else:
         kwargs["batch_sampler"] = batch_sampler
     instrumented = _instrumented_loader_class()(dataset, **kwargs)
-    instrumented._dsim_sink, instrumented._dsim_rank = sink, rank
+    instrumented._dsim_sink, instrumented._dsim_rank = dataset._dsim_sink, dataset._dsim_rank
     instrumented._dsim_timer, instrumented._dsim_epoch = timer, epoch
     instrumented._dsim_settings = dict(settings or {})
+    instrumented._dsim_start = start
     return instrumented

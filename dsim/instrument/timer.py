@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from dsim.errors import UsageError
 from dsim.instrument.cpu import process_cpu, thread_wait
-from dsim.instrument.lines import make_sink, resolve_rank, training_line
+from dsim.instrument.lines import LineSink, make_sink, resolve_rank, training_line
 from dsim.instrument.sinks import flush_held
 
 T = TypeVar("T")
@@ -52,7 +52,9 @@ class TrainingTimer:
     ``sync`` (e.g. ``torch.cuda.synchronize``) is called before the end of
     each iteration is taken, so that asynchronous GPU work is counted in the
     iteration that launched it. ``batch_size`` defaults to the loader's; the
-    Throughput column is left out when it is unknown.
+    Throughput column is left out when it is unknown. ``sink`` (instead of
+    ``log_dir``/``logger``) is a sink already made: an instrumented loader's,
+    so that training lines go where its fetch lines go.
     """
 
     def __init__(
@@ -63,16 +65,25 @@ class TrainingTimer:
         *,
         logger: logging.Logger | str | None = None,
         sync: Callable[[], Any] | None = None,
+        sink: LineSink | None = None,
     ):
         self.rank = resolve_rank(rank)
         self.batch_size = batch_size
         self.sync = sync
-        self.sink = make_sink(log_dir, self.rank, logger)
+        if sink is not None and (log_dir is not None or logger is not None):
+            raise UsageError("give sink= or log_dir=/logger=, not both")
+        self.sink = sink if sink is not None else make_sink(log_dir, self.rank, logger)
 
-    def iterate(self, loader: Iterable[T], epoch: int, total: int | None = None) -> Iterator[T]:
+    def iterate(
+        self, loader: Iterable[T], epoch: int, total: int | None = None, *, start: int = 0
+    ) -> Iterator[T]:
         """Yield ``loader``'s batches; log each iteration when the loop asks for the next batch.
 
-        ``total`` (iterations in the epoch) defaults to ``len(loader)``. An
+        ``total`` (iterations in the epoch) defaults to ``len(loader)``.
+        ``start`` numbers the first iteration: for a loader that resumes an
+        epoch past the batches a checkpoint had trained (accelerate's
+        ``skip_first_batches``), whose iterations keep their positions in the
+        epoch; ``total`` stays the whole epoch's count. An
         iteration the loop leaves with ``break`` or an exception is not
         logged: its end is unknown, and a wrong record is worse than none.
         Sending ``LAST`` (``gen.send(LAST)``) logs the running iteration as
@@ -97,7 +108,7 @@ class TrainingTimer:
             cpu_begin = process_clock()
             runq_begin = wait()
             batches = iter(loader)
-            for iteration in itertools.count():
+            for iteration in itertools.count(start):
                 try:
                     batch = next(batches)
                 except StopIteration:
