@@ -165,3 +165,10 @@ def test_tune_rows_runs_dsim_tune_on_every_base_run(tmp_path) -> None:
     flipped = tune_rows(tmp_path / "traces", names, {names[0]: 80.0, names[1]: 90.0}, {}, 2)
     assert not flipped["is_best"].any()
     assert list(flipped["gap_pct"]) == pytest.approx([12.5, 12.5])
+    # A prefetch factor measured at one worker count only is left out of tune's grid and of
+    # the judged one: tune could recommend its product with other counts, never measured.
+    partial = tune_rows(
+        tmp_path / "traces", [*names, "lb_w1_p4_none_r1"],
+        {names[0]: 280.0, names[1]: 90.0, "lb_w1_p4_none_r1": 50.0}, {}, 2,
+    )  # fmt: skip
+    assert (partial["grid_prefetch"] == "2").all() and partial["is_best"].all()

@@ -176,8 +176,9 @@ def tune_rows(
 
     Base runs: every repeat of every A cell at ``base_prefetch`` of a regime
     with at least two measured worker counts. Tune sweeps the product of the
-    grid's worker counts and prefetch factors, the loader alone (the grid
-    has no aligned cells to compare with).
+    grid's worker counts and the prefetch factors measured at all of them,
+    the loader alone (the grid has no aligned cells to compare with), and is
+    judged against that product's measured times.
     """
     from dsim.app.tune import tune_run
     from dsim.tuning import FLAT_GAIN
@@ -192,7 +193,11 @@ def tune_rows(
         ):  # fmt: skip
             continue
         workers = sorted({w for w, _ in grid})
-        prefetch = sorted({p for _, p in grid})
+        # Only prefetch factors measured at every worker count: tune sweeps their product,
+        # and a recommendation outside the measured grid cannot be judged (the legacy sweep
+        # measured prefetch 1 and 4 at 2 workers only: tune recommended 4 w p4, never run).
+        prefetch = sorted(p for p in {p for _, p in grid} if all((w, p) in grid for w in workers))
+        grid = {(w, p): s for (w, p), s in grid.items() if p in prefetch}
         best_at = {
             w: min((s for (gw, _), s in grid.items() if gw == w), key=lambda s: s.mean)
             for w in workers
