@@ -25,7 +25,7 @@ import pandas as pd
 
 from dsim.analysis.attribution import describe
 from dsim.analysis.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
-from dsim.analysis.verdict import Verdict, best_row, run_verdicts
+from dsim.analysis.verdict import Verdict, best_row, record_groups, run_verdicts
 from dsim.app.attribution import ATTRIBUTION_STEM, run_table_path
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
@@ -104,10 +104,7 @@ def parse_conditions(texts: Sequence[str] | None) -> list[Condition]:
 
 
 def _groups(summary: pd.DataFrame) -> list[list[dict[str, Any]]]:
-    if summary.empty:
-        return []
-    keys = [k for k in ("run", "results") if k in summary.columns]
-    return [g.to_dict("records") for _, g in summary.groupby(keys, sort=False, dropna=False)]
+    return record_groups(summary)
 
 
 def _best(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
