@@ -12,19 +12,27 @@ and checks that what is computed is what the old way gave.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from tracegen import write_synthetic
 
 from dsim.analysis.attribution import attribute, attribution_table, describe
 from dsim.analysis.summary import add_what_if
 from dsim.analysis.verdict import record_groups, run_verdicts
+from dsim.app import run as run_module
+from dsim.app.answer import parse_conditions
+from dsim.app.run import run_replays
+from dsim.config import Overrides, load_config
 from dsim.model import dataset
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.dataset import DatasetWriter, metadata
+from dsim.render.machine import answer_document
 from dsim.replay.arrays import IterationArrays
 
 
@@ -121,7 +129,7 @@ def test_describe_iterates_only_the_columns_it_reads(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(pd.DataFrame, "itertuples", counted)
     assert describe(table) == before
-    assert widths and max(widths) <= 3 < table.shape[1]
+    assert all(width <= 3 for width in widths) and table.shape[1] > 3
 
 
 def test_dataset_key_blocks_are_made_once_per_value(
@@ -174,3 +182,54 @@ def test_dataset_key_blocks_are_made_once_per_value(
     monkeypatch.setattr(dataset, "_block", uncached)
     assert write(tmp_path / "b") == cached
     assert len(made) >= 9 * 2 * 5
+
+
+def _replayed(root: Path, runs: tuple[str, ...]) -> tuple[Any, Any]:
+    config = load_config(
+        None,
+        Overrides(runs=runs, traces=root / "traces", out=root / "out", executor="local"),
+    )
+    return run_replays(config), config
+
+
+def test_dsim_run_builds_its_answer_once_when_the_directory_holds_only_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results directory's answer serves as the run's: ``build_answer`` once, and the
+    answer (verdicts, attribution lines, ``--fail-if`` checks, notes, files) the same as
+    one built anew."""
+    for k, name in enumerate(("first", "second")):
+        write_synthetic(tmp_path / "traces", name, gpus=3, iterations=25, seed=5 + k)
+    built: list[int] = []
+    real = run_module.build_answer
+
+    def counted(summary: pd.DataFrame, *args: Any, **kwargs: Any) -> Any:
+        built.append(len(summary))
+        return real(summary, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "build_answer", counted)
+    outcome, config = _replayed(tmp_path, ("first", "second"))
+    conditions = parse_conditions(["stall_s_mean@actual/actual > 0"])
+    once = run_module.outcome_answer(outcome, config, conditions)
+    assert len(built) == 1  # the directory's; the outcome's reused it
+    anew = run_module.outcome_answer(replace(outcome, directory=None), config, conditions)
+    assert len(built) == 2
+    assert answer_document(once) == answer_document(anew)
+    assert once.checks == anew.checks and len(once.checks) == 2
+    assert once.summary is outcome.summary
+
+
+def test_another_run_in_the_directory_gets_the_run_its_own_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run replayed into a directory that holds another: the directory's answer has more
+    rows, so the run's answer is built for its own rows."""
+    for k, name in enumerate(("first", "second")):
+        write_synthetic(tmp_path / "traces", name, gpus=3, iterations=25, seed=5 + k)
+    _replayed(tmp_path, ("first",))
+    outcome, config = _replayed(tmp_path, ("second",))
+    assert outcome.directory is not None and len(outcome.directory.runs) == 2
+    answer = run_module.outcome_answer(outcome, config)
+    assert [r.run for r in answer.runs] == ["second"]
+    anew = run_module.outcome_answer(replace(outcome, directory=None), config)
+    assert answer_document(answer) == answer_document(anew)

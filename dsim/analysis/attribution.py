@@ -39,6 +39,8 @@ what the terminal lines (``describe``) are printed from.
 
 from __future__ import annotations
 
+import collections
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -374,11 +376,19 @@ def attribution_table(
     return frame
 
 
-def _rows(table: pd.DataFrame, *columns: str) -> Iterator[Any]:
-    """``table.itertuples()`` over ``columns`` only. Why: pandas makes one Series per column
-    for ``itertuples``, ~0.15 ms each; over the attribution table's ~50 columns that was
-    most of ``describe``'s ~16 ms a run, and ``dsim run`` describes every run twice."""
-    return table[list(columns)].itertuples()
+def _rows(table: pd.DataFrame, *columns: str) -> list[Any]:
+    """``table[list(columns)].itertuples(index=False)``'s rows, the same values (Python
+    scalars, as a Series iterates) and attribute names. Why: ``itertuples`` makes one Series
+    per column of the table and a namedtuple class per call; over the attribution table's
+    ~50 columns that was most of ``describe``'s ~16 ms a run, and ``dsim run`` describes
+    every run it answers for."""
+    row = _row_type(columns)
+    return [row(*values) for values in zip(*(table[c].tolist() for c in columns), strict=True)]
+
+
+@functools.lru_cache(maxsize=16)
+def _row_type(columns: tuple[str, ...]) -> Any:
+    return collections.namedtuple("Row", columns)
 
 
 def _describe_stalls(first: Any, ranks: pd.DataFrame) -> list[str]:

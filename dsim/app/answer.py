@@ -252,6 +252,26 @@ def build_answer(
     )
 
 
+def with_outcome(
+    answer: Answer,
+    *,
+    conditions: Sequence[Condition] = (),
+    notes: Sequence[str] = (),
+    written: Sequence[Path] = (),
+) -> Answer:
+    """``answer`` (``build_answer``'s, without conditions, notes or files) as ``build_answer``
+    gives it with them: the ``--fail-if`` checks evaluated over its summary, each run's
+    its own. Why: ``dsim run`` answers for the results directory (its ``summary.*``) and
+    for the runs it replayed; where those are the same rows, the verdicts and attribution
+    lines are computed once (``dsim.app.run.outcome_answer``)."""
+    checks = evaluate(answer.summary, list(conditions)) if conditions else []
+    runs = tuple(
+        replace(r, checks=tuple(c for c in checks if c.run == r.run and c.results == r.results))
+        for r in answer.runs
+    )
+    return replace(answer, runs=runs, notes=tuple(notes), written=tuple(written))
+
+
 def with_headlines(answer: Answer, headlines: Mapping[str, Verdict]) -> Answer:
     """The answer with the more accurate model's verdicts (results run directory → verdict,
     ``dsim.app.headline``) as the runs' headlines."""
