@@ -23,7 +23,7 @@ import pytest
 from tracegen import write_synthetic
 
 from dsim.analysis.attribution import attribute, attribution_table, describe
-from dsim.analysis.summary import add_what_if
+from dsim.analysis.summary import add_what_if, summarize_results
 from dsim.analysis.verdict import record_groups, run_verdicts
 from dsim.app import run as run_module
 from dsim.app.answer import parse_conditions
@@ -32,6 +32,7 @@ from dsim.config import Overrides, load_config
 from dsim.model import dataset
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.dataset import DatasetWriter, metadata
+from dsim.model.results import ResultRun, find_result_runs
 from dsim.render.machine import answer_document
 from dsim.replay.arrays import IterationArrays
 
@@ -233,3 +234,25 @@ def test_another_run_in_the_directory_gets_the_run_its_own_answer(
     assert [r.run for r in answer.runs] == ["second"]
     anew = run_module.outcome_answer(replace(outcome, directory=None), config)
     assert answer_document(answer) == answer_document(anew)
+
+
+def test_a_fresh_run_summarises_its_replays_without_reading_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary rows of the replays ``dsim run`` computed come from the tables it held
+    (no ``ResultRun.read``, which for a stub decodes the dataset just written), and are
+    the rows ``dsim summarize`` reads from the files."""
+    write_synthetic(tmp_path / "traces", "first", gpus=3, iterations=25, seed=5)
+    reads: list[object] = []
+    real = ResultRun.read
+
+    def counted(self: ResultRun, policy: Any, **kwargs: Any) -> Any:
+        reads.append(policy)
+        return real(self, policy, **kwargs)
+
+    monkeypatch.setattr(ResultRun, "read", counted)
+    outcome, config = _replayed(tmp_path, ("first",))
+    assert outcome.computed == 9 and reads == []
+    read_back = summarize_results(find_result_runs([config.out / "first"]))
+    assert len(reads) == 9
+    pd.testing.assert_frame_equal(outcome.summary, read_back)
