@@ -60,6 +60,7 @@ from dsim.model.results import (
     unstub_stale,
     write_replay,
     write_result_info,
+    write_stub,
 )
 from dsim.model.tables import RunTables, read_run
 from dsim.replay.policies import policy_label
@@ -181,13 +182,18 @@ def _finish_plan(
     prepared = model.prepare(plan.arrays, replay_params(config)) if plan.todo else None
     selection = run_selection(info, config.epochs, config.warmup, config.threshold_s)
     rows: dict[Any, dict[str, Any] | None] = {}
+    stubs: list[pa.Table] = []  # the computed replays' schemas (metadata), stubs to write
     try:
         for policy in sorted(plan.keys, key=policy_label):
             table = None  # the previous policy's replay is let go of before the next one
             release_freed()  # and what it and its dataset rows freed, handed back
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
-                report.written.append(write_replay(table, config.out))
+                if writer is None:  # no dataset to hold its rows (not so today): whole
+                    report.written.append(write_replay(table, config.out))
+                else:  # written once, as its stub, once the dataset holds its rows
+                    stubs.append(table.schema.empty_table())
+                    report.written.append(replay_path(config.out, plan.directory, policy))
                 report.computed += 1
                 report.replayed_rows += plan.arrays.n_iterations
             else:
@@ -206,8 +212,12 @@ def _finish_plan(
     if writer is not None:
         report.written.extend(unstub_stale(config.out, plan.directory, info.policies))
         report.written.extend(writer.commit())
-    stubs = stub_replays(config.out, plan.directory, info.policies)
-    report.written.extend(path for path in stubs if path not in report.written)
+    for stub in stubs:
+        write_stub(stub, config.out)
+    computed = {policy_label(p) for p in plan.todo} if stubs else set()
+    rest = {label: key for label, key in info.policies.items() if label not in computed}
+    written = stub_replays(config.out, plan.directory, rest)  # replays whole from before
+    report.written.extend(path for path in written if path not in report.written)
     return {policy: row for policy, row in rows.items() if row is not None}
 
 
