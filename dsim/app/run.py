@@ -2,10 +2,11 @@
 
 Order matters for users: the config is fully validated first (``dsim.config``),
 then every run is loaded and checked, and only then does anything get written.
-Each policy's replay is written atomically the moment it is complete, so an
-interrupted run keeps every finished policy and the next run redoes only the
-rest. ``result.json`` and the summary are written last: ``result.json``
-lists exactly the replays of this run (``dsim.model.results`` explains how readers
+Each run directory's files are written atomically once its replays are
+complete (the dataset, then each replay's stub), so an interrupted run keeps
+every finished run directory and the next run redoes only the rest.
+``result.json`` and the summary are written last: ``result.json`` lists
+exactly the replays of this run (``dsim.model.results`` explains how readers
 use it). From deciding what is cached to writing the summary, the runner
 holds the output directory's exclusive lock (``dsim.io.lock``), so that two
 ``dsim run`` processes on one directory take turns instead of mixing.

@@ -2,12 +2,16 @@
 
 A run's work happens once and where it runs: its arrays (built once, in
 ``dsim.app.runplan``) feed the replay, the dataset rows and the attribution;
-each replay computed is written and added to the tidy dataset from memory
+each replay computed is added to the tidy dataset from memory
 (``DatasetWriter``), so the dataset costs no second read of the replays. Once
-the dataset files are in place they are the one stored copy of the numbers:
-each replay file is rewritten as a stub (``stub_replays``, docs/SPEC.md §7.1).
-Until then every replay computed is whole on disk, so an interrupted run
-resumes per policy (§7.2).
+the dataset files are in place they are the one stored copy of the numbers,
+and each computed replay's file is written, once, as a stub (``write_stub``;
+replays whole from before are rewritten by ``stub_replays``; docs/SPEC.md
+§7.1). Why once: writing it whole first was 13 % of a fresh run, and bought
+only per-policy resume, which saves the replay kernels alone (the dataset is
+rebuilt whole whenever a policy is replayed); an interrupted run redoes the
+run directory it was in (§7.2). Its summary rows are made from the tables in
+memory (``policy_row``), not read back.
 What comes back (``RunReport``) is small: the run's summary rows before the
 columns that compare rows, its attribution, counts and the paths written.
 

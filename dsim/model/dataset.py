@@ -17,7 +17,7 @@ The directories hold nothing but these files (temporaries of a write in
 progress start with ``.``, which pyarrow ignores and ``*.parquet`` does not
 match). A dataset file records the replay keys it was built from and is
 rebuilt only when they change. Since results format 2 it is the stored copy of
-the numbers: once both files are in place, ``dsim run`` rewrites each replay file
+the numbers: once both files are in place, ``dsim run`` writes each replay file
 as a stub (its metadata, no rows; ``dsim.model.results.stub_replays``), which
 keeps what cache, provenance and resume read (§7.2, §7.3); readers read a stub's
 rows from here (``dsim.model.datasetfiles``). Deleting ``<out>/dataset`` loses them.

@@ -22,7 +22,7 @@ table is self-describing even when moved.
 Replay format 1 is that whole table. Format 2 is a *stub*: the same metadata
 with ``format_version`` 2 and ``"rows": "dataset"``, and no column: once
 ``dsim run`` has moved a run directory's tidy dataset files into place (which
-hold every number of its replays, long), it rewrites each replay file as a stub,
+hold every number of its replays, long), it writes each replay file as a stub,
 so results hold one copy of the numbers (docs/SPEC.md §7.1). ``ResultRun.read``
 returns the same table for both: a stub's rows are read from the dataset
 (``dsim.model.datasetfiles``) and its metadata given back format 1's. A stub is
