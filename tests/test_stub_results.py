@@ -24,7 +24,9 @@ from dsim.app import runtask
 from dsim.app.run import run_replays
 from dsim.config import Overrides, load_config
 from dsim.errors import InputError
+from dsim.io.atomic import write_parquet
 from dsim.model import datasetfiles
+from dsim.model import results as results_module
 from dsim.model.dataset import (
     GPUS_SCHEMA,
     ITERATIONS_SCHEMA,
@@ -37,9 +39,11 @@ from dsim.model.results import (
     REPLAY_FORMAT_VERSION,
     STUB_FORMAT_VERSION,
     find_result_runs,
+    load_replay,
     replay_metadata,
     stub_replays,
     unstub_stale,
+    write_stub,
 )
 from dsim.model.runinfo import check_version
 
@@ -78,7 +82,17 @@ def _files(root: Path, *, summary: bool = True) -> dict[str, bytes]:
 
 
 def _no_stubs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dsim run`` as before format 2: replays left whole (what version 1 wrote)."""
+    """``dsim run`` as before format 2: replays left whole (what version 1 wrote). A
+    computed replay is written once, as a stub; here its stub is written back whole from
+    the dataset, the bytes ``write_replay`` gives (``unstub_stale``'s rule)."""
+
+    def whole(table: pa.Table, out: Path) -> Path:
+        path = write_stub(table, out)
+        replay, _ = load_replay(path, remedy="test")
+        write_parquet(replay, path)
+        return path
+
+    monkeypatch.setattr(runtask, "write_stub", whole)
     monkeypatch.setattr(runtask, "stub_replays", lambda *args: [])
 
 
@@ -129,11 +143,14 @@ def test_a_stub_reads_as_the_whole_replay_it_replaced(
     assert {p.name: p.read_bytes() for p in run_dir.glob("*__*.parquet")} == whole
 
 
-def test_an_interrupted_run_resumes_per_policy(
+def test_an_interrupted_run_resumes_per_run_directory(
     traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Replays stay whole until the dataset is committed: a run stopped after four
-    policies leaves four usable replays, and the re-run computes only the other five."""
+    """A computed replay is written once, as its stub, after the dataset holding its rows
+    is in place (issue #21 item 1: written whole first, it was 13 % of a fresh run, and
+    the dataset is rebuilt whole whenever a policy is replayed anyway): a run stopped
+    after four policies leaves no replay and no dataset, and the re-run computes all nine
+    and writes the files an uninterrupted run writes."""
     reference = tmp_path / "reference"
     reference.mkdir()
     shutil.copytree(traces / "traces", reference / "traces")
@@ -153,13 +170,30 @@ def test_an_interrupted_run_resumes_per_policy(
         with pytest.raises(KeyboardInterrupt):
             run_replays(_config(traces))
     run_dir = traces / "out" / RUN
-    assert _formats(run_dir) == {p.name: REPLAY_FORMAT_VERSION for p in run_dir.glob("*.parquet")}
-    assert len(_formats(run_dir)) == 4
+    assert not list(run_dir.glob("*__*.parquet"))
     assert not (traces / "out" / "dataset" / "iterations" / f"{RUN}.parquet").exists()
 
     outcome = run_replays(_config(traces))
-    assert (outcome.computed, outcome.cached) == (5, 4)
+    assert (outcome.computed, outcome.cached) == (9, 0)
     assert _files(traces / "out", summary=False) == _files(reference / "out", summary=False)
+
+
+def test_a_computed_replay_is_written_once(traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replay file of a fresh run is written once (its stub), not whole and then
+    again as a stub: the Parquet writes of replay files are counted."""
+    writes: list[str] = []
+    real = results_module.write_parquet
+
+    def counted(table: pa.Table, target: Path) -> None:
+        writes.append(Path(target).name)
+        real(table, target)
+
+    monkeypatch.setattr(results_module, "write_parquet", counted)
+    monkeypatch.setattr(runtask, "write_parquet", counted)
+    run_replays(_config(traces))
+    replays = [name for name in writes if "__" in name]
+    assert len(replays) == 9 and len(set(replays)) == 9
+    assert set(_formats(traces / "out" / RUN).values()) == {STUB_FORMAT_VERSION}
 
 
 @pytest.mark.parametrize("damage", ["missing", "stale"])

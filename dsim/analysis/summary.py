@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dsim.analysis.throughput import THROUGHPUT_COLUMNS, add_throughput, batch_size
 from dsim.errors import UsageError
-from dsim.model.resultinfo import Selection
+from dsim.model.resultinfo import ResultInfo, Selection
 from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
 from dsim.model.selection import Epochs, resolve_epochs, selection_mask
@@ -187,7 +188,15 @@ def summary_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def _run_selection(
     run: ResultRun, epochs: Epochs, warmup: int | None, threshold_s: float | None
 ) -> tuple[Epochs, int, float]:
-    saved = run.info.selection or Selection(None, None, None)
+    return run_selection(run.info, epochs, warmup, threshold_s)
+
+
+def run_selection(
+    info: ResultInfo, epochs: Epochs, warmup: int | None, threshold_s: float | None
+) -> tuple[Epochs, int, float]:
+    """The (epochs, warm-up, threshold) a run's summary uses: the options given, else what
+    its ``result.json`` recorded, else the defaults."""
+    saved = info.selection or Selection(None, None, None)
     if epochs is None and saved.epochs is not None:
         epochs = list(saved.epochs)
     if warmup is None:
@@ -248,10 +257,14 @@ def summary_rows(
     warmup: int | None = None,
     threshold_s: float | None = None,
     policies: Sequence[Policy] | None = None,
+    made: Mapping[Policy, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of ``summarize_results`` before the columns that compare rows (what-if,
     throughput): each run's are its own, so a run's rows can be made where it ran
-    (``dsim run`` on Ray) and joined by ``summary_table``."""
+    (``dsim run`` on Ray) and joined by ``summary_table``. ``made``: rows ``policy_row``
+    already made from the replays in memory (one run's, by policy), used instead of
+    reading those replays back; the runs are verified all the same."""
+    made = made or {}
     wanted = None if policies is None else list(dict.fromkeys(policies))
     rows: list[dict[str, Any]] = []
     for run in runs:
@@ -261,32 +274,54 @@ def summary_rows(
         run.verify()  # every listed replay, so that no run mixes two `dsim run`s
         if BASELINE in run.replays and BASELINE not in chosen:
             chosen.append(BASELINE)
-        run_epochs, run_warmup, run_threshold = _run_selection(run, epochs, warmup, threshold_s)
-        trace = run.info.trace.document() if run.info.trace is not None else {}
-        if not trace.get("gpus") and run.info.ranks:
-            trace["gpus"] = len(run.info.ranks)  # ranks replayed, when the trace lacks a count
+        selection = _run_selection(run, epochs, warmup, threshold_s)
         for policy in chosen:
-            table = run.read(policy, gpus=False)  # a summary reads no per-GPU column
-            epoch = table.column("epoch").to_numpy()
-            iteration = table.column("iteration").to_numpy()
-            selected, mask = selected_iterations(epoch, iteration, run_epochs, run_warmup, run.name)
-            metrics = {m: table.column(m).to_numpy() for m in METRIC_COLUMNS}
-            stats = summarize_metrics(metrics, mask, run_threshold)
-            row = summary_row(
-                run=run.name,
-                trace=trace,
-                policy=policy,
-                stats=stats,
-                epochs=selected,
-                warmup=run_warmup,
-                threshold_s=run_threshold,
-            )
-            row.update(model_fields(run.info.document()))
-            row["batch_size_rank"], row["batch_size_source"] = batch_size(run.info.document())
-            row["results"] = str(run.directory)
+            if policy in made:
+                row = dict(made[policy])
+                row["results"] = str(run.directory)
+            else:
+                table = run.read(policy, gpus=False)  # a summary reads no per-GPU column
+                row = policy_row(run.name, run.info, run.directory, policy, table, selection)
             row["__shown"] = wanted is None or policy in wanted
             rows.append(row)
     return rows
+
+
+def policy_row(
+    name: str,
+    info: ResultInfo,
+    directory: Path,
+    policy: Policy,
+    table: pa.Table,
+    selection: tuple[Epochs, int, float],
+) -> dict[str, Any]:
+    """One policy's summary row (``summary_rows``, without ``__shown``) from its replay
+    table (whole or its per-iteration columns), for the run of ``info`` in ``directory``
+    over ``selection`` (``run_selection``). ``dsim run`` makes it from the table it holds
+    after the replay, so that the summary reads no replay back (issue #21)."""
+    run_epochs, run_warmup, run_threshold = selection
+    trace = info.trace.document() if info.trace is not None else {}
+    if not trace.get("gpus") and info.ranks:
+        trace["gpus"] = len(info.ranks)  # ranks replayed, when the trace lacks a count
+    epoch = table.column("epoch").to_numpy()
+    iteration = table.column("iteration").to_numpy()
+    selected, mask = selected_iterations(epoch, iteration, run_epochs, run_warmup, name)
+    metrics = {m: table.column(m).to_numpy() for m in METRIC_COLUMNS}
+    stats = summarize_metrics(metrics, mask, run_threshold)
+    row = summary_row(
+        run=name,
+        trace=trace,
+        policy=policy,
+        stats=stats,
+        epochs=selected,
+        warmup=run_warmup,
+        threshold_s=run_threshold,
+    )
+    document = info.document()
+    row.update(model_fields(document))
+    row["batch_size_rank"], row["batch_size_source"] = batch_size(document)
+    row["results"] = str(directory)
+    return row
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

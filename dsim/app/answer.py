@@ -25,7 +25,7 @@ import pandas as pd
 
 from dsim.analysis.attribution import describe
 from dsim.analysis.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
-from dsim.analysis.verdict import Verdict, best_row, run_verdicts
+from dsim.analysis.verdict import Verdict, best_row, record_groups, run_verdicts
 from dsim.app.attribution import ATTRIBUTION_STEM, run_table_path
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
@@ -104,10 +104,7 @@ def parse_conditions(texts: Sequence[str] | None) -> list[Condition]:
 
 
 def _groups(summary: pd.DataFrame) -> list[list[dict[str, Any]]]:
-    if summary.empty:
-        return []
-    keys = [k for k in ("run", "results") if k in summary.columns]
-    return [g.to_dict("records") for _, g in summary.groupby(keys, sort=False, dropna=False)]
+    return record_groups(summary)
 
 
 def _best(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
@@ -253,6 +250,26 @@ def build_answer(
         tuple(written),
         tuple(result_runs),
     )
+
+
+def with_outcome(
+    answer: Answer,
+    *,
+    conditions: Sequence[Condition] = (),
+    notes: Sequence[str] = (),
+    written: Sequence[Path] = (),
+) -> Answer:
+    """``answer`` (``build_answer``'s, without conditions, notes or files) as ``build_answer``
+    gives it with them: the ``--fail-if`` checks evaluated over its summary, each run's
+    its own. Why: ``dsim run`` answers for the results directory (its ``summary.*``) and
+    for the runs it replayed; where those are the same rows, the verdicts and attribution
+    lines are computed once (``dsim.app.run.outcome_answer``)."""
+    checks = evaluate(answer.summary, list(conditions)) if conditions else []
+    runs = tuple(
+        replace(r, checks=tuple(c for c in checks if c.run == r.run and c.results == r.results))
+        for r in answer.runs
+    )
+    return replace(answer, runs=runs, notes=tuple(notes), written=tuple(written))
 
 
 def with_headlines(answer: Answer, headlines: Mapping[str, Verdict]) -> Answer:

@@ -2,12 +2,16 @@
 
 A run's work happens once and where it runs: its arrays (built once, in
 ``dsim.app.runplan``) feed the replay, the dataset rows and the attribution;
-each replay computed is written and added to the tidy dataset from memory
+each replay computed is added to the tidy dataset from memory
 (``DatasetWriter``), so the dataset costs no second read of the replays. Once
-the dataset files are in place they are the one stored copy of the numbers:
-each replay file is rewritten as a stub (``stub_replays``, docs/SPEC.md §7.1).
-Until then every replay computed is whole on disk, so an interrupted run
-resumes per policy (§7.2).
+the dataset files are in place they are the one stored copy of the numbers,
+and each computed replay's file is written, once, as a stub (``write_stub``;
+replays whole from before are rewritten by ``stub_replays``; docs/SPEC.md
+§7.1). Why once: writing it whole first was 13 % of a fresh run, and bought
+only per-policy resume, which saves the replay kernels alone (the dataset is
+rebuilt whole whenever a policy is replayed); an interrupted run redoes the
+run directory it was in (§7.2). Its summary rows are made from the tables in
+memory (``policy_row``), not read back.
 What comes back (``RunReport``) is small: the run's summary rows before the
 columns that compare rows, its attribution, counts and the paths written.
 
@@ -30,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsim.analysis.attribution import Attribution, attribution_table
-from dsim.analysis.summary import summary_rows
+from dsim.analysis.summary import policy_row, run_selection, summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
 from dsim.app.runplan import (
     UNREAD,
@@ -60,6 +64,7 @@ from dsim.model.results import (
     unstub_stale,
     write_replay,
     write_result_info,
+    write_stub,
 )
 from dsim.model.tables import RunTables, read_run
 from dsim.replay.policies import policy_label
@@ -137,13 +142,12 @@ def finish_run(
     each replay, ``result.json``, the dataset files and the summary rows; attribute the
     run. Plans must be checked (``check_results_directory``) and have ``todo`` set."""
     report = RunReport(plans[0].name, dropped=dict(plans[0].arrays.dropped))
-    for plan in plans:
-        _finish_plan(plan, config, chunk_rows, on_rows, report)
+    report_rows = [_finish_plan(plan, config, chunk_rows, on_rows, report) for plan in plans]
     # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
     # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
     release_freed()
     runs = find_result_runs([config.out / plan.directory for plan in plans])
-    for run, plan in zip(runs, plans, strict=True):
+    for run, plan, made in zip(runs, plans, report_rows, strict=True):
         report.rows.extend(
             summary_rows(
                 [run],
@@ -151,6 +155,7 @@ def finish_run(
                 warmup=config.warmup,
                 threshold_s=config.threshold_s,
                 policies=list(plan.keys),
+                made=made,
             )
         )
     _attribute(plans, report, config.out)
@@ -163,11 +168,13 @@ def _finish_plan(
     chunk_rows: int,
     on_rows: OnRows | None,
     report: RunReport,
-) -> None:
+) -> dict[Any, dict[str, Any]]:
     """One results directory: replays (label order), dataset from memory, ``result.json``,
     then the replays made stubs. The dataset is rebuilt when it does not list these keys,
     and whenever a policy is replayed (``--force``, or a replay file lost): the files
-    that now hold the numbers are rewritten by what recomputes them."""
+    that now hold the numbers are rewritten by what recomputes them. Returns the summary
+    rows (``policy_row``) of the replays it held in memory, by policy, so that the
+    summary reads none of them back."""
     model = plan.model
     assert model is not None  # set by plan_run
     info = result_info(plan, config, model)
@@ -177,13 +184,20 @@ def _finish_plan(
     writer = DatasetWriter(config.out, plan.directory, dataset) if dataset is not None else None
     ident = identity(plan.name, info)
     prepared = model.prepare(plan.arrays, replay_params(config)) if plan.todo else None
+    selection = run_selection(info, config.epochs, config.warmup, config.threshold_s)
+    rows: dict[Any, dict[str, Any] | None] = {}
+    stubs: list[pa.Table] = []  # the computed replays' schemas (metadata), stubs to write
     try:
         for policy in sorted(plan.keys, key=policy_label):
             table = None  # the previous policy's replay is let go of before the next one
             release_freed()  # and what it and its dataset rows freed, handed back
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
-                report.written.append(write_replay(table, config.out))
+                if writer is None:  # no dataset to hold its rows (not so today): whole
+                    report.written.append(write_replay(table, config.out))
+                else:  # written once, as its stub, once the dataset holds its rows
+                    stubs.append(table.schema.empty_table())
+                    report.written.append(replay_path(config.out, plan.directory, policy))
                 report.computed += 1
                 report.replayed_rows += plan.arrays.n_iterations
             else:
@@ -193,6 +207,7 @@ def _finish_plan(
                 table = _read_cached(plan, config.out, policy)
             if writer is not None:
                 writer.add_replay(ident, policy, table)
+            rows[policy] = _row(plan, info, config.out, policy, table, selection)
         report.written.append(write_result_info(info, config.out, plan.directory))
     except BaseException:
         if writer is not None:
@@ -201,8 +216,29 @@ def _finish_plan(
     if writer is not None:
         report.written.extend(unstub_stale(config.out, plan.directory, info.policies))
         report.written.extend(writer.commit())
-    stubs = stub_replays(config.out, plan.directory, info.policies)
-    report.written.extend(path for path in stubs if path not in report.written)
+    for stub in stubs:
+        write_stub(stub, config.out)
+    computed = {policy_label(p) for p in plan.todo} if stubs else set()
+    rest = {label: key for label, key in info.policies.items() if label not in computed}
+    written = stub_replays(config.out, plan.directory, rest)  # replays whole from before
+    report.written.extend(path for path in written if path not in report.written)
+    return {policy: row for policy, row in rows.items() if row is not None}
+
+
+def _row(
+    plan: RunPlan,
+    info: Any,
+    out: Path,
+    policy: Any,
+    table: pa.Table,
+    selection: tuple[Any, int, float],
+) -> dict[str, Any] | None:
+    """The policy's summary row from its table in memory, or None where the summary must
+    make it itself (a selection it refuses: the summary says so, after the files)."""
+    try:
+        return policy_row(plan.name, info, out / plan.directory, policy, table, selection)
+    except DsimError:
+        return None
 
 
 def _replay(

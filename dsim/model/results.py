@@ -22,7 +22,7 @@ table is self-describing even when moved.
 Replay format 1 is that whole table. Format 2 is a *stub*: the same metadata
 with ``format_version`` 2 and ``"rows": "dataset"``, and no column: once
 ``dsim run`` has moved a run directory's tidy dataset files into place (which
-hold every number of its replays, long), it rewrites each replay file as a stub,
+hold every number of its replays, long), it writes each replay file as a stub,
 so results hold one copy of the numbers (docs/SPEC.md §7.1). ``ResultRun.read``
 returns the same table for both: a stub's rows are read from the dataset
 (``dsim.model.datasetfiles``) and its metadata given back format 1's. A stub is
@@ -84,6 +84,7 @@ __all__ = [
     "unstub_stale",
     "write_replay",
     "write_result_info",
+    "write_stub",
 ]
 
 SUMMARY_STEM = "summary"
@@ -147,6 +148,17 @@ def write_replay(table: pa.Table, out: str | Path) -> Path:
     directory = meta.get("directory", meta["run"])
     path = replay_path(out, directory, (meta["fetch_align"], meta["start_align"]))
     write_parquet(table, path)
+    return path
+
+
+def write_stub(table: pa.Table, out: str | Path) -> Path:
+    """The stub of the replay ``table`` (``stub_table``; its schema suffices), where
+    ``write_replay`` would write it whole: ``dsim run`` writes a replay it computed once,
+    as this stub, after the dataset files that hold its rows are in place (§7.1)."""
+    meta = replay_metadata(table, Path("<memory>"))
+    directory = meta.get("directory", meta["run"])
+    path = replay_path(out, directory, (meta["fetch_align"], meta["start_align"]))
+    write_parquet(stub_table(meta), path)
     return path
 
 
