@@ -25,6 +25,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from dsim.analysis.attribution import attribution_table
 from dsim.analysis.sanity import check_threshold
 from dsim.analysis.summary import summarize_results
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
+    from dsim.render.figures.ranks import ReducedRanks
     from dsim.render.html import ReportView, RunAttribution
 
 MAX_TIMELINE_RUNS = 6
@@ -181,20 +184,68 @@ def _epochs_of(row: Any) -> list[int]:
     return [int(e) for e in str(row["selected_epochs"]).split(",") if e.strip()]
 
 
+GPU_PREFIX = "stall_s_gpu"
+
+
+def _gpu_columns(names: list[str]) -> list[str]:
+    cols = [c for c in names if c.startswith(GPU_PREFIX)]
+    return sorted(cols, key=lambda c: int(c.removeprefix(GPU_PREFIX) or 0))
+
+
 def _timeline_replays(
     run: ResultRun, policies: list[Policy], summary_row: Any
-) -> dict[Policy, pd.DataFrame]:
-    """The timeline run's replays, restricted to the iterations the summary used."""
+) -> tuple[dict[Policy, pd.DataFrame], ReducedRanks | None]:
+    """The timeline run's replays, restricted to the iterations the summary used.
+
+    Above ``MANY_RANKS`` ranks the timeline draws per-GPU stalls only as bands across
+    GPUs and the named stragglers, so each policy's stall table is reduced as soon as it
+    is read (``ReducedRanks``) and only the named ranks' columns are kept: memory holds
+    one policy's [iterations, GPUs] table at a time, not every policy's (issue 21).
+    The reference replay (measured, else the first in canonical order) is read first:
+    it decides which ranks are named.
+    """
+    from dsim.render.figures.labels import ordered_policies
+    from dsim.render.figures.ranks import (
+        MANY_RANKS,
+        TOP_RANKS,
+        ReducedRanks,
+        largest_share,
+        rank_bands,
+        stall_stragglers,
+    )
+    from dsim.render.figures.style import GPU_COLORS
+
     epochs, warmup = _epochs_of(summary_row), int(summary_row["warmup"])
-    out: dict[Policy, pd.DataFrame] = {}
-    for policy in policies:
+    reference = BASELINE if BASELINE in policies else ordered_policies(policies)[0]
+    order = [reference, *(p for p in policies if p != reference)]
+    frames: dict[Policy, pd.DataFrame] = {}
+    reduced: ReducedRanks | None = None
+    for policy in order:
         table = run.read(policy)
         mask = selection_mask(
             table.column("epoch").to_numpy(), table.column("iteration").to_numpy(), epochs, warmup
         )
-        frame = table.to_pandas()
-        out[policy] = frame[mask].reset_index(drop=True)
-    return out
+        gpu_cols = _gpu_columns(table.column_names)
+        if len(gpu_cols) <= MANY_RANKS:
+            frames[policy] = table.to_pandas()[mask].reset_index(drop=True)
+            continue
+        stalls = np.column_stack(
+            [table.column(c).to_numpy(zero_copy_only=False)[mask] for c in gpu_cols]
+        ).astype(float, copy=False)
+        if reduced is None:  # the reference: it names the ranks of every panel
+            named = (
+                stall_stragglers(stalls, TOP_RANKS)
+                if len(gpu_cols) > len(GPU_COLORS)
+                else np.arange(len(gpu_cols))
+            )
+            reduced = ReducedRanks(gpu_cols, named, largest_share(stalls), {})
+        reduced.bands[policy] = rank_bands(stalls)
+        del stalls
+        drop = set(gpu_cols) - {gpu_cols[j] for j in reduced.named}
+        kept = table.select([c for c in table.column_names if c not in drop])
+        del table
+        frames[policy] = kept.to_pandas()[mask].reset_index(drop=True)
+    return {p: frames[p] for p in policies}, reduced
 
 
 def selection_text(row: Any) -> str:
@@ -243,6 +294,7 @@ def read_report_input(request: ReportRequest) -> tuple[Answer, ReportView, list[
     add_spread(summary, by_name)
     chosen = timeline_runs(summary, request.timeline_run)
     timelines = {}
+    reduced = {}
     for name in chosen:
         rows = summary[summary["run"] == name]
         t_run = by_name[name]
@@ -251,7 +303,9 @@ def read_report_input(request: ReportRequest) -> tuple[Answer, ReportView, list[
         ]
         if BASELINE in t_run.replays and BASELINE not in t_policies:
             t_policies.insert(0, BASELINE)
-        timelines[name] = _timeline_replays(t_run, t_policies, rows.iloc[0])
+        timelines[name], ranks = _timeline_replays(t_run, t_policies, rows.iloc[0])
+        if ranks is not None:
+            reduced[name] = ranks
     attributions = run_attributions(summary, by_name, request.traces, over_time=chosen)
     utilisation = {}
     for name in chosen:
@@ -282,6 +336,7 @@ def read_report_input(request: ReportRequest) -> tuple[Answer, ReportView, list[
         attributions={name: attributions[name] for name in chosen},
         utilisation=utilisation,
         tune=tune_tables(runs, names),
+        reduced=reduced,
     )
     matching = len(_matching(summary, request.timeline_run))
     if matching > len(chosen):

@@ -30,7 +30,7 @@ from dsim.analysis.attribution import FIXED_STRAGGLER_SHARE
 from dsim.analysis.verdict import original_line
 from dsim.render import figures
 from dsim.render.columns import POLICY, SUMMARY_TABLE, header
-from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS
+from dsim.render.figures.ranks import MANY_RANKS, TOP_RANKS, ReducedRanks
 from dsim.render.units import time_number, time_text, time_unit
 from dsim.replay.policies import BASELINE, Policy, is_stall_alignment
 from dsim.spec import COMMAND as SPEC_COMMAND
@@ -68,6 +68,10 @@ class ReportView:
     its replays' order, for runs whose trace has utilisation samples (SPEC §1.9)."""
     tune: Mapping[str, pd.DataFrame] = field(default_factory=dict)
     """Run → its ``dsim tune`` table (``<results>/tune/<run>.parquet``), where one was written."""
+    reduced: Mapping[str, ReducedRanks] = field(default_factory=dict)
+    """Run of ``timelines`` with more than ``MANY_RANKS`` ranks → its per-GPU stalls reduced
+    while reading (``ReducedRanks``); its ``timelines`` frames then hold only the named
+    ranks' stall columns."""
 
 
 @dataclass
@@ -340,6 +344,7 @@ def report_figures(answer: Answer, view: ReportView) -> list[tuple[str, go.Figur
             selection=selection,
             selected=_best_policy(answer, run),
             utilisation=view.utilisation.get(run),
+            reduced=view.reduced.get(run),
         )
         cdf = figures.cdf_figure(label, replays, threshold_s=threshold, selection=selection)
         out += [(f"fig-timeline{suffix}", timeline), (f"fig-cdf{suffix}", cdf)]

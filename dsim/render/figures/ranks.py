@@ -37,6 +37,27 @@ class RankBands:
     max: np.ndarray
 
 
+@dataclass(frozen=True)
+class ReducedRanks:
+    """A many-rank run's per-GPU stalls reduced to what its timeline draws.
+
+    ``dsim report`` computes it policy by policy while reading, so that no policy's
+    [iterations, GPUs] stall table outlives its own reduction (at 1024 ranks × 10,000
+    iterations the full tables of nine policies took 4.7 GB): the frames handed to the
+    timeline then hold the per-iteration columns and the named ranks' stalls only.
+    """
+
+    columns: list[str]
+    """Every GPU's stall column (``stall_s_gpu<N>``), in rank order."""
+    named: np.ndarray
+    """Positions in ``columns`` of the ranks drawn by name (``stall_stragglers``)."""
+    share: np.ndarray
+    """Per GPU, the share of iterations it alone stalled longest (``largest_share``) in the
+    reference replay (the measured one where there is one)."""
+    bands: dict[tuple[str, str], RankBands]
+    """Per policy, ``rank_bands`` of its stalls over every GPU."""
+
+
 def rank_bands(values: np.ndarray) -> RankBands:
     """Per row of ``values`` ([iterations, GPUs]) its 10th percentile, median, 90th
     percentile (linear interpolation, NumPy's default) and maximum over the GPUs; NaN

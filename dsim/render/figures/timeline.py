@@ -25,6 +25,8 @@ from dsim.render.figures.labels import ordered_policies, policy_name
 from dsim.render.figures.ranks import (
     MANY_RANKS,
     TOP_RANKS,
+    RankBands,
+    ReducedRanks,
     largest_share,
     percent_text,
     rank_bands,
@@ -122,7 +124,7 @@ class _Traces:
 
     def add_spread(
         self,
-        values: np.ndarray,
+        values: np.ndarray | RankBands,
         row: int,
         owner: Policy | None,
         *,
@@ -132,8 +134,9 @@ class _Traces:
         showlegend: bool = True,
     ) -> None:
         """The spread of ``values`` ([iterations, GPUs]) across GPUs per iteration: a
-        10th–90th percentile band, the median and the maximum (``rank_bands``)."""
-        bands = rank_bands(values)
+        10th–90th percentile band, the median and the maximum (``rank_bands``; given
+        directly where the report reduced the stalls while reading)."""
+        bands = values if isinstance(values, RankBands) else rank_bands(values)
         keep = _shared_keep([bands.p10, bands.median, bands.p90, bands.max], self.max_points)
         common = {"visible": visible}
         self.add(
@@ -210,6 +213,7 @@ def timeline_figure(
     selected: Policy | None = None,
     max_points: int = MAX_POINTS,
     utilisation: pd.DataFrame | None = None,
+    reduced: ReducedRanks | None = None,
 ) -> go.Figure:
     """Per-iteration GPU stalls and delay: measured (actual/actual) against one policy.
 
@@ -220,6 +224,8 @@ def timeline_figure(
     ``utilisation`` (columns ``util_pct_gpu<N>``, one row per iteration in the
     replays' order) adds a panel under the measured stalls, in the GPUs'
     colours: an idle GPU during a stall is a stall that cost compute.
+    ``reduced``: a many-rank run's stalls already reduced (``ReducedRanks``); the
+    replays then hold the named ranks' stall columns only. The figure is the same.
     """
     policies = ordered_policies(list(replays))
     base = replays.get(BASELINE)
@@ -252,18 +258,27 @@ def timeline_figure(
         row_heights=(0.33, 0.33, 0.34) if not util else (0.26, 0.18, 0.26, 0.30),
         subplot_titles=titles,
     )
-    gpu_cols = _gpu_columns(first)
+    gpu_cols = _gpu_columns(first) if reduced is None else reduced.columns
     many = len(gpu_cols) > MANY_RANKS
     # the ranks named: those the others wait for most often in the measured run (else the
     # first replay), the same in every panel; with few ranks every rank has its colour
-    reference = (base if base is not None else first)[gpu_cols].to_numpy(float)
-    named = (
-        stall_stragglers(reference, TOP_RANKS)
-        if len(gpu_cols) > len(GPU_COLORS)
-        else np.arange(len(gpu_cols))
-    )
+    if reduced is not None:
+        named, share = reduced.named, reduced.share
+    else:
+        reference = (base if base is not None else first)[gpu_cols].to_numpy(float)
+        named = (
+            stall_stragglers(reference, TOP_RANKS)
+            if len(gpu_cols) > len(GPU_COLORS)
+            else np.arange(len(gpu_cols))
+        )
+        share = largest_share(reference) if many else None
     colors = rank_colors(len(gpu_cols), named.tolist())
-    share = largest_share(reference) if many else None
+
+    def stalls(policy: Policy) -> np.ndarray | RankBands:
+        if reduced is not None:
+            return reduced.bands[policy]
+        return replays[policy][gpu_cols].to_numpy(float)
+
     drawn = [int(j) for j in named] if many else list(range(len(gpu_cols)))
 
     def line(j: int) -> dict[str, object]:
@@ -274,7 +289,7 @@ def timeline_figure(
     traces = _Traces(fig, x, hover, max_points)
     if base is not None:
         if many:
-            traces.add_spread(base[gpu_cols].to_numpy(float), 1, None, what="stall", fmt=".4f")
+            traces.add_spread(stalls(BASELINE), 1, None, what="stall", fmt=".4f")
         for j in drawn:
             traces.add(base[gpu_cols[j]], 1, None, **line(j))
     if util:
@@ -304,7 +319,7 @@ def timeline_figure(
         legend = base is None and k == 0
         if many:
             traces.add_spread(
-                replays[policy][gpu_cols].to_numpy(float),
+                stalls(policy),
                 replayed_row,
                 policy,
                 what="stall",
