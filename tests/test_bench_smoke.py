@@ -118,19 +118,24 @@ def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
         assert done.stdout.count("\n") >= 4, done.stdout
 
 
-@pytest.mark.torch
-def test_bench_instrument_quick_measures_the_iterable_path_beside_the_map_style_one() -> None:
-    """bench_instrument.py --quick --iterable: the IterableDataset path's loops run in the
-    same alternation as the map-style ones and print their rows (numbers not judged)."""
-    pytest.importorskip("torch")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "bench_instrument.py"), "--quick", "--iterable"],
+def _bench_instrument(*args: str) -> subprocess.CompletedProcess:
+    """``bench/bench_instrument.py ARGS`` in a subprocess, this tree's dsim first."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_instrument.py"), *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.mark.torch
+def test_bench_instrument_quick_measures_the_iterable_path_beside_the_map_style_one() -> None:
+    """bench_instrument.py --quick --iterable: the IterableDataset path's loops run in the
+    same alternation as the map-style ones and print their rows (numbers not judged)."""
+    pytest.importorskip("torch")
+    done = _bench_instrument("--quick", "--iterable")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("iterable: plain") == 2  # no step, workers 0 and 2
     assert done.stdout.count(", iterable ") == 2  # 1 ms step, workers 0 and 2
@@ -142,14 +147,7 @@ def test_bench_instrument_cuda_step_runs_or_says_why_not() -> None:
     """--cuda-step: with a GPU the step is calibrated GPU work and the header names it;
     without one the script stops with the reason, not a traceback."""
     torch = pytest.importorskip("torch")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "bench_instrument.py"), "--quick", "--cuda-step"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _bench_instrument("--quick", "--cuda-step")
     if torch.cuda.is_available():
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "bf16 4096^3 products + sync" in done.stdout
