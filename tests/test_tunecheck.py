@@ -172,3 +172,6 @@ def test_tune_rows_runs_dsim_tune_on_every_base_run(tmp_path) -> None:
         {names[0]: 280.0, names[1]: 90.0, "lb_w1_p4_none_r1": 50.0}, {}, 2,
     )  # fmt: skip
     assert (partial["grid_prefetch"] == "2").all() and partial["is_best"].all()
+    # No factor measured at every worker count (4 w only at p4): nothing to judge, no error.
+    ragged = {names[0]: 280.0, "lb_w4_p4_none_r1": 90.0}
+    assert tune_rows(tmp_path / "traces", list(ragged), ragged, {}, 2).empty

@@ -197,6 +197,8 @@ def tune_rows(
         # and a recommendation outside the measured grid cannot be judged (the legacy sweep
         # measured prefetch 1 and 4 at 2 workers only: tune recommended 4 w p4, never run).
         prefetch = sorted(p for p in {p for _, p in grid} if all((w, p) in grid for w in workers))
+        if not prefetch:  # no factor measured at every worker count: no grid to judge on
+            continue
         grid = {(w, p): s for (w, p), s in grid.items() if p in prefetch}
         best_at = {
             w: min((s for (gw, _), s in grid.items() if gw == w), key=lambda s: s.mean)
