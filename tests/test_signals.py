@@ -72,6 +72,7 @@ def _start_and_signal(args: list[str], signum: int, delay_s: float) -> subproces
     time.sleep(delay_s)
     finished_first = proc.poll() is not None  # then send_signal sends nothing
     proc.send_signal(signum)
+    sent = time.monotonic()
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:  # the signal was swallowed: a command that waits goes on
@@ -80,6 +81,7 @@ def _start_and_signal(args: list[str], signum: int, delay_s: float) -> subproces
         raise AssertionError(f"still running 60 s after signal {signum}: {err[-2000:]}") from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     done.finished_first = finished_first  # type: ignore[attr-defined]
+    done.ended_after_s = time.monotonic() - sent  # type: ignore[attr-defined]
     return done
 
 
@@ -92,6 +94,23 @@ def _before_the_entry_point(traceback: str) -> bool:
         name == "__init__.py" or (name == "__main__.py" and where == "<module>")
         for name, where in frames
     )
+
+
+# How soon after its signal a command that had already said its error and was leaving
+# ends: its exit path (exit handlers, flushes, ``os._exit``) takes milliseconds, while
+# a signal swallowed during start-up leaves the CLI's imports and the command to run.
+_LEAVING_S = 0.05
+
+
+def _was_leaving(done: subprocess.CompletedProcess) -> bool:
+    """Whether the signal landed after the command had finished and ignored signals.
+
+    ``dsim.cli.main`` ignores SIGINT/SIGTERM once the command has ended (the process
+    is leaving, nothing to interrupt), so a signal sent between the command's last line
+    and the exit changes nothing: the command's own code and message, and an exit
+    within ``_LEAVING_S`` of the signal (seen in CI on a loaded machine: exit 3).
+    """
+    return done.returncode == 3 and done.ended_after_s < _LEAVING_S  # type: ignore[attr-defined]
 
 
 def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None:
@@ -117,7 +136,7 @@ def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None
     for trial in range(8):
         signum = (signal.SIGINT, signal.SIGTERM)[trial % 2]
         done = _start_and_signal(args, signum, rng.uniform(0.0, 0.2))
-        if done.finished_first:  # a fast machine: the command ended before this moment
+        if done.finished_first or _was_leaving(done):  # the command ended before this moment
             assert done.returncode == 3 and "no such file or directory" in done.stderr, done
             continue
         signalled += 1
