@@ -14,6 +14,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 FLOOR = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*>=\s*([0-9][0-9A-Za-z.]*)")
@@ -79,63 +80,43 @@ def test_a_drifted_floor_is_caught() -> None:
     assert pinned_floors(good + "ruff==0.17.5\n") != declared
 
 
-#: The only test files with tests the floors phase deselects (marker ``latest_only``),
-#: each with why and the files that run, in the floors phase, the dsim code paths those
-#: tests go through (the selection rule of ``.ci/run``: a test is deselected only where
-#: what it adds is not a dependency's behaviour: developer tools outside the package,
-#: real training jobs (dsim.instrument is the standard library and torch), or dsim's own
-#: handling of processes racing or killed, whose parse/run/report calls the files named
-#: here make at the floors).
-LATEST_ONLY: dict[str, tuple[str, tuple[str, ...]]] = {
-    "test_bench_smoke.py": (
-        "bench/: developer tools outside the package",
-        ("test_parse_cli.py", "test_run_cli.py", "test_original_method.py"),
-    ),
-    "test_example_ddp.py": (
-        "a real DDP job (torch, dsim.instrument)",
-        ("test_instrument.py", "test_parse_cli.py", "test_run_cli.py"),
-    ),
-    "test_fidelity_smoke.py": (
-        "validation/'s physical runs: real DDP jobs of a developer tool",
-        ("test_validation_harness.py", "test_fidelity_compare.py", "test_harness_contention.py"),
-    ),
-    "test_instrument_hf.py": (
-        "transformers and accelerate are not installed in the floors phase",
-        ("test_instrument.py",),
-    ),
-    "test_instrument_lightning.py": (
-        "Lightning is not installed in the floors phase",
-        ("test_instrument.py",),
-    ),
-    "test_iterable.py": (
-        "one test: a real DDP job over an IterableDataset (torch, dsim.instrument)",
-        ("test_iterable.py", "test_instrument.py"),
-    ),
-    "test_watch.py": (
-        "one test: dsim watch beside a real DDP job (torch, dsim.instrument)",
-        ("test_watch.py", "test_watch_follow.py"),
-    ),
-    "test_kill_resume.py": (
-        "dsim's atomic outputs and resumption under signals at random moments",
-        ("test_parse_cli.py", "test_run_cli.py", "test_report.py", "test_signals.py"),
-    ),
-    "test_concurrency.py": (
-        "two tests: two runs taking turns on dsim's lock and the leftovers of killed "
-        "writers (fcntl, os); the lock's other tests and the parse workers' end with a "
-        "killed parent (psutil) stay",
-        ("test_concurrency.py", "test_run_cli.py", "test_parse_cli.py"),
-    ),
-    "test_snapshot.py": (
-        "one test: parse and run racing in two processes; the snapshot rules are the "
-        "file's other tests",
-        ("test_snapshot.py",),
-    ),
-    "test_profiled_replay.py": (
-        "one test: rotated compressed raw logs replay as plain ones; the decompression is "
-        "the subject of the compressed-log files",
-        ("test_parse_compressed.py", "test_fuzz_compressed.py", "test_run_cli.py"),
-    ),
+#: The only test files with tests marked ``latest_only``, each with why: they never run
+#: in the floors phase, even where .ci/floors-tests.txt would name them (developer
+#: tools outside the package, real training jobs, dsim's own handling of processes
+#: racing or killed: no dependency's behaviour is what they check).
+LATEST_ONLY: dict[str, str] = {
+    "test_bench_smoke.py": "bench/: developer tools outside the package",
+    "test_example_ddp.py": "a real DDP job (torch, dsim.instrument)",
+    "test_fidelity_smoke.py": "validation/'s physical runs: real DDP jobs of a developer tool",
+    "test_instrument_hf.py": "transformers and accelerate are not installed in the floors phase",
+    "test_instrument_lightning.py": "Lightning is not installed in the floors phase",
+    "test_iterable.py": "one test: a real DDP job over an IterableDataset",
+    "test_watch.py": "one test: dsim watch beside a real DDP job",
+    "test_kill_resume.py": "dsim's atomic outputs and resumption under signals at random moments",
+    "test_concurrency.py": "two tests: runs taking turns on dsim's lock, killed writers' leftovers",
+    "test_snapshot.py": "one test: parse and run racing in two processes",
+    "test_profiled_replay.py": "one test: rotated compressed raw logs replay as plain ones",
 }
+
+#: Declared dependencies no line of .ci/floors-tests.txt names, and why.
+EXEMPT: dict[str, str] = {
+    "pytest": "runs every test of the phase",
+    "pytest-xdist": "runs every test of the phase (-n auto)",
+    "pillow": "only validation/decode.py (the harness's decode regime, latest_only)",
+}
+
+
+def floors_tests(text: str) -> dict[str, set[str]]:
+    """.ci/floors-tests.txt: test path or node id -> the dependencies it names."""
+    listed: dict[str, set[str]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        assert words[0].startswith("tests/test_"), f".ci/floors-tests.txt:{number}: {words[0]}"
+        assert words[0] not in listed, f".ci/floors-tests.txt:{number}: {words[0]} twice"
+        listed[words[0]] = {_name(word) for word in words[1:]}
+    return listed
 
 
 def _marked_files(tests: Path) -> dict[str, bool]:
@@ -155,19 +136,49 @@ def _marked_files(tests: Path) -> dict[str, bool]:
 
 
 def test_the_floors_phase_deselects_only_the_listed_tests() -> None:
-    """A test of parsing, replay, results, Ray, the CLI or the report marked ``latest_only``
-    would silently stop being tested at the floors: adding a file here is a reviewed choice,
-    with its reason and the files that still run its dsim code at the floors."""
+    """A test marked ``latest_only`` never runs at the floors: adding a file here is a
+    reviewed choice, with its reason."""
     marked = _marked_files(REPO / "tests")
     assert marked.keys() == LATEST_ONLY.keys()
-    for name, (reason, covering) in LATEST_ONLY.items():
-        assert reason and covering, name
-        for other in covering:
-            assert (REPO / "tests" / other).is_file(), f"{name}: no tests/{other}"
-            assert not marked.get(other, False), f"{name}: {other} is not in the floors phase"
+    assert all(LATEST_ONLY.values())
     ci = (REPO / ".ci" / "run").read_text("utf-8")
     floors = [line for line in ci.splitlines() if "DSIM_FUZZ_CASES=100 suite" in line]
-    assert floors == ['DSIM_FUZZ_CASES=100 suite -m "not latest_only" || floors=$?']
+    assert floors == [
+        'DSIM_FUZZ_CASES=100 suite -m "not latest_only" "${floors_tests[@]}" || floors=$?'
+    ]
+    assert "< <(sed -e 's/#.*//' .ci/floors-tests.txt | awk 'NF { print $1 }')" in ci
+
+
+def test_every_floor_is_exercised_by_a_listed_test_that_exists() -> None:
+    """The floors phase runs only .ci/floors-tests.txt: a dependency no line names would
+    have its floor installed and never called; a line whose test was renamed or removed
+    would select nothing (pytest errors on a missing file, not on a missing test)."""
+    declared = declared_floors(tomllib.loads((REPO / "pyproject.toml").read_text("utf-8")))
+    listed = floors_tests((REPO / ".ci" / "floors-tests.txt").read_text("utf-8"))
+    named = set().union(*listed.values())
+    assert named <= declared.keys(), named - declared.keys()
+    assert declared.keys() - named == EXEMPT.keys()
+    marked = _marked_files(REPO / "tests")
+    for entry in listed:
+        path, _, test = entry.partition("::")
+        assert (REPO / path).is_file(), entry
+        assert not marked.get(Path(path).name, False), f"{entry}: the whole file is latest_only"
+        if test:
+            assert re.search(
+                rf"^def {re.escape(test)}\(", (REPO / path).read_text("utf-8"), re.M
+            ), entry
+
+
+def test_the_list_reader_sees_names_comments_and_repeats() -> None:
+    text = "# a comment\ntests/test_a.py  numpy Import_Linter # why\n\ntests/test_b.py::test_x\n"
+    assert floors_tests(text) == {
+        "tests/test_a.py": {"numpy", "import-linter"},
+        "tests/test_b.py::test_x": set(),
+    }
+    with pytest.raises(AssertionError, match="twice"):
+        floors_tests("tests/test_a.py numpy\ntests/test_a.py pandas\n")
+    with pytest.raises(AssertionError, match=r":1: bench/x\.py"):
+        floors_tests("bench/x.py numpy\n")
 
 
 def test_a_whole_file_marked_latest_only_cannot_cover_another(tmp_path: Path) -> None:
