@@ -132,3 +132,20 @@ def test_a_read_as_schema_of_other_columns_is_refused(tmp_path: Path) -> None:
     schema = pa.schema([pa.field("a", pa.dictionary(pa.int8(), pa.string()))])
     with pytest.raises(ValueError, match="are not"):
         parquetio.writer(tmp_path / "x.parquet", schema, read_as=pa.schema([("b", pa.string())]))
+
+
+def test_polars_and_duckdb_read_what_they_read_before(tmp_path: Path) -> None:
+    """The other readers SPEC §7.6 names: the same frames, types and query answers."""
+    pl = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    files = _write_both(tmp_path, IDENTS[0])
+    for old, new in files.values():
+        before, after = pl.read_parquet(old), pl.read_parquet(new)
+        assert after.schema == before.schema
+        assert after.equals(before)
+        query = (
+            "SELECT run, fetch_align, start_align, count(*) AS n, sum(iteration) AS s "
+            "FROM read_parquet('{}') WHERE fetch_align = 'min' GROUP BY ALL ORDER BY ALL"
+        )
+        answers = [duckdb.sql(query.format(path)).fetchall() for path in (old, new)]
+        assert answers[0] == answers[1] and answers[0]
