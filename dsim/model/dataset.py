@@ -21,6 +21,11 @@ the numbers: once both files are in place, ``dsim run`` writes each replay file
 as a stub (its metadata, no rows; ``dsim.model.results.stub_replays``), which
 keeps what cache, provenance and resume read (§7.2, §7.3); readers read a stub's
 rows from here (``dsim.model.datasetfiles``). Deleting ``<out>/dataset`` loses them.
+
+Writing is most of what ``dsim run`` does besides the replay, so the constant key
+columns reach the Parquet writer as one-value dictionaries (``_encoded``) and only the
+columns a reader selects by carry statistics (``STATISTICS_COLUMNS``); the files record
+the plain schema, so readers get plain strings (SPEC §7.6, "Encoding").
 """
 
 from __future__ import annotations
