@@ -149,3 +149,18 @@ def test_polars_and_duckdb_read_what_they_read_before(tmp_path: Path) -> None:
         )
         answers = [duckdb.sql(query.format(path)).fetchall() for path in (old, new)]
         assert answers[0] == answers[1] and answers[0]
+
+
+def test_iterations_floats_are_plain_and_gpu_stalls_keep_their_dictionary(tmp_path: Path) -> None:
+    """A replay's per-iteration metrics are nearly all distinct: plain pages (a dictionary
+    cost time and bytes); the per-GPU stalls repeat and keep theirs."""
+    files = _write_both(tmp_path, IDENTS[1])
+    for table, (_, new) in files.items():
+        meta = pq.ParquetFile(new).metadata
+        for g in range(meta.num_row_groups):
+            for i in range(meta.num_columns):
+                column = meta.row_group(g).column(i)
+                if column.physical_type != "DOUBLE":
+                    continue
+                plain = table == dataset.ITERATIONS
+                assert column.has_dictionary_page is not plain, (table, column.path_in_schema)

@@ -81,6 +81,7 @@ def writer(
     *,
     read_as: pa.Schema | None = None,
     statistics: Collection[str] | None = None,
+    distinct: bool = False,
 ) -> pq.ParquetWriter:
     """A ``ParquetWriter`` with ``write_table``'s options, for files written in parts.
 
@@ -92,9 +93,10 @@ def writer(
     docs/SPEC.md §7.6). The file then records ``read_as`` (and its metadata) as its Arrow
     schema, the very ``ARROW:schema`` key pyarrow writes for ``read_as`` itself, so every
     reader gets the plain columns, as from a file written from ``read_as``'s tables.
-    ``statistics``: the columns given min/max statistics (default: all).
+    ``statistics``: the columns given min/max statistics (default: all); ``distinct`` as
+    in ``write_options``.
     """
-    options = write_options(schema)
+    options = write_options(schema, distinct=distinct)
     if statistics is not None:
         options["write_statistics"] = [f.name for f in schema if f.name in statistics]
     if read_as is None:
