@@ -175,7 +175,7 @@ def _constant(field: pa.Field, value: Any, n: int) -> pa.ChunkedArray:
     return pa.chunked_array(chunks or [one], type=field.type)
 
 
-@functools.lru_cache(maxsize=32, typed=True)
+@functools.lru_cache(maxsize=16, typed=True)
 def _block(kind: pa.DataType, value: Any, block: int) -> pa.Array:
     """``value`` ``block`` times as an array of ``kind``, made once per distinct value:
     Arrow arrays are immutable, so every policy's and every piece's key columns share it.
