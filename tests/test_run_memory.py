@@ -102,16 +102,18 @@ def test_gpu_rows_in_pieces_are_the_rows_and_bytes_of_one_whole_write(
     assert pq.ParquetFile(path).metadata.num_row_groups == math.ceil(150 / rows)
 
 
-def test_default_pieces_write_the_previous_versions_bytes(tmp_path: Path) -> None:
-    """At the default size a dataset file is what the previous version's one
-    ``write_table`` call per policy wrote (no row group size given)."""
+def test_default_pieces_write_the_bytes_of_one_whole_write_per_policy(tmp_path: Path) -> None:
+    """At the default size a dataset file is what one ``write_table`` call per policy of
+    the previous version's whole rows writes (no row group size given)."""
     replays = [_replay(40, 4, seed=1), _replay(40, 4, seed=2)]
     new = _write(tmp_path / "new", lambda w: [w.add_replay(IDENT, POLICY, r) for r in replays])
     meta = dataset.metadata(IDENT["run"], "d", {"min__min": "k"})
     path = tmp_path / "old.parquet"
-    old = parquetio.writer(path, dataset.GPUS_SCHEMA.with_metadata(meta))
+    encoded = dataset._ENCODED[dataset.GPUS_SCHEMA]
+    read_as = dataset.GPUS_SCHEMA.with_metadata(meta)
+    old = parquetio.writer(path, encoded, read_as=read_as, statistics=dataset.STATISTICS_COLUMNS)
     for r in replays:
-        old.write_table(_old_gpus_table(r).replace_schema_metadata(meta))
+        old.write_table(_old_gpus_table(r).cast(encoded))
     old.close()
     assert new[1] == path.read_bytes()
 

@@ -14,7 +14,8 @@ from its type (``write_options``): integer columns (``epoch``, ``iteration``,
 counter costs bits per row, not the 4-8 bytes Snappy left of it), every
 other column dictionary-encoded where that pays, except a trace's
 measurements (floats, timestamps: nearly all distinct), which are written in
-plain pages (``distinct``). Against Snappy with default
+plain pages (``distinct``; the tidy dataset's writer also hands its constant
+columns over as dictionaries and limits statistics: ``writer``). Against Snappy with default
 encodings, a synthetic 8-GPU run of 10^6 GPU-iterations parsed to 1.5x
 smaller tables and its replay dataset to 2.3x smaller files; readers need
 nothing new (both encodings are in every Parquet reader dsim supports,
@@ -23,6 +24,7 @@ pyarrow >= 17, DuckDB, polars).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -74,9 +76,38 @@ def write_table(table: pa.Table, path: str | Path, *, distinct: bool = False) ->
     pq.write_table(table, path, **write_options(table.schema, distinct=distinct))
 
 
-def writer(path: str | Path, schema: pa.Schema) -> pq.ParquetWriter:
-    """A ``ParquetWriter`` with ``write_table``'s options, for files written in parts."""
-    return pq.ParquetWriter(path, schema, **write_options(schema))
+def writer(
+    path: str | Path,
+    schema: pa.Schema,
+    *,
+    read_as: pa.Schema | None = None,
+    statistics: Collection[str] | None = None,
+    distinct: bool = False,
+) -> pq.ParquetWriter:
+    """A ``ParquetWriter`` with ``write_table``'s options, for files written in parts.
+
+    ``read_as``: the schema readers get back, where the tables written (``schema``)
+    hold some of its string columns as dictionary arrays (``pa.dictionary`` of the same
+    value type). Why: a column that is one value for a whole row group, given as a
+    one-value dictionary and its indices, is written as just that, where the plain column
+    had every value hashed into the column's dictionary (most of a tidy dataset's write,
+    docs/SPEC.md §7.6). The file then records ``read_as`` (and its metadata) as its Arrow
+    schema, the very ``ARROW:schema`` key pyarrow writes for ``read_as`` itself, so every
+    reader gets the plain columns, as from a file written from ``read_as``'s tables.
+    ``statistics``: the columns given min/max statistics (default: all); ``distinct`` as
+    in ``write_options``.
+    """
+    options = write_options(schema, distinct=distinct)
+    if statistics is not None:
+        options["write_statistics"] = [f.name for f in schema if f.name in statistics]
+    if read_as is None:
+        return pq.ParquetWriter(path, schema, **options)
+    if [f.name for f in schema] != read_as.names:
+        raise ValueError(f"columns {schema.names} are not {read_as.names}")
+    out = pq.ParquetWriter(path, schema.remove_metadata(), store_schema=False, **options)
+    stored = base64.b64encode(read_as.serialize().to_pybytes())
+    out.add_key_value_metadata({b"ARROW:schema": stored, **(read_as.metadata or {})})
+    return out
 
 
 def read_table(path: str | Path, *, remedy: str, columns: list[str] | None = None) -> pa.Table:

@@ -1,0 +1,166 @@
+"""How the tidy dataset's files are encoded (docs/SPEC.md §7.6; issue 21 item 1).
+
+The constant key columns (run, model, loader, policy) reach the Parquet writer as
+one-value dictionary arrays and only the columns a reader selects by carry
+statistics; the files record the plain schema. These tests pin that every reader
+gets what the previous encoding gave (pyarrow, pandas, dsim's own policy reader),
+and that files of the previous encoding still read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dsim.io import parquetio
+from dsim.model import dataset, datasetfiles
+from dsim.model.columns import METRIC_COLUMNS
+from dsim.model.results import replay_table
+
+IDENTS = [
+    {
+        "run": "a_run_with_a_long_name_like_real_ones",
+        "replay_model": "pipeline",
+        "loader_workers": 4,
+        "loader_prefetch_factor": 2,
+        "loader_changed": True,
+    },
+    {
+        "run": "r",
+        "replay_model": "per-iteration",
+        "loader_workers": None,
+        "loader_prefetch_factor": None,
+        "loader_changed": False,
+    },
+]
+POLICIES = [("actual", "actual"), ("min", "avg"), ("avg", "max")]
+
+
+def _replay(n: int, g: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return replay_table(
+        np.repeat(np.arange(2, dtype=np.int32), -(-n // 2))[:n],
+        np.arange(n, dtype=np.int32),
+        {m: np.round(rng.random(n), 3) for m in METRIC_COLUMNS},
+        np.array([0, 3, 5][:g], np.int32),
+        np.asfortranarray(np.round(rng.random((n, g)), 2)),
+        run="r",
+        policy=POLICIES[0],
+        key="k",
+    )
+
+
+def _write_both(out: Path, ident: dict) -> dict[str, tuple[Path, Path]]:
+    """One run directory's files as ``DatasetWriter`` writes them (``new``) and as the
+    previous encoding did (``old``: plain columns, every column's statistics)."""
+    meta = dataset.metadata(ident["run"], "d", {f"{f}__{s}": "k" for f, s in POLICIES})
+    replays = {p: _replay(301, 3, seed=k) for k, p in enumerate(POLICIES)}
+    writer = dataset.DatasetWriter(out / "new", "d", meta)
+    for policy, replay in replays.items():
+        writer.add_replay(ident, policy, replay)
+    new = writer.commit()
+    old = []
+    tables = [(dataset.ITERATIONS, dataset.ITERATIONS_SCHEMA), (dataset.GPUS, dataset.GPUS_SCHEMA)]
+    for table, schema in tables:
+        path = datasetfiles.dataset_path(out / "old", table, "d")
+        path.parent.mkdir(parents=True)
+        plain = parquetio.writer(path, schema.with_metadata(meta))
+        for policy, replay in replays.items():
+            if table == dataset.ITERATIONS:
+                rows = [dataset.iterations_table(ident, policy, replay)]
+            else:
+                rows = list(dataset.gpu_pieces(ident, policy, replay, rows=100))
+            for piece in rows:
+                plain.write_table(piece.replace_schema_metadata(meta), row_group_size=100)
+        plain.close()
+        old.append(path)
+    return {dataset.ITERATIONS: (old[0], new[0]), dataset.GPUS: (old[1], new[1])}
+
+
+@pytest.mark.parametrize("ident", IDENTS, ids=["pipeline", "per-iteration"])
+def test_every_reader_gets_what_the_previous_encoding_gave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ident: dict
+) -> None:
+    """pyarrow (schema, metadata, values), pandas (dtypes: ``object`` strings, not
+    categoricals) and ``read_policy`` read the new files as the previous encoding's."""
+    monkeypatch.setattr(dataset, "ROW_GROUP_ROWS", 100)  # gpus rows in several row groups
+    files = _write_both(tmp_path, ident)
+    for old, new in files.values():
+        before, after = pq.read_table(old), pq.read_table(new)
+        assert after.schema.equals(before.schema, check_metadata=True)
+        assert after.equals(before)
+        assert pq.read_schema(new).metadata == pq.read_schema(old).metadata
+        assert not any(pa.types.is_dictionary(f.type) for f in after.schema)
+        frame_before, frame_after = pd.read_parquet(old), pd.read_parquet(new)
+        pd.testing.assert_frame_equal(frame_after, frame_before)
+        assert (frame_after.dtypes == frame_before.dtypes).all()
+        assert datasetfiles.built_from(new) == datasetfiles.built_from(old)
+    for policy in POLICIES:
+        got = {
+            side: datasetfiles.read_policy(tmp_path / side, "d", policy, (0, 3, 5), remedy="r")
+            for side in ("old", "new")
+        }
+        assert got["new"].equals(got["old"])  # an old-encoding file reads as before
+
+
+def test_constant_key_columns_are_written_as_their_dictionary(tmp_path: Path) -> None:
+    """The writer is given the constant string columns as one-value dictionaries; the run's
+    own columns carry no statistics, the policy's (which ``read_policy`` selects by) and
+    the per-row values do."""
+    files = _write_both(tmp_path, IDENTS[0])
+    piece = next(dataset.gpu_pieces(IDENTS[0], POLICIES[1], _replay(5, 3, 0), encoded=True))
+    for name in ("run", "replay_model", "fetch_align", "start_align"):
+        column = piece.column(name)
+        assert pa.types.is_dictionary(column.type)
+        assert column.chunk(0).dictionary.to_pylist() == [piece.column(name)[0].as_py()]
+    for table, (_, new) in files.items():
+        meta = pq.ParquetFile(new).metadata
+        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            with_stats = {n for i, n in enumerate(names) if group.column(i).is_stats_set}
+            assert with_stats == set(names) & dataset.STATISTICS_COLUMNS, (table, with_stats)
+            assert {"fetch_align", "start_align", "epoch", "iteration"} <= with_stats
+
+
+def test_a_read_as_schema_of_other_columns_is_refused(tmp_path: Path) -> None:
+    schema = pa.schema([pa.field("a", pa.dictionary(pa.int8(), pa.string()))])
+    with pytest.raises(ValueError, match="are not"):
+        parquetio.writer(tmp_path / "x.parquet", schema, read_as=pa.schema([("b", pa.string())]))
+
+
+def test_polars_and_duckdb_read_what_they_read_before(tmp_path: Path) -> None:
+    """The other readers SPEC §7.6 names: the same frames, types and query answers."""
+    pl = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    files = _write_both(tmp_path, IDENTS[0])
+    for old, new in files.values():
+        before, after = pl.read_parquet(old), pl.read_parquet(new)
+        assert after.schema == before.schema
+        assert after.equals(before)
+        query = (
+            "SELECT run, fetch_align, start_align, count(*) AS n, sum(iteration) AS s "
+            "FROM read_parquet('{}') WHERE fetch_align = 'min' GROUP BY ALL ORDER BY ALL"
+        )
+        answers = [duckdb.sql(query.format(path)).fetchall() for path in (old, new)]
+        assert answers[0] == answers[1] and answers[0]
+
+
+def test_iterations_floats_are_plain_and_gpu_stalls_keep_their_dictionary(tmp_path: Path) -> None:
+    """A replay's per-iteration metrics are nearly all distinct: plain pages (a dictionary
+    cost time and bytes); the per-GPU stalls repeat and keep theirs."""
+    files = _write_both(tmp_path, IDENTS[1])
+    for table, (_, new) in files.items():
+        meta = pq.ParquetFile(new).metadata
+        for g in range(meta.num_row_groups):
+            for i in range(meta.num_columns):
+                column = meta.row_group(g).column(i)
+                if column.physical_type != "DOUBLE":
+                    continue
+                plain = table == dataset.ITERATIONS
+                assert column.has_dictionary_page is not plain, (table, column.path_in_schema)
