@@ -146,8 +146,11 @@ def finish_run(
     # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
     # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
     release_freed()
-    runs = find_result_runs([config.out / plan.directory for plan in plans])
-    for run, plan, made in zip(runs, plans, report_rows, strict=True):
+    # paired by directory: the scan sorts them, and a what-if's plan comes before its
+    # baseline's though its directory (RUN@MODEL-wW-pP) sorts after (RUN@MODEL)
+    made_by = {plan.directory: (plan, made) for plan, made in zip(plans, report_rows, strict=True)}
+    for run in find_result_runs([config.out / plan.directory for plan in plans]):
+        plan, made = made_by[run.directory.name]
         report.rows.extend(
             summary_rows(
                 [run],
