@@ -147,9 +147,9 @@ def test_ray_tasks_write_the_same_bytes_as_in_process(tmp_path: Path) -> None:
     assert on_ray.returncode == 0, on_ray.stderr
     assert "27 replays computed on ray" in on_ray.stderr
     expected, got = _tree(tmp_path / "local" / "out"), _tree(tmp_path / "ray" / "out")
-    # per run: 9 replays, result.json, dataset, its attribution table; summary and
-    # attribution (2 + 2), the lock
-    assert len(expected) == 3 * (9 + 1 + 2 + 1) + 5
+    # per run: 9 replays, result.json, dataset, its attribution table and memo; summary
+    # and attribution (2 + 2), the lock
+    assert len(expected) == 3 * (9 + 1 + 2 + 1 + 1) + 5
     assert got.keys() == expected.keys()
     differ = [name for name in expected if got[name] != expected[name]]
     assert not differ, differ

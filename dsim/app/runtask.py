@@ -36,6 +36,7 @@ import pyarrow as pa
 from dsim.analysis.attribution import Attribution, attribution_table
 from dsim.analysis.summary import policy_row, run_selection, summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
+from dsim.app.runmemo import trace_inputs, vouched_directories, write_memo
 from dsim.app.runplan import (
     UNREAD,
     RunPlan,
@@ -54,10 +55,12 @@ from dsim.execute.local import run_local
 from dsim.io.atomic import write_parquet
 from dsim.io.memory import release_freed
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
+from dsim.model.resultinfo import RESULT_FILE
 from dsim.model.results import (
     check_results_directory,
     find_result_runs,
     load_replay,
+    read_replay_key,
     replay_path,
     replay_table,
     stub_replays,
@@ -104,6 +107,10 @@ def run_task(task: RunTask) -> RunReport:
     """Read, plan, replay and write one run (what a Ray task runs): the checks of
     ``dsim run`` for this run's directories first, then ``finish_run``."""
     with _working_directory(task.cwd):
+        inputs = None if task.force else trace_inputs(task.name, task.run_dir, task.config)
+        reused = reuse_run(task.name, task.config, inputs, task.force)
+        if reused is not None:  # every replay cached, the trace not read (§7.2)
+            return reused
         tables = read_run(task.run_dir, UNREAD)
         refused = refusal(task.name, tables, task.config)
         if refused is not None:  # another run may still replay what was asked (§4.3)
@@ -162,6 +169,53 @@ def finish_run(
             )
         )
     _attribute(plans, report, config.out)
+    if plans[0].inputs is not None:  # last: it vouches for what was just written
+        write_memo(config.out, plans[0].name, plans[0].inputs, [p.directory for p in plans])
+    return report
+
+
+def reuse_run(name: str, config: SimConfig, inputs: str | None, force: bool) -> RunReport | None:
+    """A fully cached run's report without reading its trace, or None (then ``finish_run``
+    after a full plan): when the run's memo (``dsim.app.runmemo``) vouches that its
+    ``result.json`` and attribution tables are what ``inputs`` give, every replay that
+    ``result.json`` lists holds its key (``pending_policies``' test) and the dataset
+    files were built from them (``is_current``). Then ``finish_run`` would replay
+    nothing, rebuild no dataset and write the same bytes again: this writes only the
+    stubs of replays still whole, and makes the summary rows as ``finish_run`` does
+    (read from the dataset). Called under the output directory's lock."""
+    directories = None if force else vouched_directories(config.out, name, inputs)
+    if directories is None:
+        return None
+    for directory in directories:
+        check_results_directory(config.out, directory)
+    runs = {
+        run.directory.name: run for run in find_result_runs([config.out / d for d in directories])
+    }
+    for directory, run in runs.items():
+        if any(read_replay_key(path) != run.keys[p] for p, path in run.replays.items()):
+            return None  # a replay lost or replaced: it is recomputed
+        meta = metadata(name, directory, dict(run.info.policies))
+        if not is_current(config.out, directory, meta):
+            return None
+    report = RunReport(name, dropped=dict(runs[directories[0]].info.dropped))
+    for directory in directories:  # what finish_run lists, in its order
+        report.written.append(config.out / directory / RESULT_FILE)
+        report.written.extend(
+            stub_replays(config.out, directory, dict(runs[directory].info.policies))
+        )
+    for run in runs.values():  # the scan's order, as finish_run's
+        report.cached += len(run.replays)
+        report.rows.extend(
+            summary_rows(
+                [run],
+                epochs=config.epochs,
+                warmup=config.warmup,
+                threshold_s=config.threshold_s,
+                policies=list(run.replays),
+            )
+        )
+    tables = [run_table_path(config.out, d) for d in directories]
+    report.written.extend(path for path in tables if path.is_file())
     return report
 
 
