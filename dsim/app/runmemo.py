@@ -102,9 +102,8 @@ def inputs_digest(
     """The digest of everything ``dsim run`` derives run ``name``'s plan, ``result.json``
     and attribution from: the version of its trace (``info``: its ``run.json``;
     ``files``: the tables' ``file_digest``s, of one snapshot), the options that shape
-    them (``PLANNED``), where the trace and the results are, and the code."""
-    options = {key: getattr(config, key) for key in PLANNED}
-    options["out"] = os.path.abspath(config.out)
+    them (``PLANNED``), where the trace is from the results, and the code."""
+    options = {key: getattr(config, key) for key in PLANNED if key != "out"}
     options["policies"] = [list(p) for p in config.policies]
     document = {
         "memo": MEMO_FORMAT,
@@ -112,7 +111,9 @@ def inputs_digest(
         "results_format": RESULTS_FORMAT_VERSION,
         "code": code_digest(),
         "run": name,
-        "run_dir": os.path.abspath(run_dir),
+        # as result.json's ``trace_path`` (relative: results and traces moved together,
+        # or written side by side elsewhere, give the same memo)
+        "trace_path": os.path.relpath(os.path.abspath(run_dir), os.path.abspath(config.out)),
         "trace": info.document(),
         "files": {str(k): dict(v) for k, v in files.items()},
         "options": options,
