@@ -95,9 +95,7 @@ def test_a_fully_cached_run_reads_no_trace_and_writes_the_same_bytes(
     assert full.written == cached.written  # what the outcome lists (the answer's files)
 
 
-def test_a_trace_reparsed_after_the_results_is_recomputed(
-    tmp_path: Path, reads: list[str]
-) -> None:
+def test_a_trace_reparsed_after_the_results_is_recomputed(tmp_path: Path, reads: list[str]) -> None:
     """A trace written again (another version) after the results is not served from the
     memo: its replays are recomputed, the other run's are not even read."""
     _traces(tmp_path)
