@@ -95,6 +95,41 @@ def test_a_fully_cached_run_reads_no_trace_and_writes_the_same_bytes(
     assert full.written == cached.written  # what the outcome lists (the answer's files)
 
 
+def test_a_what_ifs_two_directories_are_reused_in_plan_order(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    """A loader what-if's memo vouches for both its directories (RUN@pipeline-w4-p2 and
+    its baseline RUN@pipeline); reused, they are listed as the full way lists them."""
+    _traces(tmp_path)
+    config = _config(tmp_path, model="pipeline", workers=4)
+    run_replays(config)
+    written = _tree(tmp_path / "out")
+    memo = json.loads((tmp_path / "out" / "attribution" / "memo" / "ra.json").read_text())
+    assert [d["directory"] for d in memo["directories"]] == ["ra@pipeline-w4-p2", "ra@pipeline"]
+    reads.clear()
+    cached = run_replays(config)
+    assert (cached.computed, cached.cached, reads) == (0, 2 * 2 * 9, [])
+    assert _tree(tmp_path / "out") == written
+    shutil.rmtree(tmp_path / "out" / "attribution" / "memo")
+    full = run_replays(config)
+    assert reads and full.written == cached.written and full.summary.equals(cached.summary)
+    assert _tree(tmp_path / "out") == written
+
+
+def test_a_memo_naming_another_directory_is_not_followed(tmp_path: Path, reads: list[str]) -> None:
+    """A memo whose directories are not the run's own (edited by hand) vouches for
+    nothing: the full way, no error."""
+    _traces(tmp_path)
+    run_replays(_config(tmp_path))
+    path = tmp_path / "out" / "attribution" / "memo" / "ra.json"
+    memo = json.loads(path.read_text())
+    memo["directories"][0]["directory"] = "../ra"
+    path.write_text(json.dumps(memo))
+    reads.clear()
+    again = run_replays(_config(tmp_path))
+    assert again.cached == 2 * 9 and set(reads) == {"ra", "arrays"}
+
+
 def test_a_trace_reparsed_after_the_results_is_recomputed(tmp_path: Path, reads: list[str]) -> None:
     """A trace written again (another version) after the results is not served from the
     memo: its replays are recomputed, the other run's are not even read."""

@@ -153,7 +153,8 @@ def write_memo(out: Path, name: str, inputs: str, directories: list[str]) -> Pat
     memo = {
         "format": MEMO_FORMAT,
         "inputs": inputs,
-        "directories": {d: _outputs(out, d) for d in directories},
+        # a list: the plans' order (a what-if before its baseline), which reports keep
+        "directories": [{"directory": d, **_outputs(out, d)} for d in directories],
     }
     path = memo_path(out, name)
     write_text(json.dumps(memo, sort_keys=True, indent=1) + "\n", path)
@@ -175,11 +176,13 @@ def vouched_directories(out: Path, name: str, inputs: str | None) -> list[str] |
     memo = _read_memo(out, name, inputs)
     if memo is None:
         return None
-    directories = memo["directories"]
-    for directory, recorded in directories.items():
+    directories = []
+    for recorded in memo["directories"]:
+        directory = recorded.pop("directory")
         if recorded.get("result") is None or _outputs(out, directory) != recorded:
             return None
-    return list(directories)
+        directories.append(directory)
+    return directories
 
 
 def _read_memo(out: Path, name: str, inputs: str) -> dict[str, Any] | None:
@@ -190,11 +193,19 @@ def _read_memo(out: Path, name: str, inputs: str) -> dict[str, Any] | None:
     if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT:
         return None
     directories = memo.get("directories")
-    if memo.get("inputs") != inputs or not isinstance(directories, dict) or not directories:
+    if memo.get("inputs") != inputs or not isinstance(directories, list) or not directories:
         return None
-    if not all(isinstance(d, str) and isinstance(v, dict) for d, v in directories.items()):
-        return None
+    for entry in directories:  # the run's own directories (RUN, RUN@…), nothing else
+        where = entry.get("directory") if isinstance(entry, dict) else None
+        if not isinstance(where, str) or not _is_variant(where, name):
+            return None
     return memo
+
+
+def _is_variant(directory: str, name: str) -> bool:
+    """Whether ``directory`` is one of run ``name``'s (``RUN`` or ``RUN@…``, one level)."""
+    plain = "/" not in directory and "\\" not in directory and directory not in ("", ".", "..")
+    return plain and (directory == name or directory.startswith(f"{name}@"))
 
 
 def config_fields() -> set[str]:
