@@ -202,6 +202,22 @@ def test_an_output_changed_since_the_memo_goes_the_full_way(
     assert (again.computed, again.cached) == (1, 17)
 
 
+def test_a_ray_tasks_run_reuses_the_memo_too(tmp_path: Path, reads: list[str]) -> None:
+    """``run_task`` (what each Ray task runs, called here in-process) takes the same
+    shortcut: the same report as the full way, no trace read."""
+    _traces(tmp_path)
+    config = _config(tmp_path)
+    run_replays(config)
+    task = runtask.RunTask("rb", config.run_dirs[1], config, force=False)
+    reads.clear()
+    reused = runtask.run_task(task)
+    assert (reused.computed, reused.cached, reads) == (0, 9, [])
+    shutil.rmtree(tmp_path / "out" / "attribution" / "memo")
+    full = runtask.run_task(task)
+    assert set(reads) == {"rb", "arrays"}
+    assert (full.cached, full.rows, full.written) == (9, reused.rows, reused.written)
+
+
 def test_force_ignores_the_memo(tmp_path: Path) -> None:
     _traces(tmp_path)
     run_replays(_config(tmp_path))
