@@ -230,3 +230,25 @@ def test_every_config_field_is_in_the_memo_or_declared_irrelevant() -> None:
     planned, ignored = set(runmemo.PLANNED), set(runmemo.IGNORED)
     assert not planned & ignored
     assert planned | ignored == runmemo.config_fields()
+
+
+def test_source_that_cannot_be_read_never_matches_a_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without dsim's source to hash, the code is unknown: each process's digest is its
+    own, so no memo written by another is reused."""
+    real = Path.read_bytes
+
+    def unreadable(self: Path) -> bytes:
+        if self.suffix == ".py":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    runmemo.code_digest.cache_clear()
+    try:
+        readable = runmemo.code_digest()
+        runmemo.code_digest.cache_clear()
+        monkeypatch.setattr(Path, "read_bytes", unreadable)
+        first = runmemo.code_digest()
+        runmemo.code_digest.cache_clear()
+        assert len({readable, first, runmemo.code_digest()}) == 3
+    finally:
+        runmemo.code_digest.cache_clear()

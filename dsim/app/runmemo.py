@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -83,12 +84,16 @@ def memo_path(out: str | Path, run: str) -> Path:
 def code_digest() -> str:
     """sha256 of dsim's installed version and of every source file of the package: a
     memo never outlives a change of the code that wrote it, released or not (~1 MB read
-    once per process)."""
+    once per process). Source that cannot be read gives a digest of this process alone:
+    no memo is then reused, every run goes the full way."""
     digest = hashlib.sha256(str(dsim.__version__).encode())
     root = Path(dsim.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    try:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    except OSError:
+        return f"unreadable-{uuid.uuid4().hex}"
     return digest.hexdigest()
 
 
