@@ -49,7 +49,15 @@ from dsim.app.runplan import (
     plan_runs_of,
     refusal,
 )
-from dsim.app.runtask import RunReport, RunTask, finish_run, reuse_run, run_task
+from dsim.app.runtask import (
+    Reusable,
+    RunReport,
+    RunTask,
+    finish_run,
+    reusable,
+    reuse_run,
+    run_task,
+)
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
@@ -133,8 +141,8 @@ def _in_process(
     """Every run read and checked first (nothing written if one fails), then finished.
 
     A run whose memo matches its trace and options (``dsim.app.runmemo``) is not read:
-    under the lock, ``reuse_run`` proves every output cached and makes its report, or
-    the run is planned then, as the others were."""
+    under the lock, ``reusable`` proves every output cached (``reuse_run`` then makes its
+    report), or the run is planned then, as the others were, before anything is written."""
     entries: list[Entry] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
         inputs = None if force else trace_inputs(name, run_dir, config)
@@ -147,10 +155,9 @@ def _in_process(
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
         for k, (name, run_dir, entry) in enumerate(entries):
-            if isinstance(entry, str):
-                reused = reuse_run(name, config, entry, force)
-                entry = reused if reused is not None else _plan(name, run_dir, config)
-                entries[k] = (name, run_dir, entry)
+            if isinstance(entry, str):  # proven (nothing written yet), or planned now
+                reuse = reusable(name, config, entry)
+                entries[k] = (name, run_dir, reuse or _plan(name, run_dir, config))
         _nothing_to_replay(entries)
         plans = [entry for _, _, entry in entries if isinstance(entry, list)]
         for plan in (p for run in plans for p in run):  # inside --out, no link, ... (§7.4)
@@ -165,14 +172,16 @@ def _in_process(
             if isinstance(entry, list):
                 entries[k] = (name, run_dir, None)  # its arrays are freed once it is written
                 entry = finish_run(entry, config, chunk_rows, on_rows)
+            elif isinstance(entry, Reusable):
+                entry = reuse_run(entry, config)
             assert isinstance(entry, RunReport)
             reports.append(entry)
         return reports
 
 
-#: One run of ``_in_process``: its plans, its report (reused, or why it is skipped), or
-#: the memo's inputs digest while reuse is undecided (None once its report is made).
-Entry = tuple[str, Path, "list[RunPlan] | RunReport | str | None"]
+#: One run of ``_in_process``: its plans, why it is skipped, its proof of reuse, or the
+#: memo's inputs digest while reuse is undecided (None once its report is made).
+Entry = tuple[str, Path, "list[RunPlan] | RunReport | Reusable | str | None"]
 
 
 def _nothing_to_replay(entries: list[Entry]) -> None:

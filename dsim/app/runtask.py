@@ -108,9 +108,9 @@ def run_task(task: RunTask) -> RunReport:
     ``dsim run`` for this run's directories first, then ``finish_run``."""
     with _working_directory(task.cwd):
         inputs = None if task.force else trace_inputs(task.name, task.run_dir, task.config)
-        reused = reuse_run(task.name, task.config, inputs, task.force)
-        if reused is not None:  # every replay cached, the trace not read (§7.2)
-            return reused
+        reuse = reusable(task.name, task.config, inputs)
+        if reuse is not None:  # every replay cached, the trace not read (§7.2)
+            return reuse_run(reuse, task.config)
         tables = read_run(task.run_dir, UNREAD)
         refused = refusal(task.name, tables, task.config)
         if refused is not None:  # another run may still replay what was asked (§4.3)
@@ -174,16 +174,24 @@ def finish_run(
     return report
 
 
-def reuse_run(name: str, config: SimConfig, inputs: str | None, force: bool) -> RunReport | None:
-    """A fully cached run's report without reading its trace, or None (then ``finish_run``
-    after a full plan): when the run's memo (``dsim.app.runmemo``) vouches that its
-    ``result.json`` and attribution tables are what ``inputs`` give, every replay that
-    ``result.json`` lists holds its key (``pending_policies``' test) and the dataset
-    files were built from them (``is_current``). Then ``finish_run`` would replay
-    nothing, rebuild no dataset and write the same bytes again: this writes only the
-    stubs of replays still whole, and makes the summary rows as ``finish_run`` does
-    (read from the dataset). Called under the output directory's lock."""
-    directories = None if force else vouched_directories(config.out, name, inputs)
+@dataclass(frozen=True)
+class Reusable:
+    """A fully cached run, proven (``reusable``): its directories in plan order, and their
+    results as scanned."""
+
+    name: str
+    directories: list[str]
+    runs: dict[str, Any]  # directory name -> ``ResultRun``
+
+
+def reusable(name: str, config: SimConfig, inputs: str | None) -> Reusable | None:
+    """Whether run ``name`` is fully cached without reading its trace (None: plan it): its
+    memo (``dsim.app.runmemo``) vouches that its ``result.json`` and attribution tables
+    are what ``inputs`` give, every replay ``result.json`` lists holds its key
+    (``pending_policies``' test) and the dataset files were built from them
+    (``is_current``). Then ``finish_run`` would replay nothing, rebuild no dataset and
+    write the same bytes again. Reads only; called under the output directory's lock."""
+    directories = vouched_directories(config.out, name, inputs)
     if directories is None:
         return None
     for directory in directories:
@@ -197,12 +205,18 @@ def reuse_run(name: str, config: SimConfig, inputs: str | None, force: bool) -> 
         meta = metadata(name, directory, dict(run.info.policies))
         if not is_current(config.out, directory, meta):
             return None
-    report = RunReport(name, dropped=dict(runs[directories[0]].info.dropped))
-    for directory in directories:  # what finish_run lists, in its order
-        report.written.append(config.out / directory / RESULT_FILE)
-        report.written.extend(
-            stub_replays(config.out, directory, dict(runs[directory].info.policies))
-        )
+    return Reusable(name, directories, runs)
+
+
+def reuse_run(reuse: Reusable, config: SimConfig) -> RunReport:
+    """A ``reusable`` run's report, as ``finish_run`` makes it for a fully cached run: the
+    stubs of replays still whole written (§7.1), the summary rows read from the dataset;
+    ``result.json`` and the attribution tables are left as they are (the same bytes)."""
+    out, runs = config.out, reuse.runs
+    report = RunReport(reuse.name, dropped=dict(runs[reuse.directories[0]].info.dropped))
+    for directory in reuse.directories:  # what finish_run lists, in its order
+        report.written.append(out / directory / RESULT_FILE)
+        report.written.extend(stub_replays(out, directory, dict(runs[directory].info.policies)))
     for run in runs.values():  # the scan's order, as finish_run's
         report.cached += len(run.replays)
         report.rows.extend(
@@ -214,7 +228,7 @@ def reuse_run(name: str, config: SimConfig, inputs: str | None, force: bool) -> 
                 policies=list(run.replays),
             )
         )
-    tables = [run_table_path(config.out, d) for d in directories]
+    tables = [run_table_path(out, d) for d in reuse.directories]
     report.written.extend(path for path in tables if path.is_file())
     return report
 
