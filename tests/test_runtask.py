@@ -104,6 +104,27 @@ def test_dataset_comes_from_memory_and_a_cached_run_reads_no_replay_twice(
     assert after == before
 
 
+def test_a_fresh_what_if_run_summarises_each_directory_from_its_own_replays(
+    tmp_path: Path,
+) -> None:
+    """A loader what-if replays two directories (RUN@pipeline-w4-p2 and its baseline
+    RUN@pipeline); the rows a fresh run makes from its replays in memory belong to the
+    directory they were replayed for. They were paired in scan order, which puts the
+    baseline first though its plan comes second: the fresh summary showed each
+    directory with the other's numbers, and disagreed with a cached run's and with
+    ``dsim summarize``'s."""
+    _traces(tmp_path)
+    config = _config(tmp_path, model="pipeline", workers=4)
+    fresh = run_replays(config)
+    assert fresh.computed == 2 * 3 * 9
+    summary = tmp_path / "out" / "summary.parquet"
+    written = summary.read_bytes()
+    again = run_replays(config)
+    assert (again.computed, again.cached) == (0, 2 * 3 * 9)
+    assert fresh.summary.equals(again.summary)
+    assert summary.read_bytes() == written
+
+
 def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
@@ -126,9 +147,9 @@ def test_ray_tasks_write_the_same_bytes_as_in_process(tmp_path: Path) -> None:
     assert on_ray.returncode == 0, on_ray.stderr
     assert "27 replays computed on ray" in on_ray.stderr
     expected, got = _tree(tmp_path / "local" / "out"), _tree(tmp_path / "ray" / "out")
-    # per run: 9 replays, result.json, dataset, its attribution table; summary and
-    # attribution (2 + 2), the lock
-    assert len(expected) == 3 * (9 + 1 + 2 + 1) + 5
+    # per run: 9 replays, result.json, dataset, its attribution table and memo; summary
+    # and attribution (2 + 2), the lock
+    assert len(expected) == 3 * (9 + 1 + 2 + 1 + 1) + 5
     assert got.keys() == expected.keys()
     differ = [name for name in expected if got[name] != expected[name]]
     assert not differ, differ

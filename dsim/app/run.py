@@ -40,6 +40,7 @@ from dsim.app.answer import (
     with_outcome,
 )
 from dsim.app.attribution import run_table_path, write_directory_attributions
+from dsim.app.runmemo import memo_candidate, trace_inputs
 from dsim.app.runplan import (
     UNREAD,
     RunPlan,
@@ -48,7 +49,15 @@ from dsim.app.runplan import (
     plan_runs_of,
     refusal,
 )
-from dsim.app.runtask import RunReport, RunTask, finish_run, run_task
+from dsim.app.runtask import (
+    Reusable,
+    RunReport,
+    RunTask,
+    finish_run,
+    reusable,
+    reuse_run,
+    run_task,
+)
 from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
@@ -129,31 +138,58 @@ def _in_process(
     progress: ProgressFactory | None,
     on_wait: lock.Notify | None,
 ) -> list[RunReport]:
-    """Every run read and checked first (nothing written if one fails), then finished."""
-    plans: list[list[RunPlan]] = []
-    skipped: list[RunReport] = []
+    """Every run read and checked first (nothing written if one fails), then finished.
+
+    A run whose memo matches its trace and options (``dsim.app.runmemo``) is not read:
+    under the lock, ``reusable`` proves every output cached (``reuse_run`` then makes its
+    report), or the run is planned then, as the others were, before anything is written."""
+    entries: list[Entry] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        planned = _plan(name, run_dir, config)
-        if isinstance(planned, RunReport):  # another matched run may still replay what was asked
-            skipped.append(planned)
+        inputs = None if force else trace_inputs(name, run_dir, config)
+        if memo_candidate(config.out, name, inputs):
+            entries.append((name, run_dir, inputs))  # decided under the lock
         else:
-            plans.append(planned)
-    if skipped and not plans:
-        raise skipped[0].skipped  # nothing could be replayed: the first run's reason
+            entries.append((name, run_dir, _plan(name, run_dir, config)))
+    _nothing_to_replay(entries)
     release_freed()  # the tables' memory (the plans keep little of them), before the replays
     with lock.exclusive(config.out, on_wait):
         remove_leftovers(config.out, recursive=True)  # of runs killed before us
+        for k, (name, run_dir, entry) in enumerate(entries):
+            if isinstance(entry, str):  # proven (nothing written yet), or planned now
+                reuse = reusable(name, config, entry)
+                entries[k] = (name, run_dir, reuse or _plan(name, run_dir, config))
+        _nothing_to_replay(entries)
+        plans = [entry for _, _, entry in entries if isinstance(entry, list)]
         for plan in (p for run in plans for p in run):  # inside --out, no link, ... (§7.4)
             check_results_directory(config.out, plan.directory)
         for plan in (p for run in plans for p in run):
             plan.todo = pending_policies(plan, config.out, force)
         total = sum(p.arrays.n_iterations * len(p.todo) for run in plans for p in run)
         on_rows = progress(total) if progress is not None and total else None
-        reports = list(skipped)
-        for k in range(len(plans)):
-            run_plans, plans[k] = plans[k], []  # its arrays are freed once it is written
-            reports.append(finish_run(run_plans, config, chunk_rows, on_rows))
+        del plans
+        reports = []
+        for k, (name, run_dir, entry) in enumerate(entries):
+            if isinstance(entry, list):
+                entries[k] = (name, run_dir, None)  # its arrays are freed once it is written
+                entry = finish_run(entry, config, chunk_rows, on_rows)
+            elif isinstance(entry, Reusable):
+                entry = reuse_run(entry, config)
+            assert isinstance(entry, RunReport)
+            reports.append(entry)
         return reports
+
+
+#: One run of ``_in_process``: its plans, why it is skipped, its proof of reuse, or the
+#: memo's inputs digest while reuse is undecided (None once its report is made).
+Entry = tuple[str, Path, "list[RunPlan] | RunReport | Reusable | str | None"]
+
+
+def _nothing_to_replay(entries: list[Entry]) -> None:
+    """Raise the first run's reason when every run is skipped (nothing could be replayed)."""
+    reports = [entry for _, _, entry in entries if isinstance(entry, RunReport)]
+    skipped = [r for r in reports if r.skipped is not None]
+    if skipped and len(skipped) == len(entries):
+        raise skipped[0].skipped
 
 
 def _plan(name: str, run_dir: Path, config: SimConfig) -> list[RunPlan] | RunReport:

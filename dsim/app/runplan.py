@@ -18,6 +18,7 @@ from typing import Any
 from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, selected_iterations
 from dsim.analysis.throughput import batch_from_throughput, trace_batch_size
 from dsim.app.attribution import attribution_inputs
+from dsim.app.runmemo import inputs_digest
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
@@ -67,6 +68,9 @@ class RunPlan:
     run_dir: Path | None = None  # the trace replayed (result.json's ``trace_path``)
     # the snapshot replayed, as far as attribution reads it (``attribution_inputs``)
     tables: RunTables | None = None
+    # ``dsim.app.runmemo.inputs_digest`` of the snapshot and options planned (None: tables
+    # built in memory, no memo)
+    inputs: str | None = None
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -264,8 +268,11 @@ def plan_runs_of(
     first = plans[0].model
     with_arrays = first is not None and first.needs_fetch == (tables.fetch.num_rows > 0)
     kept = attribution_inputs(tables, with_arrays)
+    files = tables.files
+    inputs = None if files is None else inputs_digest(name, run_dir, config, tables.info, files)
     for plan in plans:
         plan.tables = kept
+        plan.inputs = inputs
     return plans
 
 

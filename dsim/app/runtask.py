@@ -36,6 +36,7 @@ import pyarrow as pa
 from dsim.analysis.attribution import Attribution, attribution_table
 from dsim.analysis.summary import policy_row, run_selection, summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
+from dsim.app.runmemo import trace_inputs, vouched_directories, write_memo
 from dsim.app.runplan import (
     UNREAD,
     RunPlan,
@@ -54,10 +55,12 @@ from dsim.execute.local import run_local
 from dsim.io.atomic import write_parquet
 from dsim.io.memory import release_freed
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
+from dsim.model.resultinfo import RESULT_FILE
 from dsim.model.results import (
     check_results_directory,
     find_result_runs,
     load_replay,
+    read_replay_key,
     replay_path,
     replay_table,
     stub_replays,
@@ -104,6 +107,10 @@ def run_task(task: RunTask) -> RunReport:
     """Read, plan, replay and write one run (what a Ray task runs): the checks of
     ``dsim run`` for this run's directories first, then ``finish_run``."""
     with _working_directory(task.cwd):
+        inputs = None if task.force else trace_inputs(task.name, task.run_dir, task.config)
+        reuse = reusable(task.name, task.config, inputs)
+        if reuse is not None:  # every replay cached, the trace not read (§7.2)
+            return reuse_run(reuse, task.config)
         tables = read_run(task.run_dir, UNREAD)
         refused = refusal(task.name, tables, task.config)
         if refused is not None:  # another run may still replay what was asked (§4.3)
@@ -146,8 +153,11 @@ def finish_run(
     # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
     # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
     release_freed()
-    runs = find_result_runs([config.out / plan.directory for plan in plans])
-    for run, plan, made in zip(runs, plans, report_rows, strict=True):
+    # paired by directory: the scan sorts them, and a what-if's plan comes before its
+    # baseline's though its directory (RUN@MODEL-wW-pP) sorts after (RUN@MODEL)
+    made_by = {plan.directory: (plan, made) for plan, made in zip(plans, report_rows, strict=True)}
+    for run in find_result_runs([config.out / plan.directory for plan in plans]):
+        plan, made = made_by[run.directory.name]
         report.rows.extend(
             summary_rows(
                 [run],
@@ -159,6 +169,67 @@ def finish_run(
             )
         )
     _attribute(plans, report, config.out)
+    if plans[0].inputs is not None:  # last: it vouches for what was just written
+        write_memo(config.out, plans[0].name, plans[0].inputs, [p.directory for p in plans])
+    return report
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """A fully cached run, proven (``reusable``): its directories in plan order, and their
+    results as scanned."""
+
+    name: str
+    directories: list[str]
+    runs: dict[str, Any]  # directory name -> ``ResultRun``
+
+
+def reusable(name: str, config: SimConfig, inputs: str | None) -> Reusable | None:
+    """Whether run ``name`` is fully cached without reading its trace (None: plan it): its
+    memo (``dsim.app.runmemo``) vouches that its ``result.json`` and attribution tables
+    are what ``inputs`` give, every replay ``result.json`` lists holds its key
+    (``pending_policies``' test) and the dataset files were built from them
+    (``is_current``). Then ``finish_run`` would replay nothing, rebuild no dataset and
+    write the same bytes again. Reads only; called under the output directory's lock."""
+    directories = vouched_directories(config.out, name, inputs)
+    if directories is None:
+        return None
+    for directory in directories:
+        check_results_directory(config.out, directory)
+    runs = {
+        run.directory.name: run for run in find_result_runs([config.out / d for d in directories])
+    }
+    for directory, run in runs.items():
+        if any(read_replay_key(path) != run.keys[p] for p, path in run.replays.items()):
+            return None  # a replay lost or replaced: it is recomputed
+        meta = metadata(name, directory, dict(run.info.policies))
+        if not is_current(config.out, directory, meta):
+            return None
+    return Reusable(name, directories, runs)
+
+
+def reuse_run(reuse: Reusable, config: SimConfig) -> RunReport:
+    """A ``reusable`` run's report, as ``finish_run`` makes it for a fully cached run: the
+    stubs of replays still whole written (§7.1), the summary rows read from the dataset;
+    ``result.json`` and the attribution tables are left as they are (the same bytes)."""
+    out, runs = config.out, reuse.runs
+    report = RunReport(reuse.name, dropped=dict(runs[reuse.directories[0]].info.dropped))
+    for directory in reuse.directories:  # what finish_run lists, in its order
+        report.written.append(out / directory / RESULT_FILE)
+        report.written.extend(stub_replays(out, directory, dict(runs[directory].info.policies)))
+    for run in runs.values():  # the scan's order, as finish_run's
+        report.cached += len(run.replays)
+        report.rows.extend(
+            summary_rows(
+                [run],
+                epochs=config.epochs,
+                warmup=config.warmup,
+                threshold_s=config.threshold_s,
+                policies=list(run.replays),
+            )
+        )
+    tables = [run_table_path(out, d) for d in reuse.directories]
+    report.written.extend(path for path in tables if path.is_file())
     return report
 
 
