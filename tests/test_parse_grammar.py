@@ -271,3 +271,36 @@ def test_run_discovery_and_names(tmp_path):
     single.write_text("x\n")
     assert discover_runs([single])[0].name == "myjob"
     assert discover_runs([single], name="custom")[0].name == "custom"
+
+
+def test_a_corrupt_iteration_out_of_time_order_is_rejected_alone(tmp_path):
+    """Its key repeats another line's, but the clock rule takes it out first: the conflict
+    rule then finds no repeat among the lines kept (it must look again, not reuse what it
+    found before the clock rule, when it would reject both copies)."""
+    lines = [train_line(f"{10 + i}.5", 0, 0, i, n=6) for i in range(6)]
+    lines.insert(5, train_line("14.9", 0, 0, 2, n=6))  # iteration 4's line with a flipped digit
+    parsed = parse_run(run_of(tmp_path, {"output.log": lines}))
+    assert parsed.report["skipped"] == {CLOCK_OUTLIER: 1}
+    assert [r["line"] for r in parsed.rejects.to_pylist()] == [6]
+    assert parsed.report["train_records"] == 6
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [3, 1, 2, 3, 3, 1, 1],  # a tie: the smaller
+        [7],
+        [0, 0, 5, 5, 2],
+        [10**9, 10**9 - 1, 10**9],  # big values, a small span: counted
+        [0, 10**9, 10**9, 5],  # a wide span: np.unique's way
+        [*range(1000, 0, -1), 500],
+    ],
+)
+def test_counted_distinct_and_most_common_equal_numpys(values):
+    from dsim.sources.rawlog.parse import _count_distinct, _most_common
+
+    for dtype in (np.int32, np.int64):
+        array = np.array(values, dtype)
+        distinct, freq = np.unique(array, return_counts=True)
+        assert _count_distinct(array) == len(distinct)
+        assert _most_common(array) == int(distinct[np.argmax(freq)])

@@ -16,7 +16,7 @@ from dsim.errors import InputError
 from dsim.io.atomic import check_replaceable
 from dsim.io.memory import release_freed
 from dsim.io.names import check_run_name, run_path
-from dsim.model.consistency import clock_offsets, consistency
+from dsim.model.consistency import clock_offsets, consistency, train_arrays
 from dsim.model.rankclocks import shift_ranks
 from dsim.model.runinfo import RunInfo, check_run_directory
 from dsim.model.tables import RunTables, write_run_info
@@ -56,9 +56,18 @@ def parse_and_write(
     try:
         parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
         release_freed()  # the parse's own buffers, before the checks' arrays are made
-        tables = with_clocks_set(parsed.tables)
+        train = parsed.tables.train
+        # both checks read the same arrays of the train table: made once (a shifted table's
+        # are made again)
+        arrays = train_arrays(train) if train.num_rows else None
+        tables = with_clocks_set(parsed.tables, arrays)
+        if tables.train is not train:
+            arrays = None
+        del train
         # every input format: whether the ranks' timelines can come from synchronous DDP (§2.3)
-        tables = replace(tables, info=tables.info.with_consistency(consistency(tables.train)))
+        figures = consistency(tables.train, arrays)
+        del arrays
+        tables = replace(tables, info=tables.info.with_consistency(figures))
         release_freed()  # the checks' arrays, before the Parquet writer's buffers
         info = write_run_info(tables, target, parsed.rejects)  # with the version written
     except MemoryError:
@@ -72,13 +81,14 @@ def parse_and_write(
     return target, info
 
 
-def with_clocks_set(tables: RunTables) -> RunTables:
+def with_clocks_set(tables: RunTables, arrays: tuple | None = None) -> RunTables:
     """Ranks whose clocks are off (§1.7.1): constant offsets corrected, all of them recorded.
 
     ``run.json`` ``report.clock_offsets`` keeps what was found and done, so that a
     corrected trace says so; ``dsim parse`` prints it (``clock_offset_lines``).
+    ``arrays``: the train table's ``consistency.train_arrays``, when made already.
     """
-    found = clock_offsets(tables.train)
+    found = clock_offsets(tables.train, arrays)
     if found is None:
         return tables
     fixed = {r["gpu"]: r["offset_s"] for r in found["ranks"] if r["corrected"]}

@@ -56,15 +56,15 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     return {"median": _s(np.median(values)), "p95": _s(np.percentile(values, 95))}
 
 
-def _train_arrays(train: pa.Table):
-    """(ranks, epoch, iteration, rank index, arrival s, stall s, time s) of a train table.
+def train_arrays(train: pa.Table):
+    """(ranks, epoch, iteration, rank index, arrival s, stall s, time s) of a non-empty train
+    table: what ``clock_offsets`` and ``consistency`` read, made once for both by a parse.
 
     Views of the table's columns where it can (epoch, iteration, stall, time); one
     array each for the rank index and the arrival: a parse's peak memory is here.
     """
     gpu = train.column("gpu").to_numpy()
-    ranks = np.unique(gpu)
-    index = np.searchsorted(ranks, gpu).astype(np.int32)
+    ranks, index = _ranks_index(gpu)
     del gpu
     start_ns = train.column("start").cast(pa.int64()).to_numpy()
     first, arrival = start_ns.min(), np.empty(len(start_ns))
@@ -78,15 +78,87 @@ def _train_arrays(train: pa.Table):
     return ranks, epoch, iteration, index, arrival, stall, time_s
 
 
-def consistency(train: pa.Table) -> dict[str, Any] | None:
+def _ranks_index(gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ranks, ascending, and each record's index into them (int32).
+
+    Ranks are small non-negative integers (below ``bounds.RANK_LIMIT`` in every
+    parsed table), so they are found by counting: ``np.unique`` (a hash) and a
+    binary search per record took ~2.5 ms per 80,000 records, twice per parse.
+    Anything else takes that general way; both give the same arrays.
+    """
+    if len(gpu) and int(gpu.min()) >= 0 and int(gpu.max()) < _COUNTED_RANKS:
+        present = np.bincount(gpu) > 0
+        ranks = np.flatnonzero(present).astype(gpu.dtype, copy=False)
+        position = np.cumsum(present, dtype=np.int32)
+        position -= 1
+        return ranks, position[gpu]
+    ranks = np.unique(gpu)
+    return ranks, np.searchsorted(ranks, gpu).astype(np.int32)
+
+
+#: Ranks below this are found by counting (``_ranks_index``): ``bounds.RANK_LIMIT``.
+_COUNTED_RANKS = 1 << 20
+
+
+def _row_max(grid: np.ndarray) -> np.ndarray:
+    """``grid.max(axis=1)`` of a [iterations, ranks] grid, a rank (a column) at a time.
+
+    NumPy reduces a row of a few ranks at a time ~10x slower than it combines
+    whole columns; ``np.maximum`` propagates NaN as ``max`` does, so the values
+    are the same.
+    """
+    out = grid[:, 0].copy()
+    for r in range(1, grid.shape[1]):
+        np.maximum(out, grid[:, r], out=out)
+    return out
+
+
+def _row_min(grid: np.ndarray) -> np.ndarray:
+    """``grid.min(axis=1)``, as ``_row_max``."""
+    out = grid[:, 0].copy()
+    for r in range(1, grid.shape[1]):
+        np.minimum(out, grid[:, r], out=out)
+    return out
+
+
+def _row_has_nan(grid: np.ndarray) -> np.ndarray:
+    """``np.isnan(grid).any(axis=1)``, as ``_row_max``."""
+    out = np.isnan(grid[:, 0])
+    for r in range(1, grid.shape[1]):
+        out |= np.isnan(grid[:, r])
+    return out
+
+
+def _row_median(block: np.ndarray) -> np.ndarray:
+    """``np.median(block, axis=1)``: the middle of each sorted row (NaN rows: ``np.median``).
+
+    ``np.median`` along rows of a few ranks took ~5 ms per 10,000 rows, a sort
+    of the rows ~0.5 ms. Its value is the middle element, or the mean of the two
+    middle ones, ``(0.0 + a + b) / 2``, exactly as ``np.median`` computes it (checked
+    against it bit for bit in tests/test_consistency_fastpath.py).
+    """
+    ordered = np.sort(block, axis=1)
+    k = block.shape[1]
+    if k == 0 or np.isnan(ordered[:, -1]).any():  # NaN sorts last; np.median says NaN
+        return np.median(block, axis=1)
+    # np.median's mean sums from 0.0 (so a -0.0 comes out as 0.0), then divides
+    middle = ordered[:, (k - 1) // 2] + 0.0
+    if k % 2 == 0:
+        middle += ordered[:, k // 2]
+        middle /= 2
+    return middle
+
+
+def consistency(train: pa.Table, arrays: tuple | None = None) -> dict[str, Any] | None:
     """The figures above for one run's train table; ``None`` with fewer than 2 ranks or
-    fewer than ``MIN_ITERATIONS`` iterations every rank trained."""
+    fewer than ``MIN_ITERATIONS`` iterations every rank trained. ``arrays``: the table's
+    ``train_arrays`` when the caller has them (a parse makes them once for both checks)."""
     if train.num_rows == 0:
         return None
-    ranks, *arrays = _train_arrays(train)
+    ranks, *columns = arrays if arrays is not None else train_arrays(train)
     if ranks.size < 2:
         return None
-    return timeline_consistency(*arrays)
+    return timeline_consistency(*columns)
 
 
 def _cells(epoch, iteration, rank) -> tuple[np.ndarray, np.ndarray, int]:
@@ -123,9 +195,31 @@ def _cell_type(keys: int, ranks: int) -> type:
 
 
 def _grid(cell: np.ndarray, shape: tuple[int, int], values: np.ndarray) -> np.ndarray:
-    grid = np.full(shape[0] * shape[1], np.nan)
+    """``values`` placed at their ``cell``s of a [keys, ranks] grid, NaN where none is.
+
+    A table sorted by (epoch, iteration, rank) with every rank in every iteration
+    (what ``dsim parse`` writes of a complete run) has each record in the cell of
+    its own row number: the grid is then a copy of the values, without the
+    scatter's index checks and casts (~45 instructions a record, three grids a parse).
+    """
+    size = shape[0] * shape[1]
+    if _in_row_order(cell, size):
+        return np.array(values, dtype=np.float64).reshape(shape)
+    grid = np.full(size, np.nan)
     grid[cell] = values
     return grid.reshape(shape)
+
+
+def _in_row_order(cell: np.ndarray, size: int) -> bool:
+    """Whether ``cell[i] == i`` for every record and the records fill all ``size`` cells;
+    checked a block at a time (no array of the row numbers at a parse's peak)."""
+    if len(cell) != size:
+        return False
+    for lo in range(0, size, _GAP_ROWS):
+        block = cell[lo : lo + _GAP_ROWS]
+        if not np.array_equal(block, np.arange(lo, lo + len(block), dtype=block.dtype)):
+            return False
+    return True
 
 
 def end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
@@ -135,7 +229,7 @@ def end_grid(epoch, iteration, rank, arrival, stall, time_s) -> np.ndarray:
     end += time_s
     grid = _grid(cell, (len(keys), n_ranks), end)
     del end, cell
-    return grid[~np.isnan(grid).any(axis=1)]
+    return grid[~_row_has_nan(grid)]
 
 
 def rank_offsets(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,14 +254,14 @@ def rank_offsets(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = max(1, (1 << 20) // max(len(members), 1))
     for lo in range(0, len(end), rows):
         block = end[lo : lo + rows, members] - offsets[members]
-        reference[lo : lo + rows] = np.median(block, axis=1)
+        reference[lo : lo + rows] = _row_median(block)
     spread = np.array(
         [np.percentile(np.abs(end[:, r] - offsets[r] - reference), 95) for r in range(ranks)]
     )
     return offsets, spread
 
 
-def clock_offsets(train: pa.Table) -> dict[str, Any] | None:
+def clock_offsets(train: pa.Table, arrays: tuple | None = None) -> dict[str, Any] | None:
     """Ranks whose clocks are off the others' by more than ``CLOCK_OFFSET_MAX_S``.
 
     ``None`` when there is nothing to say (one rank, fewer than ``MIN_ITERATIONS``
@@ -175,13 +269,14 @@ def clock_offsets(train: pa.Table) -> dict[str, Any] | None:
     ``{"tolerance_s", "iterations", "ranks": [{"gpu", "offset_s", "spread_s",
     "corrected"}]}``: a rank's offset is *constant* (and may be corrected by
     shifting its times by −offset) when its spread is within the tolerance too.
+    ``arrays``: the table's ``train_arrays``, as for ``consistency``.
     """
     if train.num_rows == 0:
         return None
-    ranks, *arrays = _train_arrays(train)
+    ranks, *columns = arrays if arrays is not None else train_arrays(train)
     if ranks.size < 2:
         return None
-    end = end_grid(*arrays)
+    end = end_grid(*columns)
     if len(end) < MIN_ITERATIONS:
         return None
     offsets, spread = rank_offsets(end)
@@ -220,7 +315,7 @@ def timeline_consistency(
     values += time_s  # ends
     grid_end = _grid(cell, shape, values)
     del values  # the arrivals' grid is made from ``arrival`` itself
-    complete = ~np.isnan(grid_end).any(axis=1)
+    complete = ~_row_has_nan(grid_end)
     if int(complete.sum()) < MIN_ITERATIONS:
         return None
     # the next iteration of the same epoch on the same rank: consecutive keys, one epoch
@@ -231,10 +326,10 @@ def timeline_consistency(
     everyone = bool(complete.all())  # then no copy of the complete rows is needed
     end = grid_end if everyone else grid_end[complete]
     del grid_end
-    spread = end.max(axis=1) - end.min(axis=1)
+    spread = _row_max(end) - _row_min(end)
     arrivals = _grid(cell, shape, arrival)
     del cell
-    end -= (arrivals if everyone else arrivals[complete]).max(axis=1, keepdims=True)
+    end -= _row_max(arrivals if everyone else arrivals[complete])[:, None]
     del arrivals
     late_share = _share(end.ravel() < -TOLERANCE_S)  # a rank's end before the last arrival
     del end
