@@ -328,3 +328,16 @@ def test_fidelity_intro_names_the_job_each_sweep_ran() -> None:
     assert shared.startswith("4-rank\nDDP job on a GPU machine, its ranks sharing the GPUs")
     one = {"runs": {"a": {"ranks": 1, "device": "cuda", "machine": gpus}}}
     assert job_words(one) == "1-rank NCCL\nDDP job, one GPU per rank"
+
+
+def test_swaps_go_to_misses_or_with_swap_every_to_every_what_if() -> None:
+    from validation.compare import swaps_wanted
+
+    met = {"target_iteration_pipeline": "met", "target_loader_pipeline": None}
+    missed_loader = {"target_iteration_pipeline": None, "target_loader_pipeline": "missed"}
+    assert not swaps_wanted(met, "align", every=False)
+    assert swaps_wanted(missed_loader, "loader", every=False)
+    assert swaps_wanted({"target_iteration_pipeline": "missed"}, "start", every=False)
+    for kind in ("align", "start", "control", "loader"):
+        assert swaps_wanted(met, kind, every=True)
+    assert not swaps_wanted(met, "identity", every=True)

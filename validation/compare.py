@@ -325,10 +325,21 @@ def drain_row(
     return out
 
 
+def swaps_wanted(row: dict, kind: str, every: bool) -> bool:
+    """Whether a compared pair gets its term swaps: where its pipeline prediction missed
+    the iteration or loader target, or, with ``every`` (``--swap-every``), every
+    what-if pair. Why the second: a miss on one sweep cannot tell bias from noise; the
+    same cell's swaps on every sweep can (validation/README, "Across the four sweeps")."""
+    if every:
+        return kind in ("align", "start", "control", "loader")
+    return any(row.get(f"target_{t}_pipeline") == "missed" for t in ("iteration", "loader"))
+
+
 def compare_runs(
-    data: Path, manifest: dict, work: Path, jobs: int
+    data: Path, manifest: dict, work: Path, jobs: int, swap_every: bool = False
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Parse, replay and predict every pair; one row per pair, and the term swaps of misses."""
+    """Parse, replay and predict every pair; one row per pair, and the term swaps of misses
+    (of every what-if pair with ``swap_every``)."""
     runs = manifest["runs"]
     logs, traces, results = work / "logs", work / "traces", work / "results"
     present = [name for name in runs if any((data / name).glob("rank*.log*"))]
@@ -422,8 +433,7 @@ def compare_runs(
                 row[f"band_{target}_{model}"] = v.bound
                 row[f"flips_{target}_{model}"] = v.flips
         rows.append(row)
-        missed = [t for t in ("iteration", "loader") if row.get(f"target_{t}_pipeline") == "missed"]
-        if missed and p.pipeline_policy:
+        if swaps_wanted(row, p.kind, swap_every) and p.pipeline_policy:
             targets = {t: base_of(t) for t in target_runs}
             swaps += term_swaps(
                 row,
@@ -463,8 +473,10 @@ def compare(
     fidelity: str | Path | None = None,
     csv: str | Path | None = None,
     jobs: int = 1,
+    swap_every: bool = False,
 ) -> pd.DataFrame:
-    """Compare every pair of the sweep in ``data``; write the CSV and FIDELITY.md's table."""
+    """Compare every pair of the sweep in ``data``; write the CSV and FIDELITY.md's table
+    (``swap_every``: term swaps of every what-if pair, as ``swaps_wanted``)."""
     from validation.report import update_fidelity
 
     data = Path(data)
@@ -476,7 +488,7 @@ def compare(
     csv_path = Path(csv) if csv else default_csv
     commit = git_commit()  # before our outputs change tracked files (it would read -dirty)
     with tempfile.TemporaryDirectory(prefix="dsim-fidelity-") as tmp:
-        frame, swaps = compare_runs(data, manifest, Path(tmp), jobs)
+        frame, swaps = compare_runs(data, manifest, Path(tmp), jobs, swap_every)
         tune = tune_check(data, manifest, Path(tmp))
     if frame.empty:
         raise InputError(f"{data}: no pair of runs to compare (A and a re-run)")
@@ -515,9 +527,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fidelity", help="FIDELITY.md to update (default: see validation/README)")
     p.add_argument("--csv", help="CSV of every number (default: see validation/README)")
     p.add_argument("--jobs", type=int, default=1, help="runs `dsim parse` reads at once")
+    p.add_argument(
+        "--swap-every",
+        action="store_true",
+        help="term swaps of every what-if pair, not only of the missed ones",
+    )
     args = p.parse_args(argv)
     try:
-        compare(Path(args.data), fidelity=args.fidelity, csv=args.csv, jobs=args.jobs)
+        compare(
+            Path(args.data),
+            fidelity=args.fidelity,
+            csv=args.csv,
+            jobs=args.jobs,
+            swap_every=args.swap_every,
+        )
     except DsimError as exc:
         print(f"validation.compare: error: {exc}", file=sys.stderr)
         return exc.exit_code
