@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from dsim.io.memory import release_freed
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
 from dsim.model.resultinfo import RESULT_FILE
 from dsim.model.results import (
+    ResultRun,
     check_results_directory,
     find_result_runs,
     load_replay,
@@ -70,7 +71,7 @@ from dsim.model.results import (
     write_stub,
 )
 from dsim.model.tables import RunTables, read_run
-from dsim.replay.policies import policy_label
+from dsim.replay.policies import Policy, policy_label
 
 OnRows = Callable[[int], None]
 
@@ -158,20 +159,29 @@ def finish_run(
     made_by = {plan.directory: (plan, made) for plan, made in zip(plans, report_rows, strict=True)}
     for run in find_result_runs([config.out / plan.directory for plan in plans]):
         plan, made = made_by[run.directory.name]
-        report.rows.extend(
-            summary_rows(
-                [run],
-                epochs=config.epochs,
-                warmup=config.warmup,
-                threshold_s=config.threshold_s,
-                policies=list(plan.keys),
-                made=made,
-            )
-        )
+        report.rows.extend(_rows(run, config, list(plan.keys), made))
     _attribute(plans, report, config.out)
     if plans[0].inputs is not None:  # last: it vouches for what was just written
         write_memo(config.out, plans[0].name, plans[0].inputs, [p.directory for p in plans])
     return report
+
+
+def _rows(
+    run: ResultRun,
+    config: SimConfig,
+    policies: list[Policy],
+    made: Mapping[Policy, Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """A run directory's summary rows under the run's selection (``summary_rows``);
+    ``made``: the rows ``finish_run`` made from the replay tables it held."""
+    return summary_rows(
+        [run],
+        epochs=config.epochs,
+        warmup=config.warmup,
+        threshold_s=config.threshold_s,
+        policies=policies,
+        made=made,
+    )
 
 
 @dataclass(frozen=True)
@@ -219,15 +229,7 @@ def reuse_run(reuse: Reusable, config: SimConfig) -> RunReport:
         report.written.extend(stub_replays(out, directory, dict(runs[directory].info.policies)))
     for run in runs.values():  # the scan's order, as finish_run's
         report.cached += len(run.replays)
-        report.rows.extend(
-            summary_rows(
-                [run],
-                epochs=config.epochs,
-                warmup=config.warmup,
-                threshold_s=config.threshold_s,
-                policies=list(run.replays),
-            )
-        )
+        report.rows.extend(_rows(run, config, list(run.replays)))
     tables = [run_table_path(out, d) for d in reuse.directories]
     report.written.extend(path for path in tables if path.is_file())
     return report
