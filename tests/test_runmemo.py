@@ -95,6 +95,21 @@ def test_a_fully_cached_run_reads_no_trace_and_writes_the_same_bytes(
     assert full.written == cached.written  # what the outcome lists (the answer's files)
 
 
+def test_a_run_without_a_memo_hashes_its_trace_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first run (no memo to compare with) reads its tables once, when it is planned:
+    the memo's digest of the trace (``read_version``) is taken only where a memo exists."""
+    _traces(tmp_path)
+    versions: list[str] = []
+    real = runmemo.read_version
+    monkeypatch.setattr(runmemo, "read_version", lambda d: versions.append(Path(d).name) or real(d))
+    run_replays(_config(tmp_path))
+    assert versions == []
+    run_replays(_config(tmp_path))  # the memos exist now: each trace's version is compared
+    assert sorted(versions) == sorted(RUNS)
+
+
 def test_a_what_ifs_two_directories_are_reused_in_plan_order(
     tmp_path: Path, reads: list[str]
 ) -> None:

@@ -40,7 +40,7 @@ from dsim.app.answer import (
     with_outcome,
 )
 from dsim.app.attribution import run_table_path, write_directory_attributions
-from dsim.app.runmemo import memo_candidate, trace_inputs
+from dsim.app.runmemo import memo_candidate, reuse_inputs
 from dsim.app.runplan import (
     UNREAD,
     RunPlan,
@@ -145,7 +145,7 @@ def _in_process(
     report), or the run is planned then, as the others were, before anything is written."""
     entries: list[Entry] = []
     for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
-        inputs = None if force else trace_inputs(name, run_dir, config)
+        inputs = reuse_inputs(name, run_dir, config, force)
         if memo_candidate(config.out, name, inputs):
             entries.append((name, run_dir, inputs))  # decided under the lock
         else:

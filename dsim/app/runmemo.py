@@ -137,6 +137,15 @@ def trace_inputs(name: str, run_dir: Path, config: SimConfig) -> str | None:
     return inputs_digest(name, run_dir, config, info, files)
 
 
+def reuse_inputs(name: str, run_dir: Path, config: SimConfig, force: bool) -> str | None:
+    """``trace_inputs`` where a memo of run ``name`` exists to compare it with, else None
+    (and with ``force``): a run without one, as every first run is, is planned anyway,
+    and hashing its tables here would read them a second time."""
+    if force or not memo_path(config.out, name).is_file():
+        return None
+    return trace_inputs(name, run_dir, config)
+
+
 def _sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -36,7 +36,7 @@ import pyarrow as pa
 from dsim.analysis.attribution import Attribution, attribution_table
 from dsim.analysis.summary import policy_row, run_selection, summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
-from dsim.app.runmemo import trace_inputs, vouched_directories, write_memo
+from dsim.app.runmemo import reuse_inputs, vouched_directories, write_memo
 from dsim.app.runplan import (
     UNREAD,
     RunPlan,
@@ -108,7 +108,7 @@ def run_task(task: RunTask) -> RunReport:
     """Read, plan, replay and write one run (what a Ray task runs): the checks of
     ``dsim run`` for this run's directories first, then ``finish_run``."""
     with _working_directory(task.cwd):
-        inputs = None if task.force else trace_inputs(task.name, task.run_dir, task.config)
+        inputs = reuse_inputs(task.name, task.run_dir, task.config, task.force)
         reuse = reusable(task.name, task.config, inputs)
         if reuse is not None:  # every replay cached, the trace not read (§7.2)
             return reuse_run(reuse, task.config)
