@@ -21,8 +21,8 @@ import functools
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ import pyarrow as pa
 from dsim.errors import OutputError
 from dsim.io import parquetio
 
-# ``tempfile`` adds 8 characters of [a-z0-9_] between our prefix and suffix.
+# ``_make_temp`` puts 8 hex digits between our prefix and suffix (``tempfile``'s 8
+# characters of [a-z0-9_] before: a leftover of an older dsim is recognised too).
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.[a-z0-9_]{8}\.tmp$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>[0-9]+)$")
 
@@ -41,10 +42,24 @@ def _temp_prefix(target: Path) -> str:
     return f".{target.name}.{os.getpid()}."
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _make_temp(target: Path, *, directory: bool = False) -> Path:
+    """A new temporary sibling of ``target`` (a file, or an empty directory), named as
+    ``_TEMP`` reads, with the permissions a plain ``open``/``mkdir`` would give it: the
+    kernel applies the umask. Why not ``mkstemp`` and a ``chmod`` to the umask: reading
+    the umask means setting it (``os.umask``), for the whole process, and runs finished
+    on threads (``dsim.execute.threads``) made files and directories meanwhile, or read
+    the 0 another thread had set and kept it."""
+    for _ in range(100):
+        name = target.parent / f"{_temp_prefix(target)}{secrets.token_hex(4)}.tmp"
+        try:
+            if directory:
+                os.mkdir(name, 0o777)
+            else:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return name
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(target))
 
 
 @contextlib.contextmanager
@@ -53,14 +68,9 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(
-            prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent
-        )
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would outlive the rename
-        os.close(fd)
+        tmp = _make_temp(target)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
-    tmp = Path(tmp_name)
     try:
         yield tmp
         os.replace(tmp, target)
@@ -134,8 +144,7 @@ def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator
     check_replaceable(target, check_existing)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), suffix=".tmp", dir=target.parent))
-        tmp.chmod(0o777 & ~_umask())
+        tmp = _make_temp(target, directory=True)
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
     try:
