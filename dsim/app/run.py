@@ -12,7 +12,8 @@ holds the output directory's exclusive lock (``dsim.io.lock``), so that two
 ``dsim run`` processes on one directory take turns instead of mixing.
 
 A run's work is one call of ``dsim.app.runtask``: in-process, runs are all
-planned (read, checked) first and then finished one by one; on Ray each run
+planned (read, checked) first and then finished, a few side by side on
+threads (``dsim.execute.threads``); on Ray each run
 is one task (read, replay, write on the node that runs it) and this module
 only resolves paths, takes the lock, and gathers the tasks' small reports
 into the summary and the attribution table.
@@ -21,6 +22,7 @@ into the summary and the attribution table.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,6 +64,7 @@ from dsim.config import SimConfig
 from dsim.errors import InputError
 from dsim.execute import DEFAULT_CHUNK_ROWS, choose_executor, ray_address
 from dsim.execute.address import FROM_SETTINGS, configured_address
+from dsim.execute.threads import Checkpoint, map_in_order, thread_count
 from dsim.io import lock
 from dsim.io.atomic import remove_leftovers
 from dsim.io.memory import release_freed
@@ -107,6 +110,7 @@ def run_replays(
     progress: ProgressFactory | None = None,
     on_wait: lock.Notify | None = None,
     threshold_source: str = "--threshold",
+    threads: int | None = None,
 ) -> RunOutcome:
     """Replay every run and policy of a validated config; see the module docstring.
 
@@ -114,6 +118,8 @@ def run_replays(
     names ``threshold_source``). ``on_wait`` is told (once) when another ``dsim run`` holds
     the output directory and this one waits for it. ``RunOutcome.changes`` names each
     run whose recorded selection (the default of ``dsim summarize``) this run moved.
+    ``threads``: in-process, how many runs are finished at once (None: as many as runs,
+    cores and ``dsim.execute.threads.MAX_THREADS`` allow; tests pin it).
     """
     check_threshold(config.threshold_s, force=force, source=threshold_source)
     before = recorded_selections(config.out, config.runs)
@@ -124,7 +130,7 @@ def run_replays(
     if executor == "ray":
         reports = _on_ray(config, force, chunk_rows, progress, on_wait, address, source)
     else:
-        reports = _in_process(config, force, chunk_rows, progress, on_wait)
+        reports = _in_process(config, force, chunk_rows, progress, on_wait, threads)
     outcome = _gather(config, reports, executor)
     outcome.seconds = time.perf_counter() - began
     outcome.changes = selection_changes(before, recorded_selections(config.out, config.runs))
@@ -137,8 +143,12 @@ def _in_process(
     chunk_rows: int,
     progress: ProgressFactory | None,
     on_wait: lock.Notify | None,
+    threads: int | None = None,
 ) -> list[RunReport]:
-    """Every run read and checked first (nothing written if one fails), then finished.
+    """Every run read and checked first (nothing written if one fails), then finished,
+    runs side by side on ``threads`` threads (None: ``thread_count``'s; 1: one after
+    another in this thread), with the serial loop's reports, files and first error
+    (``dsim.execute.threads.map_in_order``).
 
     A run whose memo matches its trace and options (``dsim.app.runmemo``) is not read:
     under the lock, ``reusable`` proves every output cached (``reuse_run`` then makes its
@@ -167,21 +177,42 @@ def _in_process(
         total = sum(p.arrays.n_iterations * len(p.todo) for run in plans for p in run)
         on_rows = progress(total) if progress is not None and total else None
         del plans
-        reports = []
-        for k, (name, run_dir, entry) in enumerate(entries):
+        if threads is None:
+            todo = sum(1 for _, _, entry in entries if not isinstance(entry, RunReport))
+            threads = thread_count(todo, config.num_cpus)
+        if threads > 1 and on_rows is not None:
+            on_rows = _one_at_a_time(on_rows)
+
+        def finish(k: int, checkpoint: Checkpoint) -> RunReport:
+            name, run_dir, entry = entries[k]
             if isinstance(entry, list):
                 entries[k] = (name, run_dir, None)  # its arrays are freed once it is written
-                entry = finish_run(entry, config, chunk_rows, on_rows)
+                entry = finish_run(entry, config, chunk_rows, on_rows, checkpoint)
             elif isinstance(entry, Reusable):
                 entry = reuse_run(entry, config)
             assert isinstance(entry, RunReport)
-            reports.append(entry)
-        return reports
+            return entry
+
+        # each thread holds one run's replays: a sweep's memory grows with the threads
+        # (dsim.execute.threads.MAX_THREADS caps them); one run is finished in this thread
+        return map_in_order(finish, len(entries), threads)
 
 
 #: One run of ``_in_process``: its plans, why it is skipped, its proof of reuse, or the
 #: memo's inputs digest while reuse is undecided (None once its report is made).
 Entry = tuple[str, Path, "list[RunPlan] | RunReport | Reusable | str | None"]
+
+
+def _one_at_a_time(on_rows: Callable[[int], None]) -> Callable[[int], None]:
+    """``on_rows`` behind a lock: runs finished on threads report progress from each
+    (a progress bar, a caller's counter, need not be thread-safe)."""
+    held = threading.Lock()
+
+    def locked(rows: int) -> None:
+        with held:
+            on_rows(rows)
+
+    return locked
 
 
 def _nothing_to_replay(entries: list[Entry]) -> None:

@@ -52,6 +52,7 @@ from dsim.errors import DsimError
 from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
 from dsim.execute.cache import params_document
 from dsim.execute.local import run_local
+from dsim.execute.threads import Checkpoint, never_cancelled
 from dsim.io.atomic import write_parquet
 from dsim.io.memory import release_freed
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
@@ -145,12 +146,21 @@ def finish_run(
     config: SimConfig,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     on_rows: OnRows | None = None,
+    checkpoint: Checkpoint = never_cancelled,
 ) -> RunReport:
     """Replay the pending policies of one run's plans (all over the same arrays), write
     each replay, ``result.json``, the dataset files and the summary rows; attribute the
-    run. Plans must be checked (``check_results_directory``) and have ``todo`` set."""
+    run. Plans must be checked (``check_results_directory``) and have ``todo`` set.
+
+    ``checkpoint`` is called after each replay chunk, before each policy and before the
+    attribution: on a worker thread (``dsim.execute.threads``) it raises ``Cancelled``
+    once the run is cancelled, so that an interrupt stops the run there, unwinding it
+    through the same ``finally`` blocks as a ``KeyboardInterrupt`` would."""
     report = RunReport(plans[0].name, dropped=dict(plans[0].arrays.dropped))
-    report_rows = [_finish_plan(plan, config, chunk_rows, on_rows, report) for plan in plans]
+    on_chunk = _checked(on_rows, checkpoint)
+    report_rows = [
+        _finish_plan(plan, config, chunk_rows, on_chunk, report, checkpoint) for plan in plans
+    ]
     # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
     # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
     release_freed()
@@ -160,10 +170,24 @@ def finish_run(
     for run in find_result_runs([config.out / plan.directory for plan in plans]):
         plan, made = made_by[run.directory.name]
         report.rows.extend(_rows(run, config, list(plan.keys), made))
+    checkpoint()
     _attribute(plans, report, config.out)
     if plans[0].inputs is not None:  # last: it vouches for what was just written
         write_memo(config.out, plans[0].name, plans[0].inputs, [p.directory for p in plans])
     return report
+
+
+def _checked(on_rows: OnRows | None, checkpoint: Checkpoint) -> OnRows | None:
+    """``on_rows`` after ``checkpoint``: what the replay calls after each chunk."""
+    if checkpoint is never_cancelled:
+        return on_rows
+
+    def on_chunk(rows: int) -> None:
+        checkpoint()
+        if on_rows is not None:
+            on_rows(rows)
+
+    return on_chunk
 
 
 def _rows(
@@ -241,6 +265,7 @@ def _finish_plan(
     chunk_rows: int,
     on_rows: OnRows | None,
     report: RunReport,
+    checkpoint: Checkpoint = never_cancelled,
 ) -> dict[Any, dict[str, Any]]:
     """One results directory: replays (label order), dataset from memory, ``result.json``,
     then the replays made stubs. The dataset is rebuilt when it does not list these keys,
@@ -263,6 +288,7 @@ def _finish_plan(
     try:
         for policy in sorted(plan.keys, key=policy_label):
             table = None  # the previous policy's replay is let go of before the next one
+            checkpoint()
             release_freed()  # and what it and its dataset rows freed, handed back
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
