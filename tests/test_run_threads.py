@@ -96,6 +96,7 @@ def test_the_first_error_in_order_is_raised_and_later_items_are_not_started() ->
         started.append(k)
         if k == 0:
             assert one_failed.wait(10)
+            time.sleep(0.2)  # item 1's thread is free meanwhile: it must not take item 2
             raise ValueError("item 0")
         if k == 1:
             one_failed.set()
@@ -112,6 +113,7 @@ def test_an_item_after_a_failed_one_is_cancelled_at_its_checkpoint() -> None:
     blocks run, and item 0's error is raised once it has."""
     running = threading.Event()
     unwound: list[int] = []
+    cancelled: list[int] = []
 
     def work(k: int, checkpoint) -> int:
         if k == 0:
@@ -124,12 +126,15 @@ def test_an_item_after_a_failed_one_is_cancelled_at_its_checkpoint() -> None:
                 checkpoint()
                 time.sleep(0.005)
             return k  # never cancelled: the test fails below
+        except Cancelled:
+            cancelled.append(k)
+            raise
         finally:
             unwound.append(k)
 
     with pytest.raises(ValueError, match="item 0"):
         map_in_order(work, 2, threads=2)
-    assert unwound == [1]
+    assert cancelled == [1] and unwound == [1]
 
 
 def test_an_interrupt_stops_every_worker_at_its_checkpoint_and_waits_for_them() -> None:
