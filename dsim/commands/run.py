@@ -132,7 +132,11 @@ def command(
         help="auto (in-process for small jobs, else Ray), local or ray (default auto).",
     ),
     num_cpus: int | None = typer.Option(
-        None, "--num-cpus", min=1, help="CPUs of the embedded Ray instance (default: all)."
+        None,
+        "--num-cpus",
+        min=1,
+        help="CPUs of the embedded Ray instance; in-process, the most runs finished at once "
+        "(at most 4) (default: all).",
     ),
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="Join this Ray cluster (HOST:PORT; default: $RAY_ADDRESS)."

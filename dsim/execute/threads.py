@@ -83,10 +83,23 @@ def map_in_order(function: Callable[[int, Checkpoint], T], count: int, threads: 
 
         return checkpoint
 
+    # the items being worked on, counted here rather than by joining the pool's threads:
+    # a signal that lands while ``submit`` starts a thread leaves that thread unknown to
+    # the pool (``ThreadPoolExecutor`` registers it after ``Thread.start`` returns)
+    running = [0]
+    idle = threading.Condition()
+
     def work(k: int) -> T:
-        checkpoint = checkpoint_of(k)
-        checkpoint()  # an item after a failed one is not started
-        return function(k, checkpoint)
+        with idle:
+            running[0] += 1
+        try:
+            checkpoint = checkpoint_of(k)
+            checkpoint()  # an item after a failed one is not started
+            return function(k, checkpoint)
+        finally:
+            with idle:
+                running[0] -= 1
+                idle.notify_all()
 
     def on_done(k: int, future: Future[T]) -> None:
         if future.cancelled():  # never started (shut down with cancel_futures)
@@ -110,7 +123,9 @@ def map_in_order(function: Callable[[int, Checkpoint], T], count: int, threads: 
         # the workers unwind at their next checkpoint; a second signal meanwhile is noted,
         # not raised, so that this thread waits for their finally blocks to finish
         with processes.deferred_signals():
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            with idle:
+                idle.wait_for(lambda: running[0] == 0)
         raise
     pool.shutdown(wait=True)
     return results
