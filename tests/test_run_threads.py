@@ -183,7 +183,7 @@ def test_two_threads_write_every_file_as_one_thread_does(
     """The same sweep (3 runs, 9 policies, and a loader what-if of each: two results
     directories a run) finished with one thread and with two: every file the same bytes
     (each sweep in its own working directory, so ``summary.*``'s paths read alike)."""
-    _traces(tmp_path / "one")
+    _traces(tmp_path / "one", iterations=3000)  # long enough for the runs to overlap
     shutil.copytree(tmp_path / "one" / "traces", tmp_path / "two" / "traces")
     trees = {}
     for label, threads in (("one", 1), ("two", 2)):
