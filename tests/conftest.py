@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from unittest import mock
 
@@ -53,6 +54,10 @@ def run_dsim_in_process(
     once per process), nothing read from the environment at import time. Every
     command keeps real-subprocess end-to-end tests (``run_dsim``) of its success
     path and of an error path: those check what a user runs, this one does not.
+    The same paths may also build a test's inputs (``synth``, a one-run ``parse``,
+    an in-process ``run``, ``report``) where its subject is what they wrote or
+    what reads it, not the command's start-up (a fixture's fifteen commands cost
+    the Chromium tests 30 s).
     """
     import dsim.cli
     from dsim import processes
@@ -103,3 +108,63 @@ def run_dsim_in_process(
 @pytest.fixture
 def dsim_cli():
     return run_dsim
+
+
+# The slowest test files, slowest first (worker-seconds in a `--durations` run of the whole
+# suite, 28 Nov 2026). Under README's `-n auto --dist loadfile` xdist hands the files out
+# with the most tests first, so these (few tests, tens of seconds each: Chromium, Ray
+# clusters, real training jobs, killed processes) came last, and the last of them ran alone
+# while the other worker sat idle. Handed out first, the short files fill in at the end.
+# Only an order: a file missing here, or renamed, still runs (tests/test_scheduling.py
+# checks that every name is a test file).
+SLOW_FILES = (
+    "test_report_browser.py",
+    "test_bench_smoke.py",
+    "test_kill_resume.py",
+    "test_watch.py",
+    "test_fidelity_smoke.py",
+    "test_ray_cluster.py",
+    "test_ray_errors.py",
+    "test_runtask.py",
+    "test_pipeline_cli.py",
+    "test_profiled_replay.py",
+    "test_gpu_util.py",
+    "test_instrument_lightning.py",
+    "test_kill_ray.py",
+    "test_provenance.py",
+    "test_fuzz_parse.py",
+    "test_report.py",
+    "test_instrument_hf.py",
+    "test_answer.py",
+    "test_parse_bounds.py",
+    "test_concurrency.py",
+)
+
+
+def slowest_first(queue: dict) -> None:
+    """Move the slowest of the files still queued (``SLOW_FILES``' order) to the front of an
+    xdist work queue (an ``OrderedDict`` keyed by ``tests/test_x.py``, or any path ending so)."""
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    queued = [scope for scope in queue if Path(scope).name in rank]
+    if queued:
+        queue.move_to_end(min(queued, key=lambda s: rank[Path(s).name]), last=False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadfile``: xdist's own file scheduler, handing out ``SLOW_FILES`` first.
+
+    Other ``--dist`` modes, or an xdist without the queue this relies on, get xdist's own
+    scheduler unchanged (None: xdist's default hook decides).
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):  # type: ignore[no-untyped-def]
+            if isinstance(getattr(self, "workqueue", None), OrderedDict):
+                slowest_first(self.workqueue)
+            super()._assign_work_unit(node)
+
+    return SlowFilesFirst(config, log)

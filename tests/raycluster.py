@@ -71,6 +71,13 @@ def start_node(ns: str, cmd: list[str], env: dict[str, str], log: Path) -> subpr
         )
 
 
+STOP_GRACE_S = 3.0
+"""How long ``stop`` waits after SIGTERM before SIGKILL. Ray's node processes (``ray start
+--block``, gcs_server, raylet, its agents) were all still running 15 s after SIGTERM here
+(Ray 2.60: checked by polling their states), so a longer grace only delayed the SIGKILL
+that ends them: 15 s per cluster in each Ray cluster test's teardown."""
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     """Terminate the processes we started and everything they spawned, by pid."""
     family: list[psutil.Process] = []
@@ -83,7 +90,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
     for member in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.terminate()
-    _, alive = psutil.wait_procs(family, timeout=15)
+    _, alive = psutil.wait_procs(family, timeout=STOP_GRACE_S)
     for member in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()

@@ -1,4 +1,5 @@
-"""One answer behind every output (docs/SPEC.md §5 "One answer"), end to end in subprocesses.
+"""One answer behind every output (docs/SPEC.md §5 "One answer"), end to end in subprocesses
+(the inputs written through the CLI's entry point in-process, where that is allowed).
 
 One results directory holds several runs and both replay models (two synthetic runs, one of
 them also under the pipeline model, and a profiled run replayed by the stall-only model),
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 A = "synth_queue_seed5_gpus3_epoch2_b96_worker2_thread0"
 B = "synth_queue_seed6_gpus2_epoch2_b64_worker2_thread0"
@@ -34,18 +35,25 @@ def dsim(*args: str | Path, cwd: Path, code: int = 0) -> subprocess.CompletedPro
     return proc
 
 
+def build(*args: str | Path, cwd: Path) -> None:
+    """A step that writes the inputs, through the CLI's entry point in this process (a fresh
+    interpreter costs ~1 s): the outputs compared below are read by subprocesses (``dsim``)."""
+    proc = run_dsim_in_process(*args, cwd=cwd, env=WIDE)
+    assert proc.returncode == 0, (args, proc.stderr)
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("answer")
     common = ("--iterations", "20", "--epochs", "2", "--workers", "2", "--out", "raw", "-q")
-    dsim("synth", "--gpus", "3", "--seed", "5", "--skew", "0.5", "--batch-size", "32", *common,
-         cwd=work)  # fmt: skip
-    dsim("synth", "--gpus", "2", "--seed", "6", "--fetch-mean", "0.2", "--compute", "0.05",
-         "--batch-size", "32", *common, cwd=work)  # fmt: skip
-    dsim("parse", "raw", "--out", "traces", "-q", cwd=work)
-    dsim("parse", PROFILED, "--out", "traces", "-q", cwd=work)
+    build("synth", "--gpus", "3", "--seed", "5", "--skew", "0.5", "--batch-size", "32", *common,
+          cwd=work)  # fmt: skip
+    build("synth", "--gpus", "2", "--seed", "6", "--fetch-mean", "0.2", "--compute", "0.05",
+          "--batch-size", "32", *common, cwd=work)  # fmt: skip
+    dsim("parse", "raw", "--out", "traces", "-q", cwd=work)  # two runs: parsed in processes
+    build("parse", PROFILED, "--out", "traces", "-q", cwd=work)
     for args in ((A,), (B,), (A, "--model", "pipeline"), (P,)):  # four `dsim run`s, one dir
-        dsim("run", *args, "--warmup", "2", "--executor", "local", "-q", cwd=work)
+        build("run", *args, "--warmup", "2", "--executor", "local", "-q", cwd=work)
     return work
 
 

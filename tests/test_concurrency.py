@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import write_synthetic
 
 from dsim.io.atomic import remove_leftovers
@@ -248,7 +248,8 @@ def test_parse_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
     for seed in (1, 2, 3):
         args = ["--gpus", "4", "--iterations", "20000", "--epochs", "2", "--workers", "2"]
         args += ["--seed", str(seed)]
-        assert run_dsim("synth", *args, "--out", "logs", cwd=tmp_path).returncode == 0
+        made = run_dsim_in_process("synth", *args, "--out", "logs", cwd=tmp_path)  # inputs
+        assert made.returncode == 0, made.stderr
     parent = subprocess.Popen(
         [sys.executable, "-m", "dsim", "parse", "logs", "--out", "traces", "--jobs", "2"],
         cwd=tmp_path,

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.model.dataset import GPUS_SCHEMA, ITERATIONS_SCHEMA
 from dsim.model.results import load_replay
@@ -22,6 +22,8 @@ RUNS = {"two": 2, "five": 5}  # run name -> GPU count
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two runs replayed under both models, through the CLI's entry point in this process
+    (tests/conftest.py; the dataset files are the subject, not the start-up)."""
     work = tmp_path_factory.mktemp("dataset")
     for name, gpus in RUNS.items():
         synth = ("--gpus", str(gpus), "--iterations", "30", "--epochs", "2", "--workers", "2")
@@ -29,10 +31,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ("synth", *synth, "--name", name, "--out", "logs"),
             ("parse", f"logs/{name}", "--out", "traces"),
         ):
-            proc = run_dsim(*args, "-q", cwd=work)
+            proc = run_dsim_in_process(*args, "-q", cwd=work)
             assert proc.returncode == 0, proc.stderr
     for args in (("-p", "min/min"), ("--model", "pipeline", "-p", "avg/avg")):
-        proc = run_dsim("run", *RUNS, *args, "-q", cwd=work)
+        proc = run_dsim_in_process("run", *RUNS, *args, "-q", cwd=work)
         assert proc.returncode == 0, proc.stderr
     return work / "results"
 

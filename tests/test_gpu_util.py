@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 from dsim.errors import InputError
 from dsim.sources.gpuutil import epoch_means, is_util_log, iteration_means, read_util_log
@@ -170,9 +170,10 @@ def test_strict_stops_at_the_first_bad_row_and_replays_ignore_utilisation(tmp_pa
 
     plain = tmp_path / "plain" / "run"
     shutil.copytree(SAMPLE, plain)
-    for logs, traces in ((run, "t1"), (plain, "t2")):
-        assert run_dsim("parse", str(logs), "--out", str(tmp_path / traces), "-q").returncode == 0
-        done = run_dsim(
+    for logs, traces in ((run, "t1"), (plain, "t2")):  # in-process: the replays are the subject
+        parsed = run_dsim_in_process("parse", str(logs), "--out", str(tmp_path / traces), "-q")
+        assert parsed.returncode == 0, parsed.stderr
+        done = run_dsim_in_process(
             "run",
             "run",
             "--traces",
@@ -234,8 +235,9 @@ def test_the_report_draws_utilisation_per_iteration_under_the_measured_stalls(tm
 
     run = _run_with_csv(tmp_path, samples())
     traces, results = tmp_path / "traces", tmp_path / "results"
-    assert run_dsim("parse", str(run), "--out", str(traces), "-q").returncode == 0
-    done = run_dsim("run", "run", "--traces", str(traces), "--out", str(results), "-q")
+    # the CLI's entry point in this process: what the report draws from them is the subject
+    assert run_dsim_in_process("parse", str(run), "--out", str(traces), "-q").returncode == 0
+    done = run_dsim_in_process("run", "run", "--traces", str(traces), "--out", str(results), "-q")
     assert done.returncode == 0, done.stderr
 
     result = scan_results([results]).runs[0]

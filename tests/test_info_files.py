@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.errors import InputError
 from dsim.model.resultinfo import RESULTS_FORMAT_VERSION, ResultInfo
@@ -30,7 +30,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("run", RUN, "--model", "pipeline", "--workers", "4"),
     ):
         extra = ("--batch-size", "32", "--seed", "3", "--out", ".") if args[0] == "synth" else ()
-        proc = run_dsim(*args, *extra, "-q", cwd=work)
+        # the CLI's entry point in this process (tests/conftest.py): the files are the subject
+        proc = run_dsim_in_process(*args, *extra, "-q", cwd=work)
         assert proc.returncode == 0, proc.stderr
     return work
 

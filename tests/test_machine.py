@@ -48,7 +48,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("synth", *synth, "--batch-size", "32", "--seed", "5", "--skew", "0.5", "--out", "."),
         ("parse", RUN, "--out", "traces"),
     ):
-        proc = run_dsim(*args, "-q", cwd=work)
+        proc = run_dsim_in_process(*args, "-q", cwd=work)  # inputs: in-process (conftest)
         assert proc.returncode == 0, proc.stderr
     return work
 

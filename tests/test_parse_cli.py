@@ -100,7 +100,7 @@ def test_a_parse_worker_killed_from_outside_is_one_line_naming_its_run(tmp_path)
 
     for seed in (1, 2):  # a few seconds of parsing each on a loaded 2-core machine
         args = ("synth", "--gpus", "4", "--iterations", "10000", "--epochs", "2", "--workers", "4")
-        made = run_dsim(*args, "--seed", str(seed), "-q", "--out", tmp_path / "logs")
+        made = run_dsim_in_process(*args, "--seed", str(seed), "-q", "--out", tmp_path / "logs")
         assert made.returncode == 0, made.stderr
     env = {**os.environ}
     env.pop("DSIM_DEBUG", None)

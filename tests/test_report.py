@@ -444,7 +444,8 @@ STRAGGLER_SHARES = {(0, 0): 5 / 45, (0, 1): 5 / 45, (1, 0): 0.0, (1, 1): 0.0,
 
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A parsed trace with a fixed straggler, replayed by the real `dsim run`."""
+    """A parsed trace with a fixed straggler, replayed by `dsim run` (the CLI's entry point
+    in this process: the attribution it prints and the report read are the subject)."""
     from test_attribution import _tables
 
     from dsim.model.tables import RunTables, write_run
@@ -456,7 +457,7 @@ def straggler(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fetch_t, train_t = _tables(fetch, stall, workers)
     info = {"gpus": 3, "epochs": [0], "iterations_per_epoch": {"0": 50}, "metadata": {}}
     write_run(RunTables("hand", fetch_t, train_t, info), root / "traces" / "hand")
-    proc = dsim("run", "hand", "--warmup", "0", cwd=root, env={"COLUMNS": "1000"})
+    proc = run_dsim_in_process("run", "hand", "--warmup", "0", cwd=root, env={"COLUMNS": "1000"})
     assert proc.returncode == 0, proc.stderr
     (root / "run.out").write_text(proc.stdout)
     return root

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_report import RUN_A, RUN_B, dsim, figure_ids, read_report, write_synthetic_run
+from conftest import run_dsim_in_process
+from test_report import RUN_A, RUN_B, figure_ids, read_report, write_synthetic_run
 
 from dsim.synth import SynthParams, synthesize
 
@@ -61,6 +62,12 @@ id => {
 """
 
 pytestmark = pytest.mark.browser
+
+# The pages are built through dsim's CLI entry point in this process (tests/conftest.py):
+# their subject here is what Chromium draws, and fifteen fresh interpreters cost ~1 s of
+# start-up each. Every command used (`parse` of one run, `run` in-process, `report`) keeps
+# its real-subprocess tests (test_parse_cli, test_run_cli, test_report).
+dsim = run_dsim_in_process
 
 
 def _overlap(a: dict, b: dict, slack: float = 1.0) -> bool:

@@ -287,7 +287,7 @@ def test_readers_give_the_same_outputs_from_stubs_on_the_sample_trace(
     whole, stubbed = tmp_path / "whole", tmp_path / "stubbed"
     whole.mkdir()
     raw = Path(__file__).resolve().parents[1] / "traces" / "raw"
-    proc = run_dsim("parse", raw, "--out", "traces", "-q", cwd=whole)
+    proc = run_dsim_in_process("parse", raw, "--out", "traces", "-q", cwd=whole)  # one run
     assert proc.returncode == 0, proc.stderr
     (name,) = [p.name for p in (whole / "traces").iterdir() if p.is_dir()]
     monkeypatch.chdir(whole)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 from tracegen import write_synthetic
 
 from dsim.analysis.throughput import (
@@ -132,16 +132,16 @@ def test_why_no_throughput_or_efficiency() -> None:
 
 
 def test_summary_of_synth_runs_at_three_gpu_counts(tmp_path: Path) -> None:
-    for gpus in (1, 2, 4):
-        proc = run_dsim(
+    for gpus in (1, 2, 4):  # inputs: the CLI's entry point in this process (conftest)
+        proc = run_dsim_in_process(
             "synth", "--gpus", str(gpus), "--iterations", "60", "--epochs", "1",
             "--batch-size", "64", "--seed", "3", "--workers", "2", "--out", "logs", "-q",
             cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-    proc = run_dsim("parse", "logs", "--out", "traces", "-q", cwd=tmp_path)
+    proc = run_dsim("parse", "logs", "--out", "traces", "-q", cwd=tmp_path)  # 3 runs: --jobs 2
     assert proc.returncode == 0, proc.stderr
-    proc = run_dsim("run", "synth_*", "-p", "min/min", "-q", cwd=tmp_path)
+    proc = run_dsim_in_process("run", "synth_*", "-p", "min/min", "-q", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = pd.read_csv(tmp_path / "results" / "summary.csv")
     assert len(summary) == 6
