@@ -211,6 +211,11 @@ def task_board(workers: int):
     When a worker is killed from outside (the OOM killer, ``kill -9``), the pool
     only says that *a* process died; the board says which task it was running,
     so that the error can name it (``killed_tasks``). Pass it to ``worker_init``.
+
+    Its lock is taken only to claim a slot; a slot's task is written by its own
+    worker alone and read without the lock, since a worker killed while holding
+    it (``kill -9`` lands anywhere) would leave every later reader, the parent
+    naming the dead worker's run included, waiting forever.
     """
     board = multiprocessing.Array("q", 2 * workers)
     board[:] = [0, -1] * workers
@@ -231,7 +236,7 @@ def worker_init(parent: int, board=None) -> None:
             _slot = next((k for k in range(0, len(board), 2) if board[k] == 0), None)
             if _slot is not None:
                 board[_slot] = os.getpid()
-        _board = board
+        _board = board.get_obj()  # unlocked from now on: see task_board
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_worker_term)
     # a stop raised where it cannot unwind (a weakref callback of the import machinery, a
@@ -267,8 +272,9 @@ def in_worker(function, *args, task: int = -1):
 def killed_tasks(board) -> list[int]:
     """The tasks that workers on ``board`` were running when they died (ascending)."""
     tasks = []
-    for k in range(0, len(board), 2):
-        pid, task = board[k], board[k + 1]
+    slots = board.get_obj()  # not the lock: a dead worker may hold it (task_board)
+    for k in range(0, len(slots), 2):
+        pid, task = slots[k], slots[k + 1]
         if pid > 0 and task >= 0 and not _alive(pid):
             tasks.append(task)
     return sorted(tasks)

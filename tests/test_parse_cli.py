@@ -7,6 +7,8 @@ go through the same entry point in-process (conftest's ``run_dsim_in_process``).
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 from conftest import run_dsim, run_dsim_in_process
@@ -96,7 +98,6 @@ def test_a_parse_worker_killed_from_outside_is_one_line_naming_its_run(tmp_path)
     import signal
     import subprocess
     import sys
-    import time
 
     for seed in (1, 2):  # a few seconds of parsing each on a loaded 2-core machine
         args = ("synth", "--gpus", "4", "--iterations", "10000", "--epochs", "2", "--workers", "4")
@@ -104,22 +105,22 @@ def test_a_parse_worker_killed_from_outside_is_one_line_naming_its_run(tmp_path)
         assert made.returncode == 0, made.stderr
     env = {**os.environ}
     env.pop("DSIM_DEBUG", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dsim", "parse", "logs", "--out", "traces", "--jobs", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    children: list[int] = []
-    deadline = time.monotonic() + 60
-    while not children and time.monotonic() < deadline:
-        time.sleep(0.05)
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as listing:
-            children = [int(pid) for pid in listing.read().split()]
-    time.sleep(0.5)  # inside its run by now (each takes seconds)
-    os.kill(children[0], signal.SIGKILL)
+    for _ in range(5):  # a parse that ended before a worker was seen writing is started again
+        shutil.rmtree(tmp_path / "traces", ignore_errors=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsim", "parse", "logs", "--out", "traces", "--jobs", "2"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        victim = _a_worker_writing_into(proc, tmp_path / "traces")
+        if victim is not None:
+            break
+        proc.communicate(timeout=120)
+    assert victim is not None, "no parse worker was ever seen writing its run"
+    os.kill(victim, signal.SIGKILL)  # surely inside its run: its files are open
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     lines = err.splitlines()
@@ -131,3 +132,34 @@ def test_a_parse_worker_killed_from_outside_is_one_line_naming_its_run(tmp_path)
         else []
     )
     assert all(name.startswith("synth_queue_seed") for name in left), left  # no temporaries
+
+
+def _a_worker_writing_into(proc, directory: Path) -> int | None:
+    """A child of ``proc`` with a file under ``directory`` open, or None once ``proc`` ended.
+
+    Why not a fixed delay: on an idle machine both runs were parsed within the
+    0.5 s the test once slept, and the kill then hit a worker with nothing to do.
+    """
+    import os
+    import time
+
+    prefix = str(directory) + os.sep
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as listing:
+                children = [int(pid) for pid in listing.read().split()]
+        except OSError:
+            return None
+        for child in children:
+            try:
+                fds = os.listdir(f"/proc/{child}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{child}/fd/{fd}").startswith(prefix):
+                        return child
+                except OSError:
+                    continue
+        time.sleep(0.001)
+    return None
