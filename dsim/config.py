@@ -338,11 +338,31 @@ def available_runs(traces: Path) -> list[str]:
     return sorted(p.parent.name for p in traces.glob(f"*/{RUN_FILE}"))
 
 
+def _under(pattern: str, traces: Path) -> str | None:
+    """The run name in a run given as a path to its directory in ``traces`` (what a shell's
+    tab completion or glob hands over: ``traces/myrun``, ``./traces/myrun/``), or ``None``
+    for a path whose directory is not ``traces``. Why: the path names the same run, and
+    refusing it, once per run of an expanded glob, read as 20 problems for one mistake."""
+    path = Path(pattern)
+    try:
+        same = path.parent.resolve() == traces.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not a path to a run
+        return None
+    return path.name if same and path.name else None
+
+
 def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> list[str]:
     available = available_runs(traces)
     found: list[str] = []
     missing: list[str] = []
-    for pattern in patterns:
+    elsewhere: list[str] = []
+    for given in patterns:
+        pattern = given
+        if "/" in given or os.sep in given:
+            pattern = _under(given, traces) or ""
+            if not pattern:
+                elsewhere.append(given)
+                continue
         if any(ch in pattern for ch in "*?["):
             matches = fnmatch.filter(available, pattern)
         else:
@@ -359,7 +379,17 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
         if matches:
             found.extend(matches)
         else:
-            missing.append(pattern)
+            missing.append(given)
+    if elsewhere:
+        shown = ", ".join(repr(p) for p in elsewhere[:3]) + (
+            f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
+        )
+        first = Path(elsewhere[0])
+        problems.add(
+            f"run(s) {shown} given as paths outside the traces directory {traces}: runs are "
+            f"named under it; name the directory that holds them with --traces (or the "
+            f"config's traces), e.g. --traces {first.parent} {first.name}"
+        )
     if missing:
         if not traces.is_dir():
             hint = f"traces directory {traces} does not exist (run `dsim parse` or set traces)"

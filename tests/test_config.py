@@ -111,6 +111,27 @@ def test_globs_and_lists_of_runs(workdir: Path) -> None:
     assert len(config.policies) == 9  # FETCH_ALIGN/START_ALIGN default to every policy
 
 
+def test_a_run_given_as_its_path_in_the_traces_directory_is_that_run(workdir: Path) -> None:
+    """What a shell's tab completion or glob hands over (``traces/RUN``) names the run."""
+    conf = _write(workdir / "c.json", {"FILE": "x"})
+    for given in (f"traces/{RUN}", f"./traces/{RUN}/", str(workdir / "traces" / "other_run")):
+        assert load_config(conf, Overrides(runs=(given,))).runs == (Path(given).name,)
+    config = load_config(conf, Overrides(runs=("traces/other_*", f"traces/{RUN}")))
+    assert config.runs == ("other_run", RUN)
+
+
+def test_runs_given_as_paths_elsewhere_are_one_problem_naming_the_option(workdir: Path) -> None:
+    write_synthetic(workdir / "else", "far", iterations=12)
+    conf = _write(workdir / "c.json", {"FILE": "x"})
+    runs = tuple(f"else/far{k}" for k in range(5))
+    message = _error(conf, Overrides(runs=runs))
+    assert "1 problem:" in message
+    assert "'else/far0', 'else/far1', 'else/far2' and 2 more given as paths outside" in message
+    assert "--traces else far0" in message
+    message = _error(conf, Overrides(runs=("traces/nope",)))
+    assert f"run(s) not found: traces/nope; available in traces: {RUN}, other_run" in message
+
+
 def test_optional_keys_accepted(workdir: Path) -> None:
     conf = {
         **ORIGINAL,
@@ -320,7 +341,10 @@ def test_command_line_values_get_the_same_ranges(workdir: Path) -> None:
         assert part in message, part
 
 
-@pytest.mark.parametrize("name", ["../" + RUN, ".", "/abs/path"])
+@pytest.mark.parametrize("name", ["../" + RUN, ".", "..", "/abs/path"])
 def test_run_names_in_a_config_follow_the_name_rule(workdir: Path, name: str) -> None:
     message = _error(_write(workdir / "c.json", {"FILE": name}))
-    assert f"run {name!r} is not a valid run name" in message
+    if "/" in name:  # a path, though not to a run in the traces directory
+        assert f"run(s) {name!r} given as paths outside the traces directory" in message
+    else:
+        assert f"run {name!r} is not a valid run name" in message
