@@ -125,6 +125,39 @@ def read_table(path: str | Path, *, remedy: str, columns: list[str] | None = Non
         raise unreadable(exc, path, remedy) from exc
 
 
+#: ``footer``'s answers, by path: the file's identity when read, and its footer.
+_FOOTERS: dict[Path, tuple[tuple[int, ...], pq.FileMetaData]] = {}
+_FOOTERS_MAX = 4096
+
+
+def footer(path: str | Path) -> pq.FileMetaData:
+    """A Parquet file's footer (schema, row groups, statistics), read once while the file
+    is the same file (device, inode, size, modification and change times).
+
+    Why: a summary looks at each run's replay files and dataset files once to verify
+    them and again to read them, ~8 footer reads per policy, ~15 % of ``dsim
+    summarize``'s time. dsim replaces its files whole by a rename, which gives the path
+    another inode, so a rewritten file is read anew. Errors are those of
+    ``pq.read_metadata`` (a missing file ``FileNotFoundError``) and are not remembered.
+    """
+    path = Path(path)
+    st = path.stat()
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _FOOTERS.get(path)
+    if known is not None and known[0] == identity:
+        return known[1]
+    meta = pq.read_metadata(path)
+    if len(_FOOTERS) >= _FOOTERS_MAX:
+        _FOOTERS.clear()
+    _FOOTERS[path] = (identity, meta)
+    return meta
+
+
+def read_schema(path: str | Path) -> pa.Schema:
+    """``pq.read_schema`` from ``footer``: the Arrow schema the file records."""
+    return footer(path).schema.to_arrow_schema()
+
+
 def read_bytes(
     data: bytes, path: str | Path, *, remedy: str, leave_out: Collection[str] = ()
 ) -> pa.Table:

@@ -114,7 +114,9 @@ def _policy_groups(meta: pq.FileMetaData, policy: tuple[str, str]) -> tuple[list
 def _policy_rows(path: Path, policy: tuple[str, str], columns: list[str], remedy: str) -> pa.Table:
     """``columns`` of ``policy``'s rows of one dataset file, page checksums verified."""
     try:
-        handle = pq.ParquetFile(path, page_checksum_verification=True)
+        handle = pq.ParquetFile(
+            path, metadata=parquetio.footer(path), page_checksum_verification=True
+        )
         groups, pure = _policy_groups(handle.metadata, policy)
         wanted = columns if pure else [*columns, "fetch_align", "start_align"]
         table = handle.read_row_groups(groups, columns=wanted)

@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dsim.errors import InputError, OutputError, UsageError
 from dsim.io import parquetio
@@ -250,7 +249,7 @@ def load_replay(
     ``InputError`` (re-run ``dsim run``); a missing file ``FileNotFoundError``.
     """
     try:
-        schema = pq.read_schema(path)
+        schema = parquetio.read_schema(path)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
@@ -275,7 +274,7 @@ def read_replay_key(path: Path) -> str | None:
     """The cache key of a finished replay, or ``None`` if unusable: unreadable, or a stub
     whose dataset files do not hold its rows (then ``dsim run`` recomputes it)."""
     try:
-        meta = replay_metadata(pq.read_schema(path), path)
+        meta = replay_metadata(parquetio.read_schema(path), path)
     except (OSError, pa.ArrowException, InputError, ValueError):
         return None
     if is_stub(meta) and not _stub_usable(path, meta):
@@ -296,7 +295,7 @@ def stub_replays(out: str | Path, directory: str, policies: Mapping[str, str]) -
     for label, key in policies.items():
         path = Path(out) / directory / f"{label}.parquet"
         try:
-            meta = replay_metadata(pq.read_schema(path), path)
+            meta = replay_metadata(parquetio.read_schema(path), path)
         except (OSError, pa.ArrowException, InputError, ValueError):
             continue
         if is_stub(meta) or meta.get("key") != key:
@@ -322,7 +321,7 @@ def unstub_stale(out: str | Path, directory: str, kept: Mapping[str, str]) -> li
         if policy_label(policy) in kept:
             continue
         try:
-            meta = replay_metadata(pq.read_schema(path), path)
+            meta = replay_metadata(parquetio.read_schema(path), path)
             if not is_stub(meta) or not _stub_usable(path, meta):
                 continue
             table, _ = load_replay(path, remedy=_CORRUPT_REMEDY)
@@ -389,7 +388,7 @@ class ResultRun:
                     path,
                 )
             try:
-                schema = pq.read_schema(path)
+                schema = parquetio.read_schema(path)
             except (OSError, pa.ArrowException) as exc:
                 raise parquetio.unreadable(exc, path, _CORRUPT_REMEDY) from exc
             meta = replay_metadata(schema, path)
@@ -403,7 +402,7 @@ class ResultRun:
         ``gpus``, only the per-iteration columns (a summary needs no more)."""
         path = self.replays[policy]
         try:
-            schema = pq.read_schema(path)
+            schema = parquetio.read_schema(path)
         except FileNotFoundError:
             raise InputError(
                 f"missing: {RESULT_FILE} lists it but the file is not there; {_RERUN}", path
