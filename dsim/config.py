@@ -351,6 +351,33 @@ def _under(pattern: str, traces: Path) -> str | None:
     return path.name if same and path.name else None
 
 
+#: How many run names a "not found" problem lists: a traces directory of a thousand runs
+#: made one line of a thousand names.
+_LISTED_RUNS = 12
+
+
+def _listing(names: list[str]) -> str:
+    """``names`` for a message: the first ``_LISTED_RUNS``, then how many more."""
+    shown = ", ".join(names[:_LISTED_RUNS])
+    more = len(names) - _LISTED_RUNS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _guess(available: list[str]):
+    """A missing run as the message shows it: with the closest available names, if any
+    (two at most, in name order when equally close: ``resnet_7`` is as close to
+    ``resnet_07`` as to ``resnet_17``)."""
+
+    def shown(missing: str) -> str:
+        name = Path(missing).name
+        close = difflib.get_close_matches(name, available, n=3, cutoff=0.8)
+        score = {c: difflib.SequenceMatcher(None, name, c).ratio() for c in close}
+        best = sorted(c for c in close if score[c] == max(score.values()))[:2]
+        return f"{missing} (did you mean {' or '.join(best)}?)" if best else missing
+
+    return shown
+
+
 def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> list[str]:
     available = available_runs(traces)
     found: list[str] = []
@@ -394,10 +421,10 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
         if not traces.is_dir():
             hint = f"traces directory {traces} does not exist (run `dsim parse` or set traces)"
         elif available:
-            hint = f"available in {traces}: {', '.join(available)}"
+            hint = f"available in {traces}: {_listing(available)}"
         else:
             hint = f"no parsed runs in {traces} (run `dsim parse` first)"
-        problems.add(f"run(s) not found: {', '.join(missing)}; {hint}")
+        problems.add(f"run(s) not found: {', '.join(map(_guess(available), missing))}; {hint}")
     return list(dict.fromkeys(found))
 
 

@@ -200,6 +200,19 @@ def test_missing_run_lists_available_runs(workdir: Path) -> None:
     assert f"available in traces: {RUN}, other_run" in message
 
 
+def test_a_missing_run_among_many_lists_a_few_and_the_closest(workdir: Path) -> None:
+    for k in range(20):  # only their names are looked at: run.json of each
+        (workdir / "traces" / f"resnet_{k:02d}").mkdir()
+        (workdir / "traces" / f"resnet_{k:02d}" / "run.json").write_text("{}")
+    message = _error(_write(workdir / "c.json", {"FILE": ["resnet_7", "zzz"]}))
+    assert "run(s) not found: resnet_7 (did you mean resnet_07 or resnet_17?), zzz;" in message
+    message = _error(_write(workdir / "c.json", {"FILE": "resnet_011"}))
+    assert "not found: resnet_011 (did you mean resnet_01 or resnet_11?);" in message
+    listed = message.split("available in traces: ")[1]
+    assert listed.startswith(f"{RUN}, other_run, resnet_00, ")
+    assert listed.endswith("resnet_09 and 10 more"), listed  # 12 of the 22 names
+
+
 def test_missing_traces_directory(workdir: Path) -> None:
     message = _error(_write(workdir / "c.json", {"FILE": RUN, "traces": "absent"}))
     assert f"traces directory {workdir / 'absent'} does not exist" in message
