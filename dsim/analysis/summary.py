@@ -307,8 +307,9 @@ def policy_row(
 
     ``memo``: one dict per run, given to each of its policies' calls, keeps what they
     share: the run's own columns, and the selected rows while the policies' epoch and
-    iteration columns are the same (they are, for every replay of one trace). Made anew
-    for each of a run's nine policies they were about a third of a summary's time.
+    iteration columns are the same (they are, for every replay of one trace), instead of
+    making them (the selection's ``np.unique`` and ``isin``, the run's documents) again
+    for each of a run's nine policies.
     """
     run_epochs, run_warmup, run_threshold = selection
     memo = {} if memo is None else memo

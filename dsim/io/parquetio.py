@@ -135,10 +135,11 @@ def footer(path: str | Path) -> pq.FileMetaData:
     is the same file (device, inode, size, modification and change times).
 
     Why: a summary looks at each run's replay files and dataset files once to verify
-    them and again to read them, ~8 footer reads per policy, ~15 % of ``dsim
-    summarize``'s time. dsim replaces its files whole by a rename, which gives the path
-    another inode, so a rewritten file is read anew. Errors are those of
-    ``pq.read_metadata`` (a missing file ``FileNotFoundError``) and are not remembered.
+    them and again to read them, ~8 footer reads per policy (opening and parsing them
+    took ~0.2 s of a 20-run summary's 0.84 s in a profile). dsim replaces its files
+    whole by a rename, which gives the path another inode, so a rewritten file is read
+    anew. Errors are those of ``pq.read_metadata`` (a missing file
+    ``FileNotFoundError``) and are not remembered.
     """
     path = Path(path)
     st = path.stat()
