@@ -146,8 +146,9 @@ def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None
     # `summarize` of a missing directory, which ends on its own within a second: a trial
     # that ended before its signal tests nothing. (`dsim watch` of an empty log, which
     # waits until stopped, was tried to rule that out; in CI one of its SIGINTs was
-    # swallowed: CI's suite runs with SIGINT ignored, which its children inherited until
-    # dsim's entry point set its handler. `_start_and_signal` now starts them as a shell.)
+    # swallowed: CI runs the suite with SIGINT and SIGTERM ignored, which its children
+    # inherited until dsim's entry point set its handler. `_start_and_signal` now starts
+    # them as a shell does.)
     args = ["summarize", str(tmp_path / "absent")]
     signalled = 0
     for trial in range(8):
@@ -248,8 +249,8 @@ def test_a_worker_stop_raised_inside_del_is_redelivered_not_printed() -> None:
 
 
 def test_children_of_a_suite_run_with_sigint_ignored_start_as_from_a_shell() -> None:
-    """CI runs the suite with SIGINT ignored, and children inherit that; the start-up test's
-    commands must begin as a shell's foreground command does, with both signals handled."""
+    """CI runs the suite with SIGINT and SIGTERM ignored, and children inherit that; the
+    start-up test's commands must begin as a shell's foreground command does."""
     import signal
 
     def ignored_in_a_child() -> int:
@@ -259,11 +260,13 @@ def test_children_of_a_suite_run_with_sigint_ignored_start_as_from_a_shell() -> 
         return int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)
 
     both = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert ignored_in_a_child() & both == 1 << (signal.SIGINT - 1)  # inherited
+        assert ignored_in_a_child() & both == both  # inherited
         with started_as_a_shell_starts_commands():
             assert ignored_in_a_child() & both == 0
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # the suite's own, restored
+        for signum in before:  # the suite's own, restored
+            assert signal.getsignal(signum) == signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
