@@ -57,6 +57,21 @@ def started_as_a_shell_starts_commands():
             signal.signal(signum, signal.SIG_IGN)
 
 
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept():
+    """Each test's SIGINT/SIGTERM handlers are given back after it, whatever it called.
+
+    Why: ``dsim.cli.main`` ignores both as it leaves (the process is exiting), and a
+    test that called it bare left its xdist worker ignoring them; a later test's
+    children then inherited that (``started_as_a_shell_starts_commands``).
+    """
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in handlers.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
 def run_dsim_in_process(
     *args: str | Path, cwd: Path | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:

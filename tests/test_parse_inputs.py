@@ -19,7 +19,6 @@ import pytest
 from conftest import REPO, run_dsim, run_dsim_in_process
 from loglines import fetch_line, one_epoch, run_of, timed_lines
 
-from dsim import cli
 from dsim.errors import InputError
 from dsim.sources.rawlog.discover import RunSource, discover_runs
 from dsim.sources.rawlog.parse import STRAY_RANK, parse_run
@@ -125,7 +124,7 @@ def test_a_fifo_and_a_process_substitution_are_files(tmp_path):
     assert (tmp_path / "t" / "sub" / "fetch.parquet").exists()
 
 
-def test_unreadable_file_is_an_input_error_exit_3(tmp_path, monkeypatch, capsys):
+def test_unreadable_file_is_an_input_error_exit_3(tmp_path, monkeypatch):
     """Root reads anything, so the refusal is simulated: click's check and open() both say no."""
     log = tmp_path / "secret.log"
     log.write_text("\n".join(one_epoch()) + "\n")
@@ -138,10 +137,11 @@ def test_unreadable_file_is_an_input_error_exit_3(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr("builtins.open", deny)
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
-    with pytest.raises(SystemExit) as done:
-        cli.main(["parse", str(log), "--out", str(tmp_path / "t")])
-    assert done.value.code == 3
-    assert f"{log}: cannot read: Permission denied" in capsys.readouterr().err
+    # through run_dsim_in_process, which restores the signal handlers: dsim.cli.main
+    # ignores SIGINT/SIGTERM as it leaves, and called bare it left this test process so
+    done = run_dsim_in_process("parse", log, "--out", tmp_path / "t")
+    assert done.returncode == 3
+    assert f"{log}: cannot read: Permission denied" in done.stderr
 
 
 def test_unreadable_file_for_real_when_a_user_namespace_can_be_made(tmp_path):
