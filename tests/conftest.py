@@ -39,13 +39,13 @@ def run_dsim(
 def started_as_a_shell_starts_commands():
     """Children started in this block begin with SIGINT and SIGTERM at their default action.
 
-    Why: an ignored signal stays ignored through fork and exec, and a script's
-    background job starts with SIGINT ignored (CI runs the suite with SIGINT, SIGTERM
-    and SIGQUIT ignored). A child then ignores a Ctrl-C until dsim's entry point
-    installs its handler, where a shell's foreground command would have been stopped
-    by it; tests that signal a command's first milliseconds must start it as a shell
-    does.
-    Handled (not ignored) here, the signals are reset to their default by exec.
+    Why: an ignored signal stays ignored through fork and exec. A script's background
+    job starts with SIGINT ignored, and a test that called ``dsim.cli.main`` bare left
+    its xdist worker ignoring SIGINT and SIGTERM. A child then ignores a Ctrl-C until
+    dsim's entry point installs its handler, where a shell's foreground command would
+    have been stopped by it; tests that signal a command's first milliseconds must
+    start it as a shell does. Handled (not ignored) here, the signals are reset to
+    their default by exec.
     """
     ignored = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) == signal.SIG_IGN]
     for signum in ignored:

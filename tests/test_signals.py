@@ -146,9 +146,10 @@ def test_a_signal_in_the_first_200_ms_of_start_up_ends_cleanly(tmp_path) -> None
     # `summarize` of a missing directory, which ends on its own within a second: a trial
     # that ended before its signal tests nothing. (`dsim watch` of an empty log, which
     # waits until stopped, was tried to rule that out; in CI one of its SIGINTs was
-    # swallowed: CI runs the suite with SIGINT and SIGTERM ignored, which its children
-    # inherited until dsim's entry point set its handler. `_start_and_signal` now starts
-    # them as a shell does.)
+    # swallowed: its xdist worker ignored SIGINT (left so by a test that called
+    # dsim.cli.main bare; a script's background job also starts so), and the children
+    # inherited that until dsim's entry point set its handler. `_start_and_signal` now
+    # starts them as a shell does.)
     args = ["summarize", str(tmp_path / "absent")]
     signalled = 0
     for trial in range(8):
@@ -249,7 +250,7 @@ def test_a_worker_stop_raised_inside_del_is_redelivered_not_printed() -> None:
 
 
 def test_children_of_a_suite_run_with_sigint_ignored_start_as_from_a_shell() -> None:
-    """CI runs the suite with SIGINT and SIGTERM ignored, and children inherit that; the
+    """A test process that ignores SIGINT and SIGTERM passes that on to its children; the
     start-up test's commands must begin as a shell's foreground command does."""
     import signal
 
