@@ -344,11 +344,14 @@ def _under(pattern: str, traces: Path) -> str | None:
     for a path whose directory is not ``traces``. Why: the path names the same run, and
     refusing it, once per run of an expanded glob, read as 20 problems for one mistake."""
     path = Path(pattern)
+    return path.name if path.name and _same_directory(path.parent, traces) else None
+
+
+def _same_directory(path: Path, traces: Path) -> bool:
     try:
-        same = path.parent.resolve() == traces.resolve()
-    except (OSError, RuntimeError):  # a symlink loop: not a path to a run
-        return None
-    return path.name if same and path.name else None
+        return path.resolve() == traces.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not the traces directory
+        return False
 
 
 #: How many run names a "not found" problem lists: a traces directory of a thousand runs
@@ -387,6 +390,12 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
         pattern = given
         if "/" in given or os.sep in given:
             pattern = _under(given, traces) or ""
+            if not pattern and _same_directory(Path(given), traces):
+                problems.add(
+                    f"run {given!r} is the traces directory itself: name its runs, or all "
+                    f"of them with the glob '*'"
+                )
+                continue
             if not pattern:
                 elsewhere.append(given)
                 continue
@@ -412,10 +421,11 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
             f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
         )
         first = Path(elsewhere[0])
+        example = f", e.g. --traces {first.parent} {first.name}" if first.name else ""
         problems.add(
             f"run(s) {shown} given as paths outside the traces directory {traces}: runs are "
             f"named under it; name the directory that holds them with --traces (or the "
-            f"config's traces), e.g. --traces {first.parent} {first.name}"
+            f"config's traces){example}"
         )
     if missing:
         if not traces.is_dir():

@@ -128,6 +128,9 @@ def test_runs_given_as_paths_elsewhere_are_one_problem_naming_the_option(workdir
     assert "1 problem:" in message
     assert "'else/far0', 'else/far1', 'else/far2' and 2 more given as paths outside" in message
     assert "--traces else far0" in message
+    message = _error(conf, Overrides(runs=("traces/", "/")))
+    assert "run 'traces/' is the traces directory itself: name its runs" in message
+    assert "run(s) '/' given as paths outside" in message and "e.g." not in message
     message = _error(conf, Overrides(runs=("traces/nope",)))
     assert f"run(s) not found: traces/nope; available in traces: {RUN}, other_run" in message
 
