@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from dsim.fetchstages import STAGE_COLUMNS, StageShare, describe_stages
 from dsim.replay.arrays import IterationArrays
+from dsim.sets import distinct_inverse
 
 FIXED_STRAGGLER_SHARE = 60.0  # % of iterations one rank must be last in to be "fixed"
 TOP_WORKERS = 3
@@ -305,7 +306,7 @@ def _worker_shares(
     total = float(excess.sum())
     shares = []
     for j, gpu in enumerate(gpus):
-        ids, group = np.unique(workers[:, j][mask].astype(np.int64), return_inverse=True)
+        ids, group = distinct_inverse(workers[:, j][mask].astype(np.int64))
         k = len(ids)
         fetch = arrays.fetch[:, j][mask]
         known = ~np.isnan(fetch)

@@ -32,6 +32,7 @@ from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
 from dsim.model.selection import Epochs, resolve_epochs, selection_mask
 from dsim.replay.policies import ACTUAL, BASELINE, Policy
+from dsim.sets import distinct
 
 DEFAULT_WARMUP = 10
 DEFAULT_THRESHOLD_S = 0.030
@@ -218,7 +219,7 @@ def selected_iterations(
     ``dsim run`` calls this before replaying anything, so that a selection
     that would leave no iteration fails before any file is written.
     """
-    selected = resolve_epochs(np.unique(epoch).tolist(), epochs, run=run)
+    selected = resolve_epochs(distinct(epoch).tolist(), epochs, run=run)
     mask = selection_mask(epoch, iteration, selected, warmup)
     if not mask.any():
         raise UsageError(

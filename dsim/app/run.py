@@ -145,21 +145,27 @@ def _in_process(
     on_wait: lock.Notify | None,
     threads: int | None = None,
 ) -> list[RunReport]:
-    """Every run read and checked first (nothing written if one fails), then finished,
-    runs side by side on ``threads`` threads (None: ``thread_count``'s; 1: one after
-    another in this thread), with the serial loop's reports, files and first error
-    (``dsim.execute.threads.map_in_order``).
+    """Every run read and checked first (nothing written if one fails), then finished;
+    both steps take runs side by side on ``threads`` threads (None: ``thread_count``'s; 1:
+    one after another in this thread), with the serial loop's reports, files and first
+    error (``dsim.execute.threads.map_in_order``).
 
     A run whose memo matches its trace and options (``dsim.app.runmemo``) is not read:
     under the lock, ``reusable`` proves every output cached (``reuse_run`` then makes its
     report), or the run is planned then, as the others were, before anything is written."""
-    entries: list[Entry] = []
-    for name, run_dir in zip(config.runs, config.run_dirs, strict=True):
+    pairs = list(zip(config.runs, config.run_dirs, strict=True))
+
+    def plan(k: int, checkpoint: Checkpoint) -> Entry:
+        name, run_dir = pairs[k]
         inputs = reuse_inputs(name, run_dir, config, force)
         if memo_candidate(config.out, name, inputs):
-            entries.append((name, run_dir, inputs))  # decided under the lock
-        else:
-            entries.append((name, run_dir, _plan(name, run_dir, config)))
+            return (name, run_dir, inputs)  # decided under the lock
+        return (name, run_dir, _plan(name, run_dir, config, checkpoint))
+
+    # read and checked side by side too (pyarrow's reads and NumPy's sorts release the
+    # GIL): planned one after another, the reads left one of two cores idle, ~25 % of a
+    # 20-run sweep's time (BENCHMARKS.md, "Seventh run")
+    entries: list[Entry] = map_in_order(plan, len(pairs), _threads(threads, len(pairs), config))
     _nothing_to_replay(entries)
     release_freed()  # the tables' memory (the plans keep little of them), before the replays
     with lock.exclusive(config.out, on_wait):
@@ -177,9 +183,8 @@ def _in_process(
         total = sum(p.arrays.n_iterations * len(p.todo) for run in plans for p in run)
         on_rows = progress(total) if progress is not None and total else None
         del plans
-        if threads is None:
-            todo = sum(1 for _, _, entry in entries if not isinstance(entry, RunReport))
-            threads = thread_count(todo, config.num_cpus)
+        todo = sum(1 for _, _, entry in entries if not isinstance(entry, RunReport))
+        threads = _threads(threads, todo, config)
         if threads > 1 and on_rows is not None:
             on_rows = _one_at_a_time(on_rows)
 
@@ -223,10 +228,22 @@ def _nothing_to_replay(entries: list[Entry]) -> None:
         raise skipped[0].skipped
 
 
-def _plan(name: str, run_dir: Path, config: SimConfig) -> list[RunPlan] | RunReport:
+def _threads(threads: int | None, items: int, config: SimConfig) -> int:
+    """The threads for ``items`` runs: ``threads`` where given (tests pin it), else
+    ``thread_count``'s."""
+    return thread_count(items, config.num_cpus) if threads is None else threads
+
+
+def _plan(
+    name: str, run_dir: Path, config: SimConfig, checkpoint: Checkpoint | None = None
+) -> list[RunPlan] | RunReport:
     """One run read, checked and planned, or why it is skipped; its tables are let go of
-    here, so that the plans hold only what they keep of them (``plan_runs_of``)."""
+    here, so that the plans hold only what they keep of them (``plan_runs_of``).
+    ``checkpoint``: where a run planned on a thread stops once the sweep is cancelled
+    (after the read, before the arrays are built)."""
     tables = read_run(run_dir, UNREAD)
+    if checkpoint is not None:
+        checkpoint()
     refused = refusal(name, tables, config)
     if refused is not None:
         return RunReport(name, skipped=refused)
@@ -289,9 +306,11 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
     directory's summary and attribution files (every run in it), and the outcome."""
     replayed = [r for r in reports if r.skipped is None]
     written = [path for report in replayed for path in report.written]
-    summary = summary_table([row for report in replayed for row in report.rows])
     rows = [row for report in replayed for row in report.rows]
-    level, notes = directory_summary(config.out, {Path(str(r["results"])) for r in rows}, rows)
+    summary = summary_table(rows)
+    level, notes = directory_summary(
+        config.out, {Path(str(r["results"])) for r in rows}, rows, summary
+    )
     answer = directory_answer(level)
     written.extend(write_answer_files(answer, config.out, ["parquet", "csv"], SUMMARY_STEM))
     written.extend(write_directory_attributions(config.out))
@@ -311,14 +330,18 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
 
 
 def directory_summary(
-    out: Path, replayed: set[Path], rows: list[dict[str, Any]]
+    out: Path,
+    replayed: set[Path],
+    rows: list[dict[str, Any]],
+    summary: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """The summary of every run in the results directory ``out`` (``results/summary.*``), each
     over its recorded selection: the ``rows`` of the run directories this ``dsim run``
     replayed (``replayed``), as their tasks made them (no second read of their replays),
     and the other runs' rows read from their files. A run whose results cannot be read any
     more (a replay missing or of another key, its trace re-parsed since) is left out with a
-    note."""
+    note. ``summary``: ``summary_table(rows)``, where the caller has it; a copy of it is the
+    answer when the directory holds no other run (a fresh sweep's case)."""
     mine = {path.resolve() for path in replayed}
     others, notes = [], []
     for run in scan_results([out]).runs:
@@ -333,6 +356,8 @@ def directory_summary(
             notes.append(f"{run.directory.name} left out of {out / SUMMARY_STEM}.*: {exc}")
             continue
         others.append(run)
+    if not others and summary is not None:
+        return summary.copy(), notes
     return summary_table([*rows, *summary_rows(others)]), notes
 
 

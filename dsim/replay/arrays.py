@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from dsim.errors import InputError
 from dsim.replay.params import LoaderSettings
+from dsim.sets import distinct
 
 MISSING_FETCH = "missing fetch record"
 MISSING_TRAIN = "missing training record"
@@ -307,9 +308,9 @@ def build_iteration_arrays(
     f_key = _pair_keys(f.take("epoch", np.int32), f.take("iteration", np.int32))
     t_key = _pair_keys(t.take("epoch", np.int32), t.take("iteration", np.int32))
     release()
-    keys = np.union1d(np.unique(f_key), np.unique(t_key))  # no concatenation of both
+    keys = distinct(np.concatenate([distinct(f_key), distinct(t_key)]))  # no copy of both
     f_gpu, t_gpu = f.take("gpu", np.int32), t.take("gpu", np.int32)
-    gpus = np.unique(np.concatenate([np.unique(c) for c in f_gpu + t_gpu] or [[]]))
+    gpus = distinct(np.concatenate([distinct(c) for c in f_gpu + t_gpu] or [np.zeros(0, int)]))
     gpus = gpus.astype(np.int32)
     n, g = len(keys), len(gpus)
 
