@@ -216,6 +216,57 @@ def test_runs_are_finished_side_by_side(tmp_path: Path, monkeypatch: pytest.Monk
     assert outcome.computed == 3 * 9 and sorted(calls) == sorted(RUNS)
 
 
+def test_runs_are_read_and_checked_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs are planned (read, checked) at the same moment: read one after another,
+    they left a core idle (BENCHMARKS.md, "Seventh run"). The serial loop would wait at
+    the barrier for a second plan that never starts, and break it."""
+    _traces(tmp_path)
+    both = threading.Barrier(2, timeout=10)
+    calls: list[str] = []
+    real = app_run._plan
+
+    def plan(name, *args):
+        calls.append(name)
+        if len(calls) <= 2:
+            both.wait()
+        return real(name, *args)
+
+    monkeypatch.setattr(app_run, "_plan", plan)
+    outcome = run_replays(_config(tmp_path), threads=2)
+    assert outcome.computed == 3 * 9 and sorted(calls) == sorted(RUNS)
+
+
+def test_the_first_failing_plan_in_config_order_is_raised_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rb's plan fails first in time, ra's later: ra's error is raised (the one the runs
+    planned one after another would give), rc is never planned, and since every run is
+    checked before anything is written, the output directory holds no results."""
+    _traces(tmp_path)
+    rb_failed = threading.Event()
+    calls: list[str] = []
+    real = app_run._plan
+
+    def plan(name, *args):
+        calls.append(name)
+        if name == "rb":
+            rb_failed.set()
+            raise InputError("rb: broken on purpose")
+        if name == "ra":
+            assert rb_failed.wait(10)
+            raise InputError("ra: broken too")
+        return real(name, *args)
+
+    monkeypatch.setattr(app_run, "_plan", plan)
+    with pytest.raises(InputError, match="ra: broken too"):
+        run_replays(_config(tmp_path), threads=2)
+    assert sorted(calls) == ["ra", "rb"]
+    out = tmp_path / "out"
+    assert not any(p.suffix in (".parquet", ".json") for p in out.rglob("*"))
+
+
 def test_one_run_is_finished_in_the_calling_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
