@@ -197,43 +197,30 @@ def test_two_threads_write_every_file_as_one_thread_does(
     assert [name for name in trees["one"] if trees["one"][name] != trees["two"][name]] == []
 
 
-def test_runs_are_finished_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two runs are in ``finish_run`` at the same moment (the serial loop never is: the
-    first would wait for the second at the barrier and break it)."""
-    _traces(tmp_path)
-    both = threading.Barrier(2, timeout=10)
-    calls: list[str] = []
-    real = app_run.finish_run
-
-    def finish(plans, *args):
-        calls.append(plans[0].name)
-        if len(calls) <= 2:
-            both.wait()
-        return real(plans, *args)
-
-    monkeypatch.setattr(app_run, "finish_run", finish)
-    outcome = run_replays(_config(tmp_path), threads=2)
-    assert outcome.computed == 3 * 9 and sorted(calls) == sorted(RUNS)
-
-
-def test_runs_are_read_and_checked_side_by_side(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("step", "run_of"),
+    [("finish_run", lambda first: first[0].name), ("_plan", lambda first: first)],
+    ids=["finished", "read_and_checked"],
+)
+def test_runs_are_worked_on_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, run_of
 ) -> None:
-    """Two runs are planned (read, checked) at the same moment: read one after another,
-    they left a core idle (BENCHMARKS.md, "Seventh run"). The serial loop would wait at
-    the barrier for a second plan that never starts, and break it."""
+    """Two runs are in the step (``finish_run``; ``_plan``, which reads and checks a run)
+    at the same moment: the serial loop never is, the first would wait at the barrier for
+    the second and break it. Planned one after another, the reads left a core idle
+    (BENCHMARKS.md, "Seventh run")."""
     _traces(tmp_path)
     both = threading.Barrier(2, timeout=10)
     calls: list[str] = []
-    real = app_run._plan
+    real = getattr(app_run, step)
 
-    def plan(name, *args):
-        calls.append(name)
+    def at_once(first, *args):
+        calls.append(run_of(first))
         if len(calls) <= 2:
             both.wait()
-        return real(name, *args)
+        return real(first, *args)
 
-    monkeypatch.setattr(app_run, "_plan", plan)
+    monkeypatch.setattr(app_run, step, at_once)
     outcome = run_replays(_config(tmp_path), threads=2)
     assert outcome.computed == 3 * 9 and sorted(calls) == sorted(RUNS)
 
