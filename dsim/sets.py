@@ -5,19 +5,24 @@ and worker columns of a run (80,000 values, already in runs of sorted keys) it
 took ~3 ms a call, where a sort and a neighbour comparison take 0.2-0.9 ms and
 counting (the values span little) ~0.15 ms. It was called ~18 times a run by
 ``dsim run`` (arrays, summary rows, attribution): ~10 % of a 20-run sweep's
-CPU beside the replay's 5 %. Pure functions; the results equal ``np.unique``'s
-(the same values, ascending, of the input's dtype).
+CPU beside the replay's 5 %. The parser's counts of ranks, epochs and
+iterations use the same rule (``countable``). Pure functions; the results
+equal ``np.unique``'s (the same values, ascending, of the input's dtype).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["distinct", "distinct_inverse"]
+__all__ = ["countable", "distinct", "distinct_inverse"]
 
 
-def _span_is_small(values: np.ndarray) -> bool:
-    """Whether ``values`` span little enough to be counted (``np.bincount``)."""
+def countable(values: np.ndarray) -> bool:
+    """Whether integer ``values`` are some and span little enough to be counted
+    (``np.bincount`` over max - min + 1 bins) instead of hashed or sorted: ranks, epochs,
+    iterations and workers do."""
+    if len(values) == 0:
+        return False
     span = int(values.max()) - int(values.min())
     return span < max(4 * len(values), 1 << 16)
 
@@ -42,7 +47,7 @@ def distinct(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values)
     if len(values) == 0 or values.dtype.kind not in "iu":
         return np.unique(values)
-    if _span_is_small(values):
+    if countable(values):
         offset, low = _offsets(values)
         return _shifted(np.flatnonzero(np.bincount(offset)), low, values.dtype)
     ordered = np.sort(values)
@@ -56,7 +61,7 @@ def distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` of a 1-D integer array: the distinct
     values and, for each value, its index among them."""
     values = np.asarray(values)
-    if len(values) == 0 or values.dtype.kind not in "iu" or not _span_is_small(values):
+    if values.dtype.kind not in "iu" or not countable(values):
         ids, inverse = np.unique(values, return_inverse=True)
         return ids, inverse.reshape(-1)
     offset, low = _offsets(values)

@@ -297,10 +297,13 @@ def test_a_corrupt_iteration_out_of_time_order_is_rejected_alone(tmp_path):
     ],
 )
 def test_counted_distinct_and_most_common_equal_numpys(values):
-    from dsim.sources.rawlog.parse import _count_distinct, _most_common
+    """The parser's counts (``dsim.sets.distinct``, which tests/test_sets.py checks at
+    large, and the parser's own ``_most_common``) on the shapes its columns take."""
+    from dsim.sets import distinct as distinct_of
+    from dsim.sources.rawlog.parse import _most_common
 
     for dtype in (np.int32, np.int64):
         array = np.array(values, dtype)
         distinct, freq = np.unique(array, return_counts=True)
-        assert _count_distinct(array) == len(distinct)
+        assert len(distinct_of(array)) == len(distinct)
         assert _most_common(array) == int(distinct[np.argmax(freq)])

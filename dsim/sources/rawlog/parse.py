@@ -46,6 +46,7 @@ from dsim.model.tables import (
     RunTables,
     with_cpu,
 )
+from dsim.sets import countable, distinct
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
@@ -235,7 +236,7 @@ def _apply_rules(fetch, train, reject: _Rejecter, files, stray_rank_share: float
     # are, and `dsim run` refuses the run naming the rank (§1.7). They are not rejected: that
     # would turn the run into a smaller one without a word.
     if len(train["gpu"]):
-        warnings += _untrained_ranks(fetch, _distinct(train["gpu"]), files)
+        warnings += _untrained_ranks(fetch, distinct(train["gpu"]), files)
 
     fetch["epoch"] = assign_fetch_epochs(
         fetch["gpu"], fetch["idx"], _unstepped(fetch, "end", steps),
@@ -486,7 +487,7 @@ def _refuse_disjoint_ranks(train, files) -> None:
     corrected after parsing).
     """
     gpu = train["gpu"]
-    ranks = _distinct(gpu)
+    ranks = distinct(gpu)
     if len(ranks) < 2:
         return
     index = np.searchsorted(ranks, gpu)
@@ -612,7 +613,7 @@ def _sparse_warning(sparse: list[dict[str, Any]]) -> str:
 def _untrained_ranks(fetch, trained: np.ndarray, files) -> list[str]:
     """A warning per rank that has fetch records but no training record, with its first line."""
     out = []
-    for gpu in np.setdiff1d(_distinct(fetch["gpu"]), trained):
+    for gpu in np.setdiff1d(distinct(fetch["gpu"]), trained):
         rows = np.flatnonzero(fetch["gpu"] == gpu)
         first = rows[0]  # records are in file order
         where = f"{files[int(fetch['file'][first])].name}:{int(fetch['line'][first])}"
@@ -760,17 +761,10 @@ def _gpus_per_iteration(table: pa.Table) -> pd.Series:
     return pd.Series(count.astype(np.int64), index=index, name="gpu")
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` of small non-negative integers (ranks, epochs) by counting, without a sort."""
-    if len(values) and values.min() >= 0 and values.max() < 1 << 20:
-        return np.flatnonzero(np.bincount(values))
-    return np.unique(values)
-
-
 def _distinct_of(*columns: np.ndarray) -> list[int]:
     """The distinct values of several columns, ascending: each column's, then their union
     (no concatenated copy of the columns)."""
-    return sorted({int(v) for column in columns for v in _distinct(column)})
+    return sorted({int(v) for column in columns for v in distinct(column)})
 
 
 def _gpu_ids(fetch: pa.Table, train: pa.Table) -> list[int]:
@@ -862,33 +856,19 @@ def _iterations_per_epoch(train, fetch_table, epochs) -> tuple[dict[str, int], d
     for e in epochs:
         mine = train["epoch"] == e
         if mine.any():
-            present[str(e)] = _count_distinct(train["iteration"][mine])
+            present[str(e)] = len(distinct(train["iteration"][mine]))
             declared[str(e)] = _most_common(train["total"][mine])
         else:
             iterations = fetch_table["iteration"].to_numpy()[fetch_epoch == e]
-            present[str(e)] = _count_distinct(iterations)
+            present[str(e)] = len(distinct(iterations))
     return present, declared
-
-
-def _counted(values: np.ndarray) -> bool:
-    """Whether ``values`` (integers) span little enough to be counted (``np.bincount``)
-    instead of hashed or sorted: iterations and a log's ``[i/N]`` do. ~9 M instructions a
-    run of 80,000 training records less than ``np.unique``."""
-    return len(values) > 0 and int(values.max()) - int(values.min()) < max(4 * len(values), 1 << 16)
-
-
-def _count_distinct(values: np.ndarray) -> int:
-    """``len(np.unique(values))``."""
-    if not _counted(values):
-        return len(np.unique(values))
-    return int(np.count_nonzero(np.bincount(values - values.min())))
 
 
 def _most_common(values: np.ndarray) -> int:
     """The most frequent value, the smallest on a tie (``np.unique``'s order and ``argmax``)."""
-    if not _counted(values):
-        distinct, freq = np.unique(values, return_counts=True)
-        return int(distinct[np.argmax(freq)])
+    if not countable(values):
+        values_seen, freq = np.unique(values, return_counts=True)
+        return int(values_seen[np.argmax(freq)])
     low = values.min()
     return int(low) + int(np.argmax(np.bincount(values - low)))
 
