@@ -40,13 +40,13 @@ _CRC_MISMATCH = "CRC checksum verification failed"
 #: zstd's level 3 (Arrow's default is 1): ~20 % smaller traces for ~15 % more write time.
 ZSTD_LEVEL = 3
 
-#: Values the Parquet writer takes per step (Arrow's default 1,024). Why: each step has a
-#: fixed cost (statistics, the page-size check, the dictionary's size check), which was
-#: ~11 % of a tidy dataset's write (a 10,000 x 8 run's two files: 62 -> 55 ms, median of
-#: 15 interleaved). Pages are still cut once past ``data_page_size`` (1 MiB), checked
-#: after each step, so a page may run up to this many values over it; the files of runs
-#: whose column chunks are under a page, as a replay's usually are, are the same bytes.
-WRITE_BATCH_SIZE = 64 * 1024
+#: Values the Parquet writer takes per step: Arrow's default, named so that
+#: ``bench/bench_write_batch.py`` can try others. 65,536 was tried (28 Nov 2026): a
+#: first, noisy measurement put it ~11 % ahead on a dataset write; side by side, three
+#: runs of 15-25 interleaved repeats gave 0.88, 0.98 and 1.02x on the dataset and 1.10,
+#: 0.99 and 1.04x on the trace tables (the same bytes), no gain this VM's noise can show,
+#: so the default stays (bench/logs/write_batch_2026-11-28.txt).
+WRITE_BATCH_SIZE = 1024
 
 
 def _measurement(kind: pa.DataType) -> bool:

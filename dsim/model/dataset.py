@@ -158,9 +158,8 @@ def identity(run: str, info: ResultInfo) -> dict[str, Any]:
 
 
 #: Rows of the one block a constant column repeats (a multiple of the Parquet writer's
-#: batch of values, ``parquetio.WRITE_BATCH_SIZE``, so that its pages are cut where one
-#: whole array's are).
-CONSTANT_BLOCK = parquetio.WRITE_BATCH_SIZE
+#: batch of 1,024 values, so that its pages are cut where one whole array's are).
+CONSTANT_BLOCK = 64 * 1024
 
 
 def _constant(field: pa.Field, value: Any, n: int) -> pa.ChunkedArray:
