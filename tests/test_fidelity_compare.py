@@ -341,3 +341,74 @@ def test_swaps_go_to_misses_or_with_swap_every_to_every_what_if() -> None:
     for kind in ("align", "start", "control", "loader"):
         assert swaps_wanted(met, kind, every=True)
     assert not swaps_wanted(met, "identity", every=True)
+
+
+def test_standard_error_of_a_cells_means() -> None:
+    """SE = sqrt(sd_p²/n_p + sd_m²/n_m), % of the measured mean; unknown with one value."""
+    from validation.cells import Stat
+    from validation.targets import mean_error_se
+
+    se = mean_error_se(Stat(110.0, 6.0, 4), Stat(100.0, 8.0, 4))
+    assert se == pytest.approx(100.0 * math.hypot(3.0, 4.0) / 100.0)  # 5 %
+    assert mean_error_se(Stat(110.0, 6.0, 4), Stat(100.0, 8.0, 4), relative=False) == 5.0
+    assert mean_error_se(Stat(110.0, 6.0, 4), Stat(100.0, None, 1)) is None
+    assert mean_error_se(None, Stat(100.0, 8.0, 4)) is None
+    assert mean_error_se(Stat(110.0, 6.0, 4), Stat(0.0, 8.0, 4)) is None
+
+
+def test_an_unbiased_models_worst_cell_from_the_cells_noise() -> None:
+    """P(max |N(0, SE_i)| <= b) = prod erf(b / (SE_i sqrt 2)), against a simulation."""
+    from validation.targets import repeats_for, unbiased_worst_quantile, unbiased_worst_within
+
+    # one cell: P(|N(0, 1)| <= 1.96) = 0.95
+    assert unbiased_worst_within([1.0], 1.96) == pytest.approx(0.95, abs=1e-4)
+    assert unbiased_worst_within([0.0, 0.0], 1.0) == 1.0  # no noise: surely within
+    ses = [2.0, 4.0, 5.0, 3.0]
+    rng = np.random.default_rng(0)
+    worst = np.abs(rng.normal(0.0, ses, size=(200_000, len(ses)))).max(axis=1)
+    assert unbiased_worst_within(ses, 8.0) == pytest.approx(np.mean(worst <= 8.0), abs=0.005)
+    median = unbiased_worst_quantile(ses, 0.5)
+    assert median == pytest.approx(np.median(worst), rel=0.01)
+    assert unbiased_worst_within(ses, median) == pytest.approx(0.5, abs=1e-9)
+    assert unbiased_worst_quantile([0.0]) == 0.0
+    # more repeats shrink every SE by sqrt(n_now / n): the first n that reaches 0.9
+    need = repeats_for(ses, [4] * 4, 8.0, 0.9)
+    assert need is not None and need > 4
+    scaled = [se * math.sqrt(4 / need) for se in ses]
+    before = [se * math.sqrt(4 / (need - 1)) for se in ses]
+    assert unbiased_worst_within(scaled, 8.0) >= 0.9 > unbiased_worst_within(before, 8.0)
+
+
+def test_the_worst_cell_is_set_against_the_noise_of_the_means() -> None:
+    """FIDELITY.md says how likely a model without bias meets the worst-cell target at these
+    repeats, and names the cells whose error is beyond 2 SE (the model's bias)."""
+    from validation.report import overall_section, worst_noise_section
+
+    frame = pd.DataFrame(
+        {
+            "kind": ["align"] * 3,
+            "regime": ["cpu"] * 3,
+            "what_if": ["align min, 2 w", "align mean, 2 w", "start min, 2 w"],
+            "target_cell": ["a", "b", "c"],
+            "n_base": [4, 4, 4],
+            "n_target": [4, 4, 4],
+            "iteration_ms_measured": [100.0, 100.0, 100.0],
+            "iteration_ms_measured_sd": [8.0, 8.0, 8.0],
+            "iteration_ms_pipeline": [120.0, 104.0, 97.0],
+            "iteration_ms_pipeline_sd": [6.0, 6.0, 6.0],
+            "iteration_ms_err_pipeline": [20.0, 4.0, -3.0],
+            "target_iteration_pipeline": ["missed", "met", "met"],
+            "target_share_pipeline": ["met"] * 3,
+        }
+    )
+    text = "\n".join(worst_noise_section(frame))
+    chance = math.erf(8.0 / (5.0 * math.sqrt(2.0))) ** 3  # every SE is 5 %
+    assert f"| pipeline | 3 | 5.0–5.0 | 20.0 % | {chance:.2f} |" in text
+    assert "1: cpu align min, 2 w (+20.0 % = +4.0 SE)" in text  # only the cell beyond 2 SE
+    assert "| cpu: align min, 2 w | +20.0 % | 5.0 % | +4.0 |" in text
+    one_run = frame.assign(n_target=[4, 4, 1], iteration_ms_measured_sd=[8.0, 8.0, None])
+    assert "| pipeline | 2 of 3 (one run on a side) |" in "\n".join(worst_noise_section(one_run))
+    overall = "\n".join(overall_section(frame))
+    assert f"worst cell 20.0 % — target ≤ 8 %: missed (a model without bias: p = {chance:.2f}" in (
+        overall
+    )

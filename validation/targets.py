@@ -99,3 +99,64 @@ def verdicts(kind: str, pred: dict[str, Stat] | None, meas: dict[str, Stat]) -> 
             p = pred.get(metric) if pred else None
             out[target] = judge(p, meas[metric], threshold, relative)
     return out
+
+
+def mean_error_se(pred: Stat | None, meas: Stat, relative: bool = True) -> float | None:
+    """Standard error of ``mean pred - mean meas``: sqrt(sd_pred²/n_base + sd_meas²/n_rerun).
+
+    Why beside σ: the band of ``judge`` holds one run's noise (the sds), which is what a
+    user comparing one run with one prediction meets; the error of a cell's *means* over
+    3-5 repeats is noisy by this much less, and an error of several of these standard
+    errors is the model's bias, not the repeats' noise. In % of the measured mean when
+    ``relative``. None where a side has one value: its noise is unknown, and counting it
+    as 0 (as ``judge`` does for its band) would call any error a bias.
+    """
+    if pred is None or meas.mean == 0 or pred.sd is None or meas.sd is None:
+        return None
+    if not (math.isfinite(pred.mean) and math.isfinite(meas.mean)):
+        return None
+    se = math.hypot(pred.sd / math.sqrt(pred.n), meas.sd / math.sqrt(meas.n))
+    return 100.0 * se / abs(meas.mean) if relative else se
+
+
+def unbiased_worst_within(ses: list[float], bound: float) -> float:
+    """P(every cell's |error| <= ``bound``) for a model without bias, given the cells' SEs.
+
+    Why: "worst cell <= 8 %" is a maximum over cells, and the maximum of noisy means grows
+    with their noise and their number: a model that is right on average in every cell
+    still misses it when the repeats are too few. With each cell's error normal around 0
+    with its standard error (``mean_error_se``) and the cells independent, the chance is
+    prod_i erf(bound / (SE_i sqrt 2)); a cell with SE 0 is within surely.
+    """
+    p = 1.0
+    for se in ses:
+        if se > 0:
+            p *= math.erf(bound / (se * math.sqrt(2.0)))
+    return p
+
+
+def unbiased_worst_quantile(ses: list[float], q: float = 0.5) -> float:
+    """The ``q``-quantile of the worst |error| of an unbiased model (``unbiased_worst_within``
+    inverted by bisection); 0 when every SE is 0."""
+    if not ses or max(ses) <= 0:
+        return 0.0
+    lo, hi = 0.0, 10.0 * max(ses)
+    while unbiased_worst_within(ses, hi) < q:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if unbiased_worst_within(ses, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def repeats_for(ses: list[float], ns: list[int], bound: float, p: float = 0.9) -> int | None:
+    """Repeats per cell (base and re-run alike) at which an unbiased model's worst cell would
+    be within ``bound`` with probability ``p``; SEs scale as sqrt(n_now / n). None above 1000."""
+    for n in range(1, 1001):
+        scaled = [se * math.sqrt(k / n) for se, k in zip(ses, ns, strict=True)]
+        if unbiased_worst_within(scaled, bound) >= p:
+            return n
+    return None
