@@ -412,3 +412,40 @@ def test_the_worst_cell_is_set_against_the_noise_of_the_means() -> None:
     assert f"worst cell 20.0 % — target ≤ 8 %: missed (a model without bias: p = {chance:.2f}" in (
         overall
     )
+
+
+def test_tune_picks_worse_beyond_the_noise_of_the_means_are_named() -> None:
+    """A pick slower than the best by more than 2 SE of the two cells' means is named; the
+    best itself and a gap inside the noise are not."""
+    from validation.report import _gaps_beyond_noise
+
+    frame = pd.DataFrame(
+        {
+            "kind": ["identity"] * 3,
+            "regime": ["cpu"] * 3,
+            "workers": [1, 2, 4],
+            "pipeline_prefetch": [2, 2, 2],
+            "iteration_ms_measured": [120.0, 104.0, 100.0],
+            "iteration_ms_measured_sd": [6.0, 6.0, 8.0],
+            "n_target": [4, 4, 4],
+        }
+    )
+    tune = pd.DataFrame(
+        {
+            "regime": ["cpu"] * 3,
+            "base_run": ["cpu_w1_p2_none_r1", "cpu_w2_p2_none_r1", "cpu_w4_p2_none_r1"],
+            "recommended_workers": [1, 2, 4],
+            "recommended_prefetch": [2, 2, 2],
+            "best_workers": [4, 4, 4],
+            "best_prefetch": [2, 2, 2],
+            "gap_pct": [20.0, 4.0, 0.0],
+        }
+    )
+    (line,) = [t for t in _gaps_beyond_noise(tune, frame) if t]
+    # SE = sqrt(36/4 + 64/4) = 5 ms = 5 % of the best: 20 % is 4 SE, 4 % is 0.8 SE
+    assert line.startswith("Beyond the noise of the means: 1 of 3 recommendations")
+    assert "(cpu cpu_w1_p2_none_r1: +20.0 % = 4.0 SE)." in line
+    assert "cpu_w2_p2_none_r1" not in line
+    one_run = frame.assign(n_target=[1, 4, 4], iteration_ms_measured_sd=[None, 6.0, 8.0])
+    (line,) = [t for t in _gaps_beyond_noise(tune, one_run) if t]
+    assert "0 of 2 recommendations" in line and "1 not judged (one run in a cell: no SE)" in line

@@ -703,7 +703,49 @@ def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
             f"{TARGET_PCT:g} % of the measured best, from every base run of every regime: "
             f"{verdict}.",
             f"Where the curve flattens: tune's predicted knee is one the measured curve's "
-            f"noise allows from {shape} base runs.", "", *tune_detail(tune)]  # fmt: skip
+            f"noise allows from {shape} base runs.", *_gaps_beyond_noise(tune, frame), "",
+            *tune_detail(tune)]  # fmt: skip
+
+
+def _grid_stat(grid: dict[tuple[int, int], pd.Series], workers: object, prefetch: object):
+    """A measured setting's mean iteration time as a ``Stat`` (None where not measured)."""
+    r = grid.get((int(float(workers)), int(float(prefetch))))  # type: ignore[arg-type]
+    mean = None if r is None else _num(r.get("iteration_ms_measured"))
+    if r is None or mean is None:
+        return None
+    return Stat(mean, _num(r.get("iteration_ms_measured_sd")), int(_num(r.get("n_target")) or 0))
+
+
+def _gaps_beyond_noise(tune: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
+    """The picks measured slower than the best by more than 2 standard errors of the two
+    means (``targets.mean_error_se``): worse beyond what the cells' repeats can tell apart."""
+    judged, beyond, unknown = 0, [], 0
+    for regime, part in tune.groupby("regime", sort=False):
+        grid = measured_grid(frame, str(regime))
+        for _, r in part.iterrows():
+            gap = _num(r.get("gap_pct"))
+            rec = _grid_stat(grid, r["recommended_workers"], r["recommended_prefetch"])
+            best = _grid_stat(grid, r["best_workers"], r["best_prefetch"])
+            if gap is None or rec is None or best is None:
+                continue
+            se = 0.0 if rec == best else mean_error_se(rec, best)
+            if se is None:
+                unknown += 1
+                continue
+            judged += 1
+            if gap > 2.0 * se and rec != best:
+                beyond.append(f"{regime} {r['base_run']}: {gap:+.1f} % = {gap / se:.1f} SE")
+    if not judged and not unknown:
+        return []
+    text = (
+        f"Beyond the noise of the means: {len(beyond)} of {judged} recommendations measured "
+        "slower than the best by more than 2 SE of the two cells' means, SE = "
+        "sqrt(sd_rec²/n_rec + sd_best²/n_best)"
+    )
+    text += f" ({'; '.join(beyond)})" if beyond else ""
+    if unknown:
+        text += f"; {unknown} not judged (one run in a cell: no SE)"
+    return ["", text + "."]
 
 
 def tune_detail(tune: pd.DataFrame) -> list[str]:
