@@ -449,3 +449,15 @@ def test_tune_picks_worse_beyond_the_noise_of_the_means_are_named() -> None:
     one_run = frame.assign(n_target=[1, 4, 4], iteration_ms_measured_sd=[None, 6.0, 8.0])
     (line,) = [t for t in _gaps_beyond_noise(tune, one_run) if t]
     assert "0 of 2 recommendations" in line and "1 not judged (one run in a cell: no SE)" in line
+
+
+def test_noise_sections_take_repeats_without_spread() -> None:
+    """An SE of 0 (every repeat alike) reads as ±∞ standard errors, not a ZeroDivisionError;
+    a quantile of 1 has no finite value and is refused."""
+    from validation.report import _in_se
+    from validation.targets import unbiased_worst_quantile
+
+    assert _in_se(3.0, 0.0) == "+∞" and _in_se(-3.0, 0.0) == "−∞" and _in_se(0.0, 0.0) == "+0.0"
+    assert _in_se(3.0, 1.5) == "+2.0"
+    with pytest.raises(ValueError, match="inside"):
+        unbiased_worst_quantile([1.0], 1.0)

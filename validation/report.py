@@ -249,6 +249,19 @@ def _cell_se(row: pd.Series, model: str) -> float | None:
     return mean_error_se(Stat(pred, _num(row.get(f"iteration_ms_{model}_sd")), n_pred), meas)
 
 
+def _z(error: float, se: float) -> float:
+    """``error`` in standard errors; ±inf where SE is 0 (repeats without spread) and the
+    error is not."""
+    if se > 0:
+        return error / se
+    return 0.0 if error == 0 else math.copysign(math.inf, error)
+
+
+def _in_se(error: float, se: float) -> str:
+    z = _z(error, se)
+    return f"{z:+.1f}" if math.isfinite(z) else ("+∞" if z > 0 else "−∞")
+
+
 def worst_noise_section(frame: pd.DataFrame) -> list[str]:
     """The worst-cell target against the noise of the cells' means (``targets``' functions)."""
     bound = OVERALL_WORST_PCT
@@ -296,8 +309,8 @@ def worst_noise_section(frame: pd.DataFrame) -> list[str]:
                 f"{len(beyond)}: "
                 + (
                     ", ".join(
-                        f"{r['regime']} {r['what_if']} ({e:+.1f} % = {e / se:+.1f} SE)"
-                        for r, e, se in sorted(beyond, key=lambda c: -abs(c[1] / c[2]))
+                        f"{r['regime']} {r['what_if']} ({e:+.1f} % = {_in_se(e, se)} SE)"
+                        for r, e, se in sorted(beyond, key=lambda c: -abs(_z(c[1], c[2])))
                     )
                     or "none"
                 ),
@@ -305,9 +318,9 @@ def worst_noise_section(frame: pd.DataFrame) -> list[str]:
             ]
         )
         if model == "pipeline":
-            for r, e, se in sorted(cells, key=lambda c: -abs(c[1] / c[2]) if c[2] else 0.0):
-                z = f"{e / se:+.1f}" if se > 0 else "n/a"
-                detail.append([f"{r['regime']}: {r['what_if']}", f"{e:+.1f} %", f"{se:.1f} %", z])
+            for r, e, se in sorted(cells, key=lambda c: -abs(_z(c[1], c[2]))):
+                row = [f"{r['regime']}: {r['what_if']}", f"{e:+.1f} %", f"{se:.1f} %"]
+                detail.append([*row, _in_se(e, se)])
     if not rows:
         return []
     header = [
@@ -728,13 +741,18 @@ def _gaps_beyond_noise(tune: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
             best = _grid_stat(grid, r["best_workers"], r["best_prefetch"])
             if gap is None or rec is None or best is None:
                 continue
-            se = 0.0 if rec == best else mean_error_se(rec, best)
+            picked = (r["recommended_workers"], r["recommended_prefetch"])
+            if picked == (r["best_workers"], r["best_prefetch"]):
+                judged += 1  # the measured best itself
+                continue
+            se = mean_error_se(rec, best)
             if se is None:
                 unknown += 1
                 continue
             judged += 1
-            if gap > 2.0 * se and rec != best:
-                beyond.append(f"{regime} {r['base_run']}: {gap:+.1f} % = {gap / se:.1f} SE")
+            if gap > 2.0 * se:
+                z = _in_se(gap, se).lstrip("+")  # a gap to the best is never below it
+                beyond.append(f"{regime} {r['base_run']}: {gap:+.1f} % = {z} SE")
     if not judged and not unknown:
         return []
     text = (

@@ -138,6 +138,8 @@ def unbiased_worst_within(ses: list[float], bound: float) -> float:
 def unbiased_worst_quantile(ses: list[float], q: float = 0.5) -> float:
     """The ``q``-quantile of the worst |error| of an unbiased model (``unbiased_worst_within``
     inverted by bisection); 0 when every SE is 0."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be inside (0, 1), not {q}")  # 1 has no finite quantile
     if not ses or max(ses) <= 0:
         return 0.0
     lo, hi = 0.0, 10.0 * max(ses)

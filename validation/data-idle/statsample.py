@@ -1,7 +1,8 @@
 """Sample /proc/stat's cpu line every 20 ms until SIGTERM: unix time, busy, idle+iowait jiffies.
 
 Usage: ``python statsample.py OUT.txt &``, the job, then ``kill %1``. The runs here were
-recorded with this sampler (one line per sample, buffered, flushed on SIGTERM).
+recorded with an earlier form of it that did the same but flushed its file on SIGTERM
+instead of closing it (validation/README.md).
 """
 
 import signal
