@@ -26,8 +26,12 @@ def write_cpu_logs(
     runq_s: float | None = 0.022,
     compute_s: float = 0.010,
     train_cpu_s: float | None = 0.002,
+    proc_s: float | None = None,
 ) -> Path:
-    """One ``rank<N>.log`` per rank; ``cpu_s=None`` writes the same job without CPU fields."""
+    """One ``rank<N>.log`` per rank; ``cpu_s=None`` writes the same job without CPU fields.
+
+    ``proc_s``: the worker process's CPU per batch (``proc``, SPEC §1.2), on every
+    fetch line but the worker's first."""
     directory.mkdir(parents=True, exist_ok=True)
     settings = dict(
         num_workers=1, prefetch_factor=2, batch_size=8, persistent_workers=0, pin_memory=0
@@ -45,7 +49,8 @@ def write_cpu_logs(
             arrival = max(end_prev, fetch_end) + 0.0005
             end = arrival + compute_s
             cpu = None if cpu_s is None else cpu_s
-            lines.append(fetch_line(fetch_end, rank, 0, fetch_s, i, cpu, runq_s))
+            proc = None if cpu is None or not i else proc_s
+            lines.append(fetch_line(fetch_end, rank, 0, fetch_s, i, cpu, runq_s, proc=proc))
             tcpu = None if cpu_s is None or train_cpu_s is None else (train_cpu_s, train_cpu_s)
             lines.append(
                 training_line(

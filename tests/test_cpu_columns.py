@@ -15,8 +15,11 @@ from dsim.sources.rawlog.parse import parse_run
 SETTINGS = dict(num_workers=1, prefetch_factor=2, batch_size=4, persistent_workers=0, pin_memory=0)
 
 
-def write_logs(directory: Path, cpu: bool, runq: bool = True, iterations: int = 5) -> Path:
-    """Two ranks, one epoch; with ``cpu`` every line carries the CPU fields."""
+def write_logs(
+    directory: Path, cpu: bool, runq: bool = True, iterations: int = 5, proc: bool = False
+) -> Path:
+    """Two ranks, one epoch; with ``cpu`` every line carries the CPU fields (with ``proc``,
+    every fetch line but the first the worker process's CPU since its previous batch)."""
     directory.mkdir(parents=True)
     for rank in (0, 1):
         node = {"cores": 2, "local_world_size": 2} if cpu else {}
@@ -24,7 +27,8 @@ def write_logs(directory: Path, cpu: bool, runq: bool = True, iterations: int = 
         t = 1e9 + 1
         for i in range(iterations):
             c, q = (0.03 + 0.001 * i, 0.01 if runq else None) if cpu else (None, None)
-            lines.append(fetch_line(t + 0.05, rank, 0, 0.05, i, c, q))
+            p = 0.035 + 0.001 * i if proc and i else None
+            lines.append(fetch_line(t + 0.05, rank, 0, 0.05, i, c, q, proc=p))
             tc = (0.02, 0.02) if cpu else None
             tq = (0.001, 0.001) if cpu and runq else None
             lines.append(training_line(t + 0.06, rank, 0, i, iterations, (0.1, 0.1), (0.01, 0.01),
@@ -58,3 +62,15 @@ def test_cpu_columns_round_trip_through_the_run_directory(tmp_path: Path, runq: 
     cpu = back.fetch.column("cpu_s").to_numpy()
     assert np.allclose(np.sort(cpu), np.sort(np.repeat(0.03 + 0.001 * np.arange(5), 2)))
     assert back.info.loader["cores"] == 2
+
+
+def test_worker_process_cpu_is_a_fetch_column_nan_on_each_first_batch(tmp_path: Path) -> None:
+    tables = parse(write_logs(tmp_path / "logs", cpu=True, proc=True))
+    assert tables.fetch.column_names == [*FETCH_SCHEMA.names, "cpu_s", "runq_s", "proc_cpu_s"]
+    assert tables.train.column_names == [*TRAIN_SCHEMA.names, "cpu_s", "runq_s"]
+    write_run(tables, tmp_path / "out")
+    back = read_run(tmp_path / "out").fetch.to_pandas().sort_values(["gpu", "iteration"])
+    expected = np.r_[np.nan, 0.035 + 0.001 * np.arange(1, 5)]
+    for gpu in (0, 1):
+        got = back[back.gpu == gpu].proc_cpu_s.to_numpy()
+        assert np.allclose(got, expected, equal_nan=True)

@@ -17,7 +17,12 @@ from cpulogs import write_cpu_logs
 from dsim.app.run import logged_loader
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models import cpu_share
-from dsim.replay.models.pipeline import PipelineModel, cpu_assumption, solve_contention
+from dsim.replay.models.pipeline import (
+    PipelineModel,
+    cpu_assumption,
+    solve_contention,
+    worker_outside_cpu,
+)
 from dsim.replay.params import ReplayParams
 from dsim.sources.rawlog.discover import discover_runs
 from dsim.sources.rawlog.parse import parse_run
@@ -477,3 +482,38 @@ def test_the_stretched_replay_narrows_the_spread_only_below_the_measured_stretch
     np.testing.assert_array_equal(_stretched(prepared, 5.0).calibration.hand, hand)
     narrowed = _stretched(prepared, 1.5).calibration.hand  # a quarter of the waiting left
     np.testing.assert_allclose(narrowed, np.tile([0.007, 0.009], (n, 1)))
+
+
+def test_worker_cpu_outside_the_building_thread_fills_gaps_by_rank_then_run() -> None:
+    nan = np.nan
+    proc = np.array([[nan, nan, nan], [0.030, nan, 0.010], [0.034, nan, nan]])
+    cpu = np.array([[0.020, 0.020, 0.020], [0.020, 0.020, 0.020], [0.020, 0.020, 0.020]])
+    got = worker_outside_cpu(proc, cpu)
+    # rank 0: 10 and 14 ms logged (mean 12); rank 1 none: the run's mean of the logged
+    # values (10, 14 and 0: a process clock below the thread's is clipped to 0); rank 2: 0.
+    expected = np.array([[0.012, 0.008, 0.0], [0.010, 0.008, 0.0], [0.014, 0.008, 0.0]])
+    assert np.allclose(got, expected)
+    assert worker_outside_cpu(None, cpu) is None
+    assert worker_outside_cpu(np.full((2, 3), nan), cpu[:2]) is None
+
+
+def test_the_worker_process_cpu_joins_the_node_demand_and_the_core_bound(tmp_path: Path) -> None:
+    """``proc`` logged: the node's demand gains each batch's CPU outside the building thread,
+    so a what-if to more workers is bounded by (C + X) / K, not C / K."""
+    model, arrays, threads = _prepared(tmp_path / "threads")
+    _, proc_arrays, whole = _prepared(tmp_path / "whole", proc_s=0.030)
+    assert threads.cpu is not None and whole.cpu is not None
+    assert cpu_assumption(arrays)["worker_process_cpu_logged"] is False
+    assert cpu_assumption(proc_arrays)["worker_process_cpu_logged"] is True
+    extra = 4 * (0.030 - 0.022)  # 4 ranks on the node, 8 ms each per iteration
+    assert whole.cpu.demand_s == pytest.approx(threads.cpu.demand_s + extra)
+    # The identity is the measured run either way.
+    measured = ReplayParams(workers=1, prefetch_factor=2)
+    assert np.array_equal(
+        model.replay(whole, BASE, measured).iteration_s,
+        model.replay(threads, BASE, measured).iteration_s,
+    )
+    for workers in (2, 4):
+        more = _mean(model, whole, workers, tail=2 * workers)
+        assert more > whole.cpu.demand_s / whole.cpu.load.cores  # the cores' bound
+        assert more >= _mean(model, threads, workers, tail=2 * workers)  # more demand: slower

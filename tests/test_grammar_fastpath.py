@@ -68,6 +68,7 @@ def fetch_lines(draw: st.DrawFn) -> str:
             tail += f" cpu {draw(number)}" + (
                 f" runq {draw(number)}" if draw(st.booleans()) else ""
             )
+            tail += f" proc {draw(number)}" if draw(st.booleans()) else ""
         if draw(st.booleans()):
             tail += "".join(f" {name} {draw(number)}" for name in grammar.STAGE_FIELDS)
     return (
@@ -333,3 +334,30 @@ def test_loader_line_batch_bytes_is_optional_and_the_largest_is_kept() -> None:
     assert warning is None and settings["batch_bytes"] == 4096 and settings["lines"] == 2
     settings, _ = loader_settings([dict(last, file="f")])
     assert "batch_bytes" not in settings  # old logs: run.json's loader exactly as before
+
+
+def test_proc_suffix_parses_the_same_on_both_paths_and_only_after_cpu() -> None:
+    stages = " read 0.040000000 read_cpu 0.038000000 collate 0.002000000 collate_cpu 0.001500000"
+    lines = [
+        OLD_FETCH,
+        OLD_FETCH.replace("idx0", "idx1 cpu 0.031000000 runq 0.002500000 proc 0.034000000"),
+        OLD_FETCH.replace("idx0", "idx2 cpu 0.5 proc 0.75"),  # no run-queue wait (not Linux)
+        OLD_FETCH.replace("idx0", "idx3 cpu 0.031 runq 0.0025 proc 0.034" + stages),
+        OLD_FETCH.replace("idx0", "idx4 cpu 0.031 runq 0.0025"),
+        OLD_FETCH.replace("idx0", "idx5 cpu 0.5 proc -1"),  # a bad CPU time rejects the record
+        OLD_FETCH.replace("idx0", "idx6 proc 0.5"),  # proc only with cpu
+        OLD_FETCH.replace("idx0", "idx7 cpu 0.5 proc 0.6 runq 0.1"),  # out of order
+        OLD_FETCH.replace("idx0", "idx8 cpu 0.5 proc"),  # cut short
+    ]
+    records = _assert_same(_block(lines, "\n"))
+    fetch = records.fetch
+    assert list(fetch["idx"]) == [0, 1, 2, 3, 4]
+    assert np.array_equal(fetch["proc_cpu_s"], [np.nan, 0.034, 0.75, 0.034, np.nan], equal_nan=True)
+    assert np.array_equal(fetch["runq_s"], [np.nan, 0.0025, np.nan, 0.0025, 0.0025], equal_nan=True)
+    assert np.array_equal(fetch["read_s"], [np.nan, np.nan, np.nan, 0.04, np.nan], equal_nan=True)
+    _, rejects = _parse(_block(lines, "\n"), fast=True)
+    assert rejects.column("reason").to_pylist() == [grammar.BAD_CPU] + [grammar.MALFORMED_FETCH] * 3
+    # dsim.instrument's own spelling is canonical: the fast path takes it whole.
+    canonical = _block(lines[1:5], "\n")
+    _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(4), grammar.MAX_DURATION_S)
+    assert len(rest) == 0

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.torch
 FETCH_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) DEBUG:\tGPU: (?P<gpu>\d+) "
     r"worker_id: (?P<worker>\d+), END FETCH at_time (?P<secs>\d+\.\d+) data idx(?P<idx>\d+)"
-    r"( cpu (?P<cpu>\d+\.\d{9})( runq (?P<runq>\d+\.\d{9}))?)?$"
+    r"( cpu (?P<cpu>\d+\.\d{9})( runq (?P<runq>\d+\.\d{9}))?( proc (?P<proc>\d+\.\d{9}))?)?$"
 )
 TRAIN_RE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}) GPU: (?P<gpu>\d+) "
@@ -99,7 +99,12 @@ def test_cpu_fields_are_appended_only_when_known() -> None:
     m = FETCH_RE.match(f)
     assert m and m["cpu"] == "0.031000000" and m["runq"] == "0.002500000"
     m = FETCH_RE.match(fetch_line(0.0, 1, 2, 0.05, 3, 0.031).rstrip("\n"))
-    assert m and m["cpu"] == "0.031000000" and m["runq"] is None
+    assert m and m["cpu"] == "0.031000000" and m["runq"] is None and m["proc"] is None
+    m = FETCH_RE.match(fetch_line(0.0, 1, 2, 0.05, 3, 0.031, 0.0025, proc=0.034).rstrip("\n"))
+    assert m and m["runq"] == "0.002500000" and m["proc"] == "0.034000000"
+    m = FETCH_RE.match(fetch_line(0.0, 1, 2, 0.05, 3, 0.031, proc=0.034).rstrip("\n"))
+    assert m and m["runq"] is None and m["proc"] == "0.034000000"
+    assert "proc" not in fetch_line(0.0, 1, 2, 0.05, 3, None, proc=0.034)  # only with cpu
     t = training_line(0.0, 0, 0, 0, 1, (0.1, 0.1), (0.0, 0.0), None, (0.02, 0.03), (1e-4, 2e-4))
     m = TRAIN_RE.match(t.rstrip("\n"))
     assert m and (m["cpu"], m["cpu_avg"], m["runq"]) == ("0.020000", "0.030000", "0.000100")
@@ -412,6 +417,16 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
         for r in fetches:  # the worker's CPU time for the batch cannot exceed its wall time much
             assert 0 <= float(r["cpu"]) <= float(r["secs"]) + 0.01
             assert (r["runq"] is not None) == _has_schedstat()
+            if r["proc"] is not None:  # the whole worker process since its previous batch
+                assert float(r["proc"]) + 1e-6 >= float(r["cpu"])
+        # The worker process's CPU comes from workers only (in the main process it is the
+        # training process's), and on every batch but each worker process's first.
+        without = sum(r["proc"] is None for r in fetches)
+        if not workers:
+            assert without == len(fetches)
+        elif fetches:
+            processes = workers * (1 if cfg["persistent"] else cfg["epochs"])
+            assert 1 <= without <= processes
 
     if n:  # the real parser, strict: any rejected line fails
         from dsim.sources.rawlog.discover import discover_runs

@@ -272,6 +272,15 @@ def test_ddp_job_over_an_iterable_dataset_parses_and_replays(torch, tmp_path: Pa
             else:  # round-robin until worker 1 runs dry, then worker 0 alone
                 assert by_worker == {0: ([0, 2, 4, 5], [0, 1, 2, 3]), 1: ([1, 3], [0, 1])}
         assert (fetch.cpu_s >= 0).all()
+        # The worker process's CPU (SPEC §1.2): from workers only, on all but each
+        # worker process's first batch, and never below the building thread's.
+        if workers == 0:
+            assert "proc_cpu_s" not in fetch
+        else:
+            first = fetch.groupby(["gpu", "epoch", "worker"]).iteration.transform("min")
+            assert fetch.proc_cpu_s.isna().eq(fetch.iteration == first).all()
+            logged = fetch.dropna(subset=["proc_cpu_s"])
+            assert (logged.proc_cpu_s + 1e-6 >= logged.cpu_s).all()
 
     replay = run(*DSIM, "run", "w2", "--traces", "traces", "--out", "results", "--warmup", "0")
     assert replay.returncode == 0, replay.stderr

@@ -78,6 +78,32 @@ def process_cpu() -> float:
     return time.process_time()
 
 
+_since: list[tuple[int, float]] = []  # (pid, process CPU) at this process's last batch
+
+
+def process_cpu_since_last_batch() -> float | None:
+    """CPU seconds of this whole process, every thread, since its previous call; ``None`` first.
+
+    Why: a DataLoader worker spends CPU outside the thread that builds a
+    batch (its queue's feeder thread pickles each batch into the pipe, the
+    worker loop waits on its index queue). That CPU contends for the node's
+    cores like the building itself, but ``thread_times`` cannot see it: on a
+    saturated 2-core node it was 2.3-2.7 ms per batch (validation/README.md,
+    "The node's idle time"). Reading the process clock at each batch's end
+    gives, batch after batch, every CPU second the worker spent, the
+    previous batch's hand-off included. The first batch of a process has no
+    previous end (its process start would count the worker's start-up), so
+    it has no value. The pid travels with the reading: a worker forked from
+    a process that had read the clock must not subtract the parent's.
+    """
+    now, pid = time.process_time(), current_pid()
+    last = _since[0] if _since else None
+    _since[:] = [(pid, now)]
+    if last is None or last[0] != pid:
+        return None
+    return max(now - last[1], 0.0)
+
+
 def usable_cores() -> int:
     """Cores this process may run on: its affinity mask, else the machine's count."""
     try:

@@ -33,9 +33,9 @@ import time
 from typing import Any, NamedTuple
 
 from dsim.instrument.batchsize import on_first_batch
-from dsim.instrument.cpu import thread_times
+from dsim.instrument.cpu import process_cpu_since_last_batch, thread_times
 from dsim.instrument.lines import LineSink, fetch_line, loader_line
-from dsim.instrument.loader import _settings, _worker_id, loader_kwargs
+from dsim.instrument.loader import _settings, _worker, loader_kwargs
 from dsim.instrument.proxy import DatasetProxy
 from dsim.instrument.sinks import flush_held
 
@@ -53,6 +53,7 @@ class _Built(NamedTuple):
     stream: int
     cpu: float
     runq: float | None
+    proc: float | None  # the worker process's CPU since its previous batch (SPEC §1.2)
 
 
 class _Clock:
@@ -78,7 +79,12 @@ class _Clock:
         cpu, runq = thread_times()
         wall_end = time.time()
         waited = None if runq is None or self.runq is None else runq - self.runq
-        built = _Built(batch, wall_end, seconds, _worker_id(), self.count, cpu - self.cpu, waited)
+        worker = _worker()
+        proc = None if worker is None else process_cpu_since_last_batch()
+        built = _Built(
+            batch, wall_end, seconds, 0 if worker is None else worker, self.count,
+            cpu - self.cpu, waited, proc,
+        )  # fmt: skip
         self.count += 1
         self.start = None
         return built
@@ -164,7 +170,7 @@ class _HandOut:
             return data
         self._dsim_sink.put(
             fetch_line, data.wall_end, self._dsim_rank, data.worker, data.seconds,
-            self._dsim_position, data.cpu, data.runq, None, data.stream,
+            self._dsim_position, data.cpu, data.runq, None, data.stream, data.proc,
         )  # fmt: skip
         self._dsim_position += 1
         return data.value

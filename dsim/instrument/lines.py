@@ -40,6 +40,7 @@ def fetch_line(
     runq: float | None = None,
     stages: tuple[float, float, float, float] | None = None,
     stream: int | None = None,
+    proc: float | None = None,
 ) -> str:
     """A worker finished building batch ``batch`` of this epoch at ``wall_end`` after ``seconds``.
 
@@ -47,6 +48,8 @@ def fetch_line(
     which the grammar does not accept. ``cpu`` (seconds the worker's thread
     ran on a core for this batch) and ``runq`` (seconds it waited for one)
     follow as ``cpu X runq Y`` when known (SPEC §1.1); ``runq`` only with ``cpu``.
+    ``proc`` (CPU seconds of the worker's whole process, every thread, since
+    its previous batch was built) follows them as ``proc P``, only with ``cpu``.
     ``stream`` (a batch of an IterableDataset: the how-many-th this worker built
     in the epoch, 0-based) comes first, as ``stream K`` (SPEC §1.2).
     ``stages`` (wall and CPU seconds of the sample reads, then of the
@@ -56,6 +59,8 @@ def fetch_line(
     tail = "" if stream is None else f" stream {stream}"
     if cpu is not None:
         tail += f" cpu {cpu:.9f}" if runq is None else f" cpu {cpu:.9f} runq {runq:.9f}"
+        if proc is not None:
+            tail += f" proc {proc:.9f}"
     if stages is not None:
         read, read_cpu, collate, collate_cpu = stages
         tail += (

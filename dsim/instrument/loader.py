@@ -27,7 +27,12 @@ from typing import Any, NamedTuple
 
 from dsim.errors import UsageError
 from dsim.instrument.batchsize import on_first_batch
-from dsim.instrument.cpu import local_world_size, thread_times, usable_cores
+from dsim.instrument.cpu import (
+    local_world_size,
+    process_cpu_since_last_batch,
+    thread_times,
+    usable_cores,
+)
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 from dsim.instrument.proxy import DatasetProxy
 from dsim.instrument.sinks import flush_held
@@ -91,15 +96,21 @@ class _TaggingSampler:
 _worker_info = None
 
 
-def _worker_id() -> int:
-    """The DataLoader worker id; 0 in the main process (the grammar has no -1)."""
+def _worker() -> int | None:
+    """The DataLoader worker id; ``None`` in the main process (``num_workers=0``)."""
     global _worker_info
     if _worker_info is None:
         from torch.utils.data import get_worker_info
 
         _worker_info = get_worker_info
     info = _worker_info()
-    return 0 if info is None else int(info.id)
+    return None if info is None else int(info.id)
+
+
+def _worker_id() -> int:
+    """The DataLoader worker id; 0 in the main process (the grammar has no -1)."""
+    worker = _worker()
+    return 0 if worker is None else worker
 
 
 class TimedDataset(DatasetProxy):
@@ -157,16 +168,22 @@ class TimedDataset(DatasetProxy):
         stages = None if mid is None else Stages.between(start, cpu0, mid, end, cpu1)
         wall_end = time.time()
         runq = None if runq0 is None or runq1 is None else runq1 - runq0
+        worker = _worker()
+        # In the main process (num_workers=0) the process's CPU is the training
+        # process's, which its iteration lines already count.
+        proc = None if worker is None else process_cpu_since_last_batch()
         self._dsim_sink.put(  # formatted later, in a block (dsim.instrument.sinks)
             fetch_line,
             wall_end,
             self._dsim_rank,
-            _worker_id(),
+            0 if worker is None else worker,
             seconds,
             tagged.batch,
             cpu1 - cpu0,
             runq,
             stages,
+            None,
+            proc,
         )
         return _Collated(batch)
 

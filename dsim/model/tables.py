@@ -88,7 +88,10 @@ CPU_COLUMNS = ("cpu_s", "runq_s")
 # Optional float64 columns of the fetch table, present only when the logs carry a fetch's
 # stages (SPEC §2.1): wall and CPU seconds of the sample reads and of the collation.
 STAGE_COLUMNS = ("read_s", "read_cpu_s", "collate_s", "collate_cpu_s")
-OPTIONAL_COLUMNS = CPU_COLUMNS + STAGE_COLUMNS
+# Optional float64 column of the fetch table, present only when the logs carry it (SPEC
+# §2.1): the CPU seconds of the worker's whole process since its previous batch.
+PROC_COLUMN = "proc_cpu_s"
+OPTIONAL_COLUMNS = (*CPU_COLUMNS, *STAGE_COLUMNS, PROC_COLUMN)
 
 
 # Optional int32 column of the fetch table, present only when the logs come from an

@@ -61,6 +61,8 @@ class IterationArrays:
     fetch_runq: np.ndarray | None = None
     train_cpu: np.ndarray | None = None
     train_runq: np.ndarray | None = None
+    # The worker process's CPU seconds since its previous batch (``proc_cpu_s``), [N, G].
+    fetch_proc: np.ndarray | None = None
     # The fetches came from an IterableDataset (the fetch table's ``stream`` column, SPEC
     # §2.1): no sampler maps batches to workers, so worker what-ifs cannot be replayed.
     stream: bool = False
@@ -93,7 +95,7 @@ class IterationArrays:
         )
 
 
-CPU_FIELDS = ("fetch_cpu", "fetch_runq", "train_cpu", "train_runq")
+CPU_FIELDS = ("fetch_cpu", "fetch_runq", "train_cpu", "train_runq", "fetch_proc")
 
 
 def _rows(values: np.ndarray | None, rows: np.ndarray | slice) -> np.ndarray | None:
@@ -106,6 +108,7 @@ FETCH_COLUMNS = ("epoch", "iteration", "gpu", "start", "fetch_s", "worker")
 TRAIN_COLUMNS = ("epoch", "iteration", "gpu", "iteration_s", "stall_s", "start")
 #: Read when present: CPU times of both tables (SPEC §2.1), the fetch table's stream column.
 OPTIONAL_FLOATS = ("cpu_s", "runq_s")
+PROC = "proc_cpu_s"  # the fetch table's only
 STREAM = "stream"
 
 
@@ -129,7 +132,7 @@ class TableColumns:
     @classmethod
     def of(cls, table: pa.Table, what: str) -> TableColumns:
         """What the build reads of a fetch (``what`` "fetch") or training table."""
-        names = (*FETCH_COLUMNS, STREAM) if what == "fetch" else TRAIN_COLUMNS
+        names = (*FETCH_COLUMNS, STREAM, PROC) if what == "fetch" else TRAIN_COLUMNS
         return cls(table, what, names + OPTIONAL_FLOATS)
 
     def __contains__(self, name: str) -> bool:
@@ -384,5 +387,6 @@ def build_iteration_arrays(
         fetch_runq=_optional(f, "runq_s", f_rows, g),
         train_cpu=_optional(t, "cpu_s", t_rows, g),
         train_runq=_optional(t, "runq_s", t_rows, g),
+        fetch_proc=_optional(f, PROC, f_rows, g),
         stream=stream,
     )

@@ -39,9 +39,12 @@ class CpuLoad:
     ``fetch_cpu``/``fetch_runq``: each batch's CPU seconds and run-queue wait;
     ``train_cpu``/``train_runq``: each rank's training process, per iteration
     (zeros where the logs have no value). ``runq_known`` is False where no
-    run-queue wait was logged (not Linux). Ranks ``r`` and ``r'`` share a
-    node when ``r // ranks_per_node == r' // ranks_per_node`` (torchrun's
-    numbering).
+    run-queue wait was logged (not Linux). ``fetch_extra``: each batch's CPU
+    seconds its worker spent outside the building thread (``proc − cpu``,
+    SPEC §1.2), ``None`` where ``proc`` was not logged; it adds to the
+    node's demand but not to the fetch's own CPU work (it runs beside it).
+    Ranks ``r`` and ``r'`` share a node when ``r // ranks_per_node ==
+    r' // ranks_per_node`` (torchrun's numbering).
     """
 
     fetch_cpu: np.ndarray
@@ -52,6 +55,7 @@ class CpuLoad:
     ranks_per_node: int
     ranks_per_node_assumed: bool  # LOCAL_WORLD_SIZE was not logged: all ranks on one node
     runq_known: bool
+    fetch_extra: np.ndarray | None = None
 
     def take(self, lo: int, hi: int) -> CpuLoad:
         from dataclasses import replace
@@ -62,15 +66,19 @@ class CpuLoad:
             fetch_runq=self.fetch_runq[lo:hi],
             train_cpu=self.train_cpu[lo:hi],
             train_runq=self.train_runq[lo:hi],
+            fetch_extra=None if self.fetch_extra is None else self.fetch_extra[lo:hi],
         )
 
 
 def node_demand(load: CpuLoad) -> float:
-    """C: CPU seconds per iteration of the busiest node (its workers and training processes)."""
+    """C: CPU seconds per iteration of the busiest node (its workers, every thread where
+    ``proc`` was logged, and its training processes)."""
     n, g = load.fetch_cpu.shape
     if n == 0:
         return 0.0
     per_rank = (load.fetch_cpu + load.train_cpu).sum(axis=0) / n
+    if load.fetch_extra is not None:
+        per_rank = per_rank + load.fetch_extra.sum(axis=0) / n
     nodes = np.arange(g) // max(load.ranks_per_node, 1)
     return float(np.bincount(nodes, weights=per_rank).max())
 

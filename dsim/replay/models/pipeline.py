@@ -119,7 +119,35 @@ def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
         ranks_per_node=int(ranks) if ranks else g,
         ranks_per_node_assumed=not ranks,
         runq_known=arrays.fetch_runq is not None,
+        fetch_extra=worker_outside_cpu(arrays.fetch_proc, arrays.fetch_cpu),
     )
+
+
+def worker_outside_cpu(proc: np.ndarray | None, cpu: np.ndarray | None) -> np.ndarray | None:
+    """Each batch's CPU seconds that its worker spent outside the thread that built it ([N, G]).
+
+    Why: the worker process's feeder thread pickles each batch into the pipe
+    while the next is built, CPU the node's cores serve but ``cpu`` (the
+    building thread's) does not hold; on a saturated 2-core node it put the
+    cores' limit 7-14 ms per iteration before the contention curve's pole
+    (validation/README.md, "The node's idle time, measured"). ``proc − cpu``
+    per batch, never negative; a batch without ``proc`` (each worker's first,
+    SPEC §1.2) takes its rank's mean, a rank without any the run's mean.
+    ``None`` when no fetch line carries ``proc``: the demand is then the
+    threads' alone, as before ``proc`` was logged.
+    """
+    if proc is None or cpu is None:
+        return None
+    outside = np.maximum(proc - cpu, 0.0)
+    known = np.isfinite(outside)
+    if not known.any():
+        return None
+    overall = float(outside[known].mean())
+    count = known.sum(axis=0)
+    ranks = np.where(
+        count > 0, np.where(known, outside, 0.0).sum(axis=0) / np.maximum(count, 1), overall
+    )
+    return np.ascontiguousarray(np.where(known, outside, ranks[None, :]))
 
 
 def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
@@ -140,6 +168,7 @@ def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
         "nodes": -(-g // load.ranks_per_node),
         "runq_logged": load.runq_known,
         "training_cpu_logged": arrays.train_cpu is not None,
+        "worker_process_cpu_logged": load.fetch_extra is not None,
     }
 
 
@@ -287,10 +316,14 @@ def _loader_window(prepared: PreparedPipeline, workers: int | None, prefetch: in
     return max(w * p, 1)
 
 
-#: Passes of the trainers' per-iteration stretch (each replays once more). The passes
-#: alternate, not converge: 12 move the re-runs' predictions < 0.3 ms from 2, but 3
-#: give the cpu regime's drain 22-28 ms per iteration instead of 27-33 ms (SPEC §4.2).
-TRAINER_PASSES = 2
+#: Passes of the trainers' per-iteration stretch (each replays once more), each taking the
+#: mean of the previous stretches and the new. Undamped, the passes alternate: a fast drain
+#: pulls its iterations onto the fetches still in flight, whose demand then slows it, and
+#: two passes (until this version) stopped on the slow side (the drain of every CPU-loaded
+#: regime's loader what-ifs predicted 33-67 % too slow on average; damped, 3-25 %).
+#: After eight damped passes the predicted means move < 0.1 ms with 24 more (held-out 6's
+#: cpu and mixed 2-worker runs replayed with 4 and 8 workers; SPEC §4.2).
+TRAINER_PASSES = 8
 
 
 def trainer_stretches(
@@ -312,7 +345,9 @@ def trainer_stretches(
     ``cpu_share.trainer_stretch`` turns it into ρ_k (the body's share of ρ*,
     the calibrated curve at the start-up and drain rows). Fetches keep ρ*: a
     fetch lives across many iterations, and the last ones measured as long as
-    the body's. Repeated ``TRAINER_PASSES`` times with the new iteration ends.
+    the body's. Repeated ``TRAINER_PASSES`` times with the new iteration ends,
+    each pass's stretches averaged with the previous pass's (damped: the
+    undamped passes alternate between a fast and a slow drain).
     """
     from dsim.replay.models.pipeline_kernel import replay_pipeline
 
@@ -328,6 +363,7 @@ def trainer_stretches(
     nodes = np.arange(g) // max(load.ranks_per_node, 1)
     rho_t = np.full((n, g), float(rho))
     for _ in range(TRAINER_PASSES):
+        previous = rho_t.copy()
         stretched = _stretched(prepared, rho, rho_t, drain)
         out = replay_pipeline(
             stretched.inputs,
@@ -338,7 +374,8 @@ def trainer_stretches(
             starts=True,
         )
         start, fetch, end = out["gpu_start_s"], stretched.inputs.fetch, out["gpu_end_s"]
-        rate = np.divide(load.fetch_cpu, fetch, out=np.zeros_like(fetch), where=fetch > 0)
+        work = load.fetch_cpu if load.fetch_extra is None else load.fetch_cpu + load.fetch_extra
+        rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
         for node in np.unique(nodes):
             cols = nodes == node
             span_hi = end[:, cols].max(axis=1)
@@ -356,6 +393,7 @@ def trainer_stretches(
             rho_t[:, cols] = cpu_share.trainer_stretch(
                 rho, demand + trainers, body, (load.cores, cpu.a)
             )[:, None]
+        rho_t = 0.5 * (previous + rho_t)  # damped: undamped passes alternate (TRAINER_PASSES)
     return rho_t
 
 

@@ -39,7 +39,7 @@ _EXACT = 1 << 53  # integers below this are exact doubles
 _STAGE_KEYS = ("read_s", "read_cpu_s", "collate_s", "collate_cpu_s")  # as the general path
 _STAGE_LABELS = (b" read ", b" read_cpu ", b" collate ", b" collate_cpu ")
 _FETCH_KEYS = (
-    *("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s"),
+    *("gpu", "worker", "idx", "end", "end_digits", "fetch_s", "cpu_s", "runq_s", "proc_cpu_s"),
     *_STAGE_KEYS,
     "stream",
 )
@@ -340,12 +340,12 @@ def _cut_fetch(
     ok &= tok_ok & _lit(words, p, b" data idx")
     idx, idx_len = _digits(words, p + 9, 2)
     q = p + 9 + idx_len
-    # Optionally `` stream K`` (an IterableDataset's batch), `` cpu C`` and then `` runq Q``
-    # (SPEC §1.2), then the line's end. Logs without them (every log before CPU times)
-    # skip the look: this is the hot path. Then, with instrument_loader(stages=True),
-    # `` read R read_cpu C collate L collate_cpu D``.
-    cpu_ok = runq_ok = has_stream = np.zeros(len(q), dtype=bool)
-    cpu_tok = runq_tok = stream = None
+    # Optionally `` stream K`` (an IterableDataset's batch), `` cpu C``, then `` runq Q``,
+    # then `` proc P`` (SPEC §1.2), then the line's end. Logs without them (every log before
+    # CPU times) skip the look: this is the hot path. Then, with
+    # instrument_loader(stages=True), `` read R read_cpu C collate L collate_cpu D``.
+    cpu_ok = runq_ok = proc_ok = has_stream = np.zeros(len(q), dtype=bool)
+    cpu_tok = runq_tok = proc_tok = stream = None
     stage_ok, stage_toks = np.zeros(len(q), dtype=bool), []
     if (q != end).any():
         has_stream = _lit(words, q, b" stream ") & (q < end)
@@ -356,7 +356,11 @@ def _cut_fetch(
         cpu_ok, cpu_tok, q_cpu = _suffix(words, raw, q, b" cpu ")
         runq_ok, runq_tok, q_runq = _suffix(words, raw, q_cpu, b" runq ")
         runq_ok &= cpu_ok
-        tail = np.where(runq_ok, q_runq, np.where(cpu_ok, q_cpu, q))  # where the stages start
+        after_cpu = np.where(runq_ok, q_runq, q_cpu)
+        proc_ok, proc_tok, q_proc = _suffix(words, raw, after_cpu, b" proc ")
+        proc_ok &= cpu_ok
+        after_cpu = np.where(proc_ok, q_proc, after_cpu)
+        tail = np.where(cpu_ok, after_cpu, q)  # where the stages start
         if (tail != end).any():  # logs without stages skip the look
             s, stage_ok = tail, np.ones(len(q), dtype=bool)
             for label in _STAGE_LABELS:  # each step reads a bounded span: stays inside _REACH
@@ -364,8 +368,9 @@ def _cut_fetch(
                 stage_ok &= here
                 stage_toks.append(tok)
             stage_ok &= s == end
-        runq_ok &= (q_runq == end) | stage_ok
-        cpu_ok &= (q_cpu == end) | runq_ok | (stage_ok & (tail == q_cpu))
+        proc_ok &= (q_proc == end) | stage_ok
+        runq_ok &= (q_runq == end) | stage_ok | proc_ok
+        cpu_ok &= (q_cpu == end) | runq_ok | proc_ok | (stage_ok & (tail == q_cpu))
     ok &= (idx_len >= 1) & (idx_len <= 9) & ((q == end) | cpu_ok | stage_ok)
     rows = np.flatnonzero(ok)
     fetch_s = _float_values(raw, tok_at, tok_len, value, exact, rows)
@@ -373,6 +378,7 @@ def _cut_fetch(
     optional = {
         "cpu_s": _optional_values(raw, cpu_tok, cpu_ok, rows),
         "runq_s": _optional_values(raw, runq_tok, runq_ok, rows),
+        "proc_cpu_s": _optional_values(raw, proc_tok, proc_ok, rows),
     }
     for key, tok in zip(_STAGE_KEYS, stage_toks or [None] * 4, strict=True):
         optional[key] = _optional_values(raw, tok, stage_ok, rows)

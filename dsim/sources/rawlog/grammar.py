@@ -46,7 +46,9 @@ FETCH_PATTERN = (
     # A batch of an IterableDataset: its position in its worker's stream (SPEC §1.2)
     r"(?:\s+stream\s+(?P<stream>\d{1,9}))?"
     # dsim >= 0.x appends the batch's CPU seconds and run-queue wait (SPEC §1.1)
-    r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?)?"
+    r"(?:\s+cpu\s+(?P<cpu>" + _NUM + r")(?:\s+runq\s+(?P<runq>" + _NUM + r"))?"
+    # then the worker process's CPU seconds, every thread, since its previous batch
+    r"(?:\s+proc\s+(?P<proc>" + _NUM + r"))?)?"
     # with instrument_loader(stages=True), the stages' wall and CPU seconds (SPEC §1.2)
     r"(?:\s+read\s+(?P<read>" + _NUM + r")\s+read_cpu\s+(?P<read_cpu>" + _NUM + r")"
     r"\s+collate\s+(?P<collate>" + _NUM + r")\s+collate_cpu\s+(?P<collate_cpu>" + _NUM + r"))?"
@@ -433,6 +435,7 @@ def _fetch_records(
     huge = finite & (fetch_s > max_duration)
     cpu_s, cpu_bad = _optional_seconds(parts.field("cpu"), max_duration)
     runq_s, runq_bad = _optional_seconds(parts.field("runq"), max_duration)
+    proc_s, proc_bad = _optional_seconds(parts.field("proc"), max_duration)
     stages, stage_bad = {}, np.zeros(len(numbers), dtype=bool)
     for name in STAGE_FIELDS:
         stages[f"{name}_s"], bad_here = _optional_seconds(parts.field(name), max_duration)
@@ -442,7 +445,7 @@ def _fetch_records(
         [(~ts_ok, BAD_TIMESTAMP), (gpu_bad, BAD_RANK), (~num_ok, NON_NUMERIC_FETCH),
          (num_ok & ~finite, NON_FINITE),
          (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
-         (cpu_bad | runq_bad, BAD_CPU), (stage_bad, BAD_STAGE)]
+         (cpu_bad | runq_bad | proc_bad, BAD_CPU), (stage_bad, BAD_STAGE)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
     keep = ~bad
@@ -456,6 +459,7 @@ def _fetch_records(
         "fetch_s": fetch_s[keep],
         "cpu_s": cpu_s[keep],
         "runq_s": runq_s[keep],
+        "proc_cpu_s": proc_s[keep],
         **{name: values[keep] for name, values in stages.items()},
         "stream": _optional_count(parts.field("stream"))[keep],
     }

@@ -146,7 +146,10 @@ def narrow_dtype(key: str, values: np.ndarray) -> np.dtype:
 
 # NaN on a line that does not carry them; most logs never do (SPEC §1.2: CPU times, stages,
 # an IterableDataset's stream position)
-OPTIONAL = ("cpu_s", "runq_s", "read_s", "read_cpu_s", "collate_s", "collate_cpu_s", "stream")
+OPTIONAL = (
+    *("cpu_s", "runq_s", "proc_cpu_s", "read_s", "read_cpu_s", "collate_s", "collate_cpu_s"),
+    "stream",
+)
 
 
 def absent_as_views(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
