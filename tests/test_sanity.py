@@ -47,29 +47,35 @@ def test_run_refuses_before_writing_anything(project: Path) -> None:
     assert not (project / "results").exists()
 
 
+# The commands below run through the CLI's entry point in-process (conftest's
+# ``run_dsim_in_process``): their subject is a message, an exit code or what result.json
+# records, on pure-Python paths (`run` in-process, no Ray); `run`, `summarize` and `report`
+# keep their real-subprocess tests (test_run_cli, test_summarize_cli, test_report). Six
+# fresh interpreters, each importing pandas and numba anew, cost this file ~14 s.
 def test_force_keeps_a_large_threshold_everywhere(project: Path) -> None:
-    proc = run_dsim("run", "synth_run", "--threshold", "1.5", "--force", cwd=project)
+    proc = run_dsim_in_process("run", "synth_run", "--threshold", "1.5", "--force", cwd=project)
     assert proc.returncode == 0, proc.stderr
     for command in (["summarize", "results"], ["report", "results", "--out", "r.html"]):
         proc = run_dsim_in_process(*command, "--threshold", "2", cwd=project)
         assert proc.returncode == 2 and "the threshold is in seconds" in proc.stderr
-        proc = run_dsim(*command, "--threshold", "2", "--force", cwd=project)
+        proc = run_dsim_in_process(*command, "--threshold", "2", "--force", cwd=project)
         assert proc.returncode == 0, proc.stderr
     info = json.loads((project / "results" / "synth_run" / "result.json").read_text())
     assert info["summary"]["threshold_s"] == 1.5  # summarize/report never write it
 
 
 def test_run_says_when_it_moves_the_recorded_defaults(project: Path) -> None:
-    assert run_dsim("run", "synth_run", cwd=project).returncode == 0
-    proc = run_dsim("run", "synth_run", "--threshold", "0.05", "--warmup", "3", cwd=project)
+    dsim = run_dsim_in_process
+    assert dsim("run", "synth_run", cwd=project).returncode == 0
+    proc = dsim("run", "synth_run", "--threshold", "0.05", "--warmup", "3", cwd=project)
     assert proc.returncode == 0, proc.stderr
     assert (
         "dsim: note: synth_run: `dsim summarize` and `dsim report` now default to "
         "warm-up 10 → 3, threshold 0.03 s → 0.05 s (recorded by this run)"
     ) in " ".join(proc.stderr.split())
-    proc = run_dsim("run", "synth_run", "--threshold", "0.05", "--warmup", "3", cwd=project)
-    assert "now default to" not in proc.stderr  # nothing moved
-    proc = run_dsim("run", "synth_run", cwd=project)  # back to the defaults: said, too
+    proc = dsim("run", "synth_run", "--threshold", "0.05", "--warmup", "3", cwd=project)
+    assert proc.returncode == 0 and "now default to" not in proc.stderr  # nothing moved
+    proc = dsim("run", "synth_run", cwd=project)  # back to the defaults: said, too
     assert "warm-up 3 → 10, threshold 0.05 s → 0.03 s" in " ".join(proc.stderr.split())
 
 
