@@ -85,11 +85,21 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_terminal_json_and_csv_agree_on_every_number_verdict_and_attribution(work: Path) -> None:
+@pytest.fixture(scope="module")
+def outputs(work: Path) -> tuple[dict, pd.DataFrame, str]:
+    """`dsim summarize results` as JSON, CSV and terminal text, each from its own subprocess:
+    once for the module (no test changes ``work/results``; the three tests comparing them ran
+    the same three commands each)."""
     doc = json.loads(dsim("summarize", "results", "--json", cwd=work).stdout)
     csv = pd.read_csv(io.StringIO(dsim("summarize", "results", "--out", "-", "--format", "csv",
                                        cwd=work).stdout))  # fmt: skip
-    terminal = dsim("summarize", "results", cwd=work).stdout
+    return doc, csv, dsim("summarize", "results", cwd=work).stdout
+
+
+def test_terminal_json_and_csv_agree_on_every_number_verdict_and_attribution(
+    outputs: tuple[dict, pd.DataFrame, str],
+) -> None:
+    doc, csv, terminal = outputs
     said = _words(terminal)
 
     # numbers: every cell of every row, CSV against JSON (the same rows, in the same order)
@@ -318,16 +328,11 @@ def _check_mlflow_agrees(doc: dict, uri: str) -> None:
                 assert _numbers_equal(metrics.get("best_speedup"), record["speedup"])
 
 
-def _outputs(work: Path) -> tuple[dict, pd.DataFrame, str]:
-    doc = json.loads(dsim("summarize", "results", "--json", cwd=work).stdout)
-    csv = pd.read_csv(io.StringIO(dsim("summarize", "results", "--out", "-", "--format", "csv",
-                                       cwd=work).stdout))  # fmt: skip
-    return doc, csv, dsim("summarize", "results", cwd=work).stdout
-
-
-def test_the_report_agrees_with_json_csv_and_terminal(work: Path) -> None:
+def test_the_report_agrees_with_json_csv_and_terminal(
+    work: Path, outputs: tuple[dict, pd.DataFrame, str]
+) -> None:
     """Four of the five outputs, without MLflow (the next test adds it where installed)."""
-    doc, csv, terminal = _outputs(work)
+    doc, csv, terminal = outputs
     dsim("report", "results", "--out", "four.html", "-q", cwd=work)
     _check_csv_agrees(doc, csv)
     _check_terminal_agrees(doc, terminal)
@@ -335,7 +340,10 @@ def test_the_report_agrees_with_json_csv_and_terminal(work: Path) -> None:
 
 
 def test_terminal_json_csv_html_and_mlflow_agree(
-    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    work: Path,
+    outputs: tuple[dict, pd.DataFrame, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue #22's "done when": the five outputs of one results directory — terminal, JSON,
     CSV, HTML and MLflow (a local file store) — agree on every number, verdict and
@@ -350,7 +358,7 @@ def test_terminal_json_csv_html_and_mlflow_agree(
     proc = run_dsim("report", "results", "--out", tmp_path / "five.html", "--mlflow", "-q",
                     cwd=work, env={**WIDE, **env}, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    doc, csv, terminal = _outputs(work)
+    doc, csv, terminal = outputs
     _check_terminal_agrees(doc, terminal)
     _check_csv_agrees(doc, csv)
     _check_html_agrees(doc, (tmp_path / "five.html").read_text(encoding="utf-8"))
