@@ -8,6 +8,7 @@ replay, go through the same entry point in-process (conftest's
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,27 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``project`` after `dsim run --conf sim_conf.json` (a subprocess): the first run that
+    five tests below began with, the same command on the same inputs, run once for the
+    module (never changed: each test edits its own copy, ``ran``)."""
+    root = tmp_path_factory.mktemp("replayed")
+    write_synthetic(root / "traces", RUN, iterations=30)
+    conf = {**ORIGINAL_CONFIG, "FILE": RUN}
+    (root / "sim_conf.json").write_text(json.dumps(conf), encoding="utf-8")
+    proc = run_dsim("run", "--conf", "sim_conf.json", "--quiet", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+@pytest.fixture
+def ran(replayed: Path, tmp_path: Path) -> Path:
+    """A fresh copy of ``replayed``, modification times kept (nothing in it names its
+    directory: result.json and the replays' metadata hold content hashes and relative names)."""
+    return Path(shutil.copytree(replayed, tmp_path / "project", symlinks=True))
+
+
 def _mtimes(directory: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in sorted(directory.glob("*.parquet"))}
 
@@ -78,9 +100,9 @@ def test_run_writes_replays_result_and_summary(project: Path) -> None:
     assert "9 replays computed on local" in proc.stderr
 
 
-def test_measured_run_is_reproduced(project: Path) -> None:
+def test_measured_run_is_reproduced(ran: Path) -> None:
     """actual/actual replays the trace: max iteration time and stall over GPUs, per iteration."""
-    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+    project = ran
     table, _ = load_replay(project / "results" / RUN / "actual__actual.parquet", remedy="")
     train = synthetic_run(RUN, iterations=30).train.to_pandas()
     expected = train.groupby(["epoch", "iteration"]).agg(
@@ -95,8 +117,8 @@ def test_measured_run_is_reproduced(project: Path) -> None:
     ]
 
 
-def test_second_run_reuses_results_force_recomputes(project: Path) -> None:
-    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+def test_second_run_reuses_results_force_recomputes(ran: Path) -> None:
+    project = ran
     replays = project / "results" / RUN
     first = _mtimes(replays)
 
@@ -119,8 +141,8 @@ def test_second_run_reuses_results_force_recomputes(project: Path) -> None:
     assert all(now[k] != v for k, v in _mtimes(replays).items())
 
 
-def test_changed_trace_or_params_invalidate_the_cache(project: Path) -> None:
-    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+def test_changed_trace_or_params_invalidate_the_cache(ran: Path) -> None:
+    project = ran
     key_path = project / "results" / RUN / "min__min.parquet"
     key = read_replay_key(key_path)
     write_synthetic(project / "traces", RUN, iterations=30, seed=9)
@@ -135,8 +157,8 @@ def test_changed_trace_or_params_invalidate_the_cache(project: Path) -> None:
     assert "9 replays computed" in proc.stderr
 
 
-def test_summary_options_do_not_recompute(project: Path) -> None:
-    assert run_dsim("run", "--conf", "sim_conf.json", cwd=project).returncode == 0
+def test_summary_options_do_not_recompute(ran: Path) -> None:
+    project = ran
     proc = run_dsim(
         "run", "--conf", "sim_conf.json", "--epochs", "all", "--warmup", "0", "--threshold",
         "0.5", cwd=project,
@@ -223,9 +245,9 @@ def test_incomplete_iterations_are_dropped_and_reported(tmp_path: Path) -> None:
     assert (1, 15) not in rows and len(rows) == 39
 
 
-def test_empty_selection_fails_before_touching_results(project: Path) -> None:
+def test_empty_selection_fails_before_touching_results(ran: Path) -> None:
     """A warm-up that leaves no iteration is refused before any file changes."""
-    assert run_dsim("run", "--conf", "sim_conf.json", "--quiet", cwd=project).returncode == 0
+    project = ran
     result_json = project / "results" / RUN / "result.json"
     before = result_json.read_bytes()
     proc = run_dsim("run", "--conf", "sim_conf.json", "--warmup", "1000", "--force", cwd=project)
