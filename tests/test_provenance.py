@@ -3,8 +3,9 @@
 `result.json` lists the replays of the last completed `dsim run` of a run;
 summarize and report refuse replays that do not match it, ignore stale ones
 with a note, skip run directories without it, and detect corrupted pages.
-Their refusals (one line and exit 3 each, no replay) go through the CLI's entry
-point in-process (conftest's ``run_dsim_in_process``); `dsim run` stays a subprocess.
+Their refusals (one line and exit 3 each, no replay) and notes go through the CLI's
+entry point in-process (conftest's ``run_dsim_in_process``); `dsim run` stays a subprocess,
+and so does one `dsim summarize` (the JSON writer's).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def test_replay_of_other_parameters_is_refused(project: Path) -> None:
     # `dsim run` repairs it: the foreign replay's key is not the config's, so it is recomputed
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)
     assert proc.returncode == 0 and "1 replay computed" in proc.stderr, proc.stderr
-    assert run_dsim("summarize", "results", "--quiet", cwd=project).returncode == 0
+    assert run_dsim_in_process("summarize", "results", "--quiet", cwd=project).returncode == 0
 
 
 def test_replay_claiming_another_policy_is_refused(project: Path) -> None:
@@ -119,7 +120,7 @@ def test_stale_replays_are_ignored_with_one_note_and_reused(project: Path) -> No
     assert sorted(info["policies"]) == ["actual__actual", "avg__min"]
     assert len(list((project / "results" / RUN).glob("*.parquet"))) == 9  # nothing deleted
 
-    proc = run_dsim("summarize", "results", "--out", "s", "--format", "csv", cwd=project)
+    proc = run_dsim_in_process("summarize", "results", "--out", "s", "--format", "csv", cwd=project)
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "stale" in line]
     assert notes == [
@@ -129,18 +130,18 @@ def test_stale_replays_are_ignored_with_one_note_and_reused(project: Path) -> No
     summary = (project / "s" / "summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 2 * 2  # header + two policies of two runs, stale ones left out
 
-    proc = run_dsim("report", "results", "--out", "r.html", cwd=project)
+    proc = run_dsim_in_process("report", "results", "--out", "r.html", cwd=project)
     assert proc.returncode == 0 and proc.stderr.count("stale replays") == 2, proc.stderr
 
     proc = run_dsim("run", "--conf", "sim_conf.json", cwd=project)  # the policies come back
     assert proc.returncode == 0 and "0 replays computed, 18 reused" in proc.stderr
-    proc = run_dsim("summarize", "results", cwd=project)
+    proc = run_dsim_in_process("summarize", "results", cwd=project)
     assert proc.returncode == 0 and "stale" not in proc.stderr
 
 
 def test_run_directory_without_result_json_is_reported(project: Path) -> None:
     (project / "results" / OTHER / "result.json").unlink()
-    proc = run_dsim("summarize", "results", cwd=project)
+    proc = run_dsim_in_process("summarize", "results", cwd=project)
     assert proc.returncode == 0, proc.stderr
     assert f"dsim: note: results/{OTHER}: no result.json (an interrupted `dsim run`?); skipped" in (
         proc.stderr
@@ -177,7 +178,7 @@ def test_corrupted_replay_page_is_detected(project: Path) -> None:
         assert "re-run `dsim run --force` for this run" in line
     again = run_dsim("run", "--conf", "sim_conf.json", "--force", "-q", cwd=project)
     assert again.returncode == 0, again.stderr
-    assert run_dsim("summarize", "results", cwd=project).returncode == 0
+    assert run_dsim_in_process("summarize", "results", cwd=project).returncode == 0
 
 
 def test_corrupted_table_page_is_detected(project: Path) -> None:
