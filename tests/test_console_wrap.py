@@ -6,7 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
-from conftest import REPO, run_dsim
+from conftest import REPO, run_dsim, run_dsim_in_process
 
 from dsim.render.console import StripTrailing, wrap_prose
 
@@ -75,9 +75,12 @@ def test_piped_run_at_120_columns(tmp_path: Path) -> None:
 
 def test_piped_summarize_and_compare_carry_no_padding(tmp_path: Path) -> None:
     shutil.copytree(REPO / "traces" / "raw", tmp_path / "raw")
-    assert run_dsim("parse", "raw", "--out", "traces", "-q", cwd=tmp_path).returncode == 0
+    # the inputs through the CLI's entry point in-process (conftest): the subject is what
+    # summarize and compare print to a pipe, in subprocesses (the test above pipes `dsim run`)
+    parsed = run_dsim_in_process("parse", "raw", "--out", "traces", "-q", cwd=tmp_path)
+    assert parsed.returncode == 0, parsed.stderr
     run = "cpuDDP_synthetic_none_mlp_epoch2_b128_worker2_thread0"
-    done = run_dsim("run", run, "--executor", "local", "-q", cwd=tmp_path)
+    done = run_dsim_in_process("run", run, "--executor", "local", "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     for args in (["summarize", "results"], ["compare", f"results/{run}", f"results/{run}"]):
         proc = run_dsim(*args, cwd=tmp_path, env={"COLUMNS": "120"})
