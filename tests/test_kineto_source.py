@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from conftest import run_dsim
+from conftest import run_dsim, run_dsim_in_process
 
 from dsim.sources import SOURCES, detect_source
 
@@ -49,8 +49,11 @@ def test_dsim_parse_reads_the_shipped_traces(tmp_path: Path) -> None:
 
 
 def test_dsim_run_refuses_fetch_policies_for_a_trace_naming_the_run(tmp_path: Path) -> None:
-    assert run_dsim("parse", str(SHIPPED), "-q", cwd=tmp_path).returncode == 0
-    proc = run_dsim("run", RUN, "-p", "avg/min", "--executor", "local", cwd=tmp_path)
+    # in-process (conftest): a one-run parse for the input, and `dsim run`'s one message and
+    # exit code before any replay (the parses above are subprocesses)
+    parsed = run_dsim_in_process("parse", str(SHIPPED), "-q", cwd=tmp_path)
+    assert parsed.returncode == 0, parsed.stderr
+    proc = run_dsim_in_process("run", RUN, "-p", "avg/min", "--executor", "local", cwd=tmp_path)
     assert proc.returncode == 3
     assert f"run {RUN} has no fetch records (profiler traces?), so avg/min" in proc.stderr
     assert "stall-min/actual" in proc.stderr  # what it can replay instead
