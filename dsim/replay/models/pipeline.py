@@ -338,7 +338,8 @@ def trainer_stretches(
     Why: ρ* is the body's stretch; at a segment's end the workers finish their
     last batches and go idle, the node's demand falls and the loop runs
     faster (SPEC §4.2, CPU contention, "The drain"). The replay at ρ* gives
-    every fetch's wall interval; a fetch spends its CPU time c evenly over it,
+    every fetch's wall interval; a fetch spends its CPU time c (and x, the
+    worker's CPU outside the building thread, ``CpuLoad.fetch_extra``) evenly over it,
     a training process its c_t over its iteration; their sum over the node
     during iteration k's span (from the node's earliest end of iteration
     k − 1 to its latest end of k) is the demand d_k, and
