@@ -5,7 +5,9 @@ calibration (``prepare``), one replay, and "per policy" = (prepare + 9
 replays) / 9 for both models, in GPU-iterations per second. Also the
 pipeline kernel against the plain-Python row-by-row reference
 (``tests/reference_pipeline.py``) on the same small run: the reason the
-kernel is compiled (numba).
+kernel is compiled (numba). And a loader what-if through the CPU-aware path
+(logs with CPU times), with the drain's damped passes beside the 2 undamped
+passes of earlier versions: what the damping costs.
 
 Run from the repository root: ``python bench/bench_pipeline.py [--quick] [--out FILE.json]``.
 The first call of each compiled kernel pays numba's compilation (or loads its
@@ -158,6 +160,60 @@ def bench_reference(n: int, gpus: int) -> dict[str, Any]:
             "ratio": t_ref / t_kernel}  # fmt: skip
 
 
+def cpu_arrays(n: int, g: int, workers: int = 2) -> IterationArrays:
+    """``synthetic_arrays`` with CPU times and a 2-core node, so that the CPU-aware path runs:
+    each fetch half CPU work, half waiting, a quarter of it a run-queue wait; 2 ms of
+    training CPU per iteration; 2 ms per batch of worker CPU outside the building thread."""
+    from dataclasses import replace
+
+    arrays = synthetic_arrays(n, g, workers)
+    cpu = np.asfortranarray(0.5 * arrays.fetch)
+    return replace(
+        arrays,
+        loader=LoaderSettings(workers, 2, "log", cores=2, local_world_size=g),
+        fetch_cpu=cpu,
+        fetch_runq=np.asfortranarray(0.25 * cpu),
+        train_cpu=np.full((n, g), 0.002, order="F"),
+        train_runq=np.full((n, g), 0.0002, order="F"),
+        fetch_proc=np.asfortranarray(cpu + 0.002),
+    )
+
+
+def bench_cpu_aware(sizes: list[int], gpus: int, repeats: int) -> list[dict[str, Any]]:
+    """A loader what-if (2 -> 4 workers) through the CPU-aware path: the drain's damped 8
+    passes (``TRAINER_PASSES``) beside the 2 undamped passes of earlier versions (each pass
+    replays the run once more), side by side on the same arrays."""
+    from dsim.replay.models import pipeline as pipeline_module
+
+    rows = []
+    shipped = pipeline_module.TRAINER_PASSES
+    model, params = get_model("pipeline"), ReplayParams(workers=4, prefetch_factor=2)
+    try:
+        for n in sizes:
+            arrays = cpu_arrays(n, gpus)
+            prepared = model.prepare(arrays, ReplayParams())
+            assert prepared.cpu is not None  # the CPU-aware path, or this measures nothing
+            times = {}
+            for passes in (2, shipped):
+                pipeline_module.TRAINER_PASSES = passes
+                times[passes] = best_of(
+                    lambda p=prepared: model.replay(p, ("actual", "actual"), params), repeats
+                )
+            rows.append(
+                {
+                    "iterations": n,
+                    "gpus": gpus,
+                    "passes": shipped,
+                    "replay_s": times[shipped],
+                    "replay_s_2_passes": times[2],
+                    "ratio": times[shipped] / times[2],
+                }
+            )
+    finally:
+        pipeline_module.TRAINER_PASSES = shipped
+    return rows
+
+
 def _numba_version() -> str:
     import numba
 
@@ -177,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "pinned_core": core,
         "models": bench_models(sizes, 8, repeats),
         "reference": bench_reference(200 if args.quick else 2_000, 8),
+        "cpu_aware": bench_cpu_aware([1_000] if args.quick else [1_000, 10_000], 8, repeats),
     }
     load = res["machine"]["load_average_at_start"]
     print(f"one core ({res['machine']['cpu']}), load {load[0] if load else float('nan'):.2f}")
@@ -193,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         f"min/min): {ref['reference_s']:.2f} s vs {ref['kernel_s'] * 1e3:.2f} ms "
         f"= {ref['ratio']:,.0f}x"
     )
+    for r in res["cpu_aware"]:
+        print(
+            f"CPU-aware loader what-if ({r['iterations']:,} x {r['gpus']}, 2 -> 4 workers): "
+            f"{r['passes']} damped drain passes {r['replay_s'] * 1e3:.1f} ms vs 2 passes "
+            f"{r['replay_s_2_passes'] * 1e3:.1f} ms = {r['ratio']:.2f}x"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2) + "\n")

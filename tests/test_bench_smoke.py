@@ -98,6 +98,9 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
     assert all(row["per_policy_rate"] > 0 for row in res["models"])
     assert res["reference"]["ratio"] > 0
     assert "plain-Python reference" in done.stdout
+    (cpu,) = res["cpu_aware"]  # the CPU-aware path, the shipped passes beside 2
+    assert cpu["passes"] > 2 and cpu["replay_s"] > 0 and cpu["replay_s_2_passes"] > 0
+    assert "damped drain passes" in done.stdout
 
 
 def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
