@@ -5,7 +5,7 @@ version ``proc P``) only on lines that carry them; this measures what a new
 suffix costs logs that carry the old ones, and what it costs to carry it.
 Two logs of 8 ranks x ``--iterations`` (a fetch and a training line each):
 with ``cpu``/``runq`` only, and with ``proc`` too. Each parse runs in a fresh
-interpreter pinned to one core (pyarrow's pools at one thread), the trees
+interpreter pinned to one core (taskset, where present; pyarrow's pools at one thread), the trees
 alternating, ``--rounds`` times; medians and every time are printed.
 
 Usage (repository root)::
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,13 +63,12 @@ def write_log(directory: Path, iterations: int, proc: bool) -> Path:
 
 
 def parse_seconds(tree: Path, log: Path) -> float:
-    cpu = (
-        ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
-        if hasattr(os, "sched_getaffinity")
-        else []
-    )
+    """One parse of ``log`` by the dsim in ``tree``, in a fresh interpreter on one core."""
+    pin = []
+    if shutil.which("taskset") and hasattr(os, "sched_getaffinity"):
+        pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
     done = subprocess.run(
-        [*cpu, sys.executable, "-c", TIMER, str(log)],
+        [*pin, sys.executable, "-c", TIMER, str(log)],
         env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tempfile.gettempdir(),
         capture_output=True, text=True, check=True,
     )  # fmt: skip

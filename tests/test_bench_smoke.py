@@ -229,3 +229,16 @@ def test_instrument_overhead_verdict_rests_on_the_paired_interval() -> None:
     assert bench.target_verdict(*one[1:]).startswith("undecided")  # one pair decides nothing
     with pytest.raises(ValueError):
         bench.paired_slowdown([1.0, 2.0], [1.0])
+
+
+def test_bench_parse_fields_quick() -> None:
+    """The optional-fields parse benchmark runs every case (here both trees are this one)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_parse_fields.py"), "--other", str(REPO),
+         "--iterations", "200", "--rounds", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3,200 lines" in done.stdout
+    for case in ("this tree  cpu runq ", "this tree  cpu runq proc", "other tree cpu runq "):
+        assert case in done.stdout
