@@ -10,6 +10,11 @@ Notation (all times in seconds, per rank r and batch k of one segment):
 (the training line's timestamp), ``ST`` stall, ``T`` iteration time,
 ``req = A - ST`` when the loop asked for the batch, ``end = req + T``.
 
+The busy worker's hand-over (SPEC §4.2): a batch that was there when the
+loop asked takes longer to hand over when its worker is building its next
+batch; the extra is measured per segment (pooled over ranks) and added or
+taken away where a replay changes whether the worker is busy.
+
 Causality (SPEC §4.2): a replayed fetch starts at its rank's causal start
 ``max(index sent + lat_sent, worker free + lat_free)`` or, under a start
 alignment, at the policy's aggregate of the ranks' causal starts if that is
@@ -22,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 BIG = math.inf
+BUSY_MIN_SAMPLES = 10  # ready batches of each kind a segment needs (as the kernel)
 
 
 @dataclass
@@ -94,6 +100,7 @@ def reference_pipeline(
     prefetch: int,
     new_workers: int | None = None,
     new_prefetch: int | None = None,
+    busy_min_samples: int = BUSY_MIN_SAMPLES,
 ) -> RefResult:
     """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
     n = len(epoch)
@@ -175,6 +182,34 @@ def reference_pipeline(
             last = max(a[k])
             for r in range(g_count):
                 after[k][r] = end[k][r] - last
+        # The busy worker's hand-over: was the batch's worker building its next batch when
+        # the loop asked? Ready batches' stalls, pooled over ranks, split by that.
+        busy = [[0.0] * g_count for _ in range(m)]
+        split: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(g_count):
+            for k in range(m):
+                if workers == 0:
+                    continue
+                later = [j for j in range(k + 1, m) if wk[j][r] == wk[k][r]]
+                # only a batch whose index went out before this hand-over
+                sent_before = bool(later) and (
+                    later[0] < prefetch * workers or later[0] - prefetch * workers < k
+                )
+                if sent_before and fs[later[0]][r] <= req[k][r] < fe[later[0]][r]:
+                    busy[k][r] = 1.0
+                if k >= max(prefetch * workers, 1) and fe[k][r] < req[k][r]:
+                    split[busy[k][r] > 0].append(st[k][r])
+        excess = idle_hand = 0.0
+        if min(len(split[True]), len(split[False])) >= busy_min_samples:
+            idle_hand = math.fsum(split[False]) / len(split[False])
+            excess = math.fsum(split[True]) / len(split[True]) - idle_hand
+            se2 = 0.0  # only an extra beyond 2 standard errors of the two means counts
+            for kind in (True, False):
+                mean = math.fsum(split[kind]) / len(split[kind])
+                var = max(math.fsum(v * v for v in split[kind]) / len(split[kind]) - mean**2, 0)
+                se2 += var / len(split[kind])
+            if excess <= 2 * math.sqrt(se2):
+                excess = 0.0
 
         # --- replay
         fetch_new = [_aggregate(f[k], policy[0]) for k in range(m)]
@@ -201,7 +236,30 @@ def reference_pipeline(
                 who = wk[k][r] if same_loader else (iteration[lo + k] % new_w if new_w else 0)
                 done = fs2[k][r] + fetch_new[k][r]
                 last_end2[r][who] = done
-                a2[k][r] = max(req2[k][r] + hand[k][r], done + deliver[k][r])
+                h = hand[k][r]
+                if excess != 0.0 and new_w > 0:
+                    # Is this batch's worker building its next batch when the loop asks?
+                    if same_loader:
+                        later = [j for j in range(k + 1, m) if wk[j][r] == wk[k][r]]
+                        nxt = later[0] if later else m
+                    else:
+                        nxt = k + new_w
+                    now = 0.0
+                    if nxt < m:
+                        if nxt < new_p * new_w:
+                            sent_next = req2[0][r]
+                        elif nxt - new_p * new_w < k:
+                            sent_next = a2[nxt - new_p * new_w][r]
+                        else:  # its index goes out with this very hand-over
+                            sent_next = BIG
+                        s_next = max(sent_next + lat_sent[nxt][r], done + lat_free[nxt][r])
+                        if s_next <= req2[k][r] < s_next + fetch_new[nxt][r]:
+                            now = 1.0
+                    if now > busy[k][r]:  # busy where it was idle: the measured extra on top
+                        h += excess
+                    elif now < busy[k][r]:  # idle where it was busy: an idle worker's hand-over
+                        h = idle_hand
+                a2[k][r] = max(req2[k][r] + h, done + deliver[k][r])
             last = max(a2[k])
             for r in range(g_count):
                 end2[k][r] = last + after[k][r]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -58,11 +61,12 @@ def _inputs(t) -> PipelineInputs:
     )  # fmt: skip
 
 
-def _reference(t, policy, new_w=None, new_p=None):
+def _reference(t, policy, new_w=None, new_p=None, busy_min_samples=10):
     epoch, iteration, start, fetch, arrival, stall, itime, worker, workers, prefetch = t
     return reference_pipeline(
         epoch.tolist(), iteration.tolist(), start.tolist(), fetch.tolist(), arrival.tolist(),
         stall.tolist(), itime.tolist(), worker.tolist(), policy, workers, prefetch, new_w, new_p,
+        busy_min_samples,
     )  # fmt: skip
 
 
@@ -78,14 +82,27 @@ def test_kernel_equals_reference(t, policy, loader):
         np.testing.assert_allclose(fast[name], np.array(getattr(ref, ref_name)), rtol=0, atol=1e-9)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=traces(), policy=st.sampled_from(POLICIES), loader=st.sampled_from(
+    [(None, None), (1, 1), (2, 2), (3, 1), (4, 3), (0, 2)]
+))  # fmt: skip
+def test_kernel_equals_reference_with_the_busy_hand_over(t, policy, loader):
+    """As above with the busy worker's hand-over measured from a single ready batch of each
+    kind, so that most drawn traces carry it (with 10, as shipped, few short ones do)."""
+    cal = calibrate(_inputs(t), t[8], t[9], busy_min_samples=1)
+    fast = replay_pipeline(_inputs(t), cal, policy, *loader)
+    ref = _reference(t, policy, *loader, busy_min_samples=1)
+    for name, ref_name in PAIRS.items():
+        np.testing.assert_allclose(fast[name], np.array(getattr(ref, ref_name)), rtol=0, atol=1e-9)
+
+
 @settings(max_examples=150, deadline=None)
 @given(t=traces())
 def test_identity_reproduces_the_measured_run(t):
     """actual/actual with the measured loader settings gives back every measured number."""
     _, _, start, fetch, _, stall, itime, _, workers, prefetch = t
-    out = replay_pipeline(
-        _inputs(t), calibrate(_inputs(t), workers, prefetch), ("actual", "actual")
-    )
+    cal = calibrate(_inputs(t), workers, prefetch, busy_min_samples=1)  # the busy term on
+    out = replay_pipeline(_inputs(t), cal, ("actual", "actual"))
     np.testing.assert_allclose(out["iteration_s"], itime.max(axis=1), rtol=0, atol=1e-9)
     np.testing.assert_allclose(out["gpu_stall_s"], stall, rtol=0, atol=1e-9)
     np.testing.assert_allclose(out["stall_s"], stall.max(axis=1), rtol=0, atol=1e-9)
@@ -97,14 +114,22 @@ def test_identity_reproduces_the_measured_run(t):
 @settings(max_examples=150, deadline=None)
 @given(t=traces(), policy=st.sampled_from(POLICIES), data=st.data())
 def test_a_shorter_fetch_never_makes_an_iteration_end_later(t, policy, data):
-    """Max-plus monotonicity: the model only adds and takes maxima of its inputs."""
+    """Max-plus monotonicity: the model only adds and takes maxima of its inputs.
+
+    Without the busy worker's hand-over, which is deliberately not monotone: a
+    shorter fetch can let a worker start its next batch before the loop asks
+    for this one, and a busy worker hands a batch over later (SPEC §4.2;
+    ``test_a_busy_worker_hands_over_later``).
+    """
     epoch, iteration, start, fetch, arrival, stall, itime, worker, workers, prefetch = t
     shorter = fetch.copy()
     rows = data.draw(st.lists(st.integers(0, fetch.shape[0] - 1), min_size=1, max_size=5))
     for k in rows:
         r = data.draw(st.integers(0, fetch.shape[1] - 1))
         shorter[k, r] *= data.draw(st.floats(0, 1))
-    cal = calibrate(_inputs(t), workers, prefetch)  # calibrated on the measured run
+    cal = replace(  # calibrated on the measured run
+        calibrate(_inputs(t), workers, prefetch), busy=None, busy_excess=None, idle_hand=None
+    )
     what_if = (epoch, iteration, start, shorter, arrival, stall, itime, worker, workers, prefetch)
     faster = replay_pipeline(_inputs(what_if), cal, policy)
     measured = replay_pipeline(_inputs(t), cal, policy)
@@ -165,3 +190,42 @@ def test_three_workers_can_be_slower_than_two():
     two = replay_pipeline(inputs, cal, ("actual", "actual"), 2, 2)["gpu_end_s"][-1, 0]
     three = replay_pipeline(inputs, cal, ("actual", "actual"), 3, 2)["gpu_end_s"][-1, 0]
     assert three > two + 0.1
+
+
+def _alternating_run(n: int = 40):
+    """One rank, 1 worker, prefetch 2, a batch asked for every 20 ms, each built in 8 ms
+    well before: on even rows the worker has already started the next batch when the loop
+    asks (busy), on odd rows it starts it 5 ms later (idle). A busy worker's batch took
+    12 ms to hand over, an idle one's 1 ms: a dataset that holds the GIL (SPEC §4.2)."""
+    ms = 1e-3
+    req = np.arange(n) * 20 * ms
+    start = np.empty(n)
+    start[0] = -30 * ms
+    for j in range(1, n):
+        start[j] = req[j - 1] - 2 * ms if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
+    busy = np.arange(n) % 2 == 0
+    stall = np.where(busy, 12 * ms, 1 * ms)
+    col = lambda a: np.ascontiguousarray(a[:, None])  # noqa: E731
+    inputs = PipelineInputs(
+        segments_of(np.zeros(n, np.int32), np.arange(n, dtype=np.int32)),
+        np.arange(n, dtype=np.int64), col(start), col(np.full(n, 8 * ms)), col(req + stall),
+        col(stall), col(np.full(n, 20 * ms)), np.zeros((n, 1), np.int64),
+    )  # fmt: skip
+    return inputs, busy
+
+
+def test_a_busy_worker_hands_over_later():
+    """The calibration measures the busy worker's extra hand-over; a what-if whose workers are
+    idle when the loop asks (more of them) drops it, and the measured run is kept as it was."""
+    inputs, busy = _alternating_run()
+    cal = calibrate(inputs, 1, 2)
+    assert (cal.busy[:-1, 0] == busy[:-1]).all()  # the last batch has no next one
+    np.testing.assert_allclose(cal.busy_excess, 11e-3, atol=1e-12)
+    np.testing.assert_allclose(cal.idle_hand, 1e-3, atol=1e-12)
+    same = replay_pipeline(inputs, cal, ("actual", "actual"))
+    np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)
+    more = replay_pipeline(inputs, cal, ("actual", "actual"), 4, 2)["gpu_stall_s"][8:, 0]
+    np.testing.assert_allclose(more, 1e-3, atol=1e-12)  # every batch as an idle worker's
+    carried = replace(cal, busy=None, busy_excess=None, idle_hand=None)
+    kept = replay_pipeline(inputs, carried, ("actual", "actual"), 4, 2)["gpu_stall_s"][8:, 0]
+    assert kept.max() == pytest.approx(12e-3)  # without the term, the busy hand-overs stay

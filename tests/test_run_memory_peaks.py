@@ -245,9 +245,10 @@ def _pipeline_inputs(n: int, g: int, segments: int, seed: int = 0):
 
 def test_calibration_holds_its_results_and_a_segments_buffers() -> None:
     """The kernel run as Python (``py_func``, NumPy's allocations traced): its 6 [N, G]
-    results (48 bytes per GPU-iteration) and buffers of the longest segment (here a
-    quarter of the run); it held request, end, fetch-end, sent and free matrices and
-    four sample buffers of the whole run (135 bytes per GPU-iteration here)."""
+    results (48 bytes per GPU-iteration), the busy flags (float32, 4 bytes) and two
+    per-row terms, and buffers of the longest segment (here a quarter of the run); it
+    once held request, end, fetch-end, sent and free matrices and four sample buffers
+    of the whole run (135 bytes per GPU-iteration here)."""
     inputs = _pipeline_inputs(2000, 3, segments=4)
     cells = 2000 * 3
     compiled = pipeline_kernel.calibrate(inputs, 3, 2)  # compiles what py_func calls
@@ -255,15 +256,18 @@ def test_calibration_holds_its_results_and_a_segments_buffers() -> None:
     try:
         parts = pipeline_kernel._calibrate.py_func(
             inputs.segments, inputs.start, inputs.fetch, inputs.arrival, inputs.stall,
-            inputs.iteration_time, inputs.worker, 3, 2,
+            inputs.iteration_time, inputs.worker, 3, 2, pipeline_kernel.BUSY_MIN_SAMPLES,
         )  # fmt: skip
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    names = ("lat_sent", "lat_free", "hand", "deliver", "after", "loop")
+    names = (
+        *("lat_sent", "lat_free", "hand", "deliver", "after", "loop"),
+        *("busy", "busy_excess", "idle_hand"),
+    )
     for name, part in zip(names, parts, strict=True):
         np.testing.assert_array_equal(part, getattr(compiled, name), err_msg=name)
-    assert peak / cells < 100, peak / cells  # measured 75; the previous code 135
+    assert peak / cells < 100, peak / cells  # measured 93 (75 before the busy term); 135
 
 
 def test_a_replay_without_per_gpu_outputs_has_the_same_metrics() -> None:

@@ -72,6 +72,9 @@ class PreparedPipeline:
         calibration = Calibration(
             c.workers, c.prefetch, rows(c.lat_sent), rows(c.lat_free), rows(c.hand),
             rows(c.deliver), rows(c.after), rows(c.loop), c.keep_worker_ids,
+            None if c.busy is None else rows(c.busy),
+            None if c.busy_excess is None else rows(c.busy_excess),
+            None if c.idle_hand is None else rows(c.idle_hand),
         )  # fmt: skip
         cpu = None
         if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values
@@ -189,7 +192,8 @@ def _stretched(
     of a ready batch shrinks by min(1, ρ_t / ρ): there the loop only takes
     built batches off the queue, work of the training process that speeds
     up with it (SPEC §4.2, "The drain"). Below ρ_m every row's rank-to-rank
-    spread of the hand-over narrows (``hand_spread``).
+    spread of the hand-over narrows (``hand_spread``). An idle worker's hand-over
+    (``idle_hand``: SPEC §4.2, "The busy worker's hand-over") scales by ρ / ρ_m.
     """
     cpu = prepared.cpu
     assert cpu is not None
@@ -204,6 +208,11 @@ def _stretched(
         after=prepared.calibration.after + cpu.load.train_cpu * trainer_delta,
     )
     calibration = replace(calibration, hand=hand_spread(calibration.hand, rho, cpu.rho_measured))
+    if calibration.idle_hand is not None and cpu.rho_measured > 0:
+        # An idle worker's hand-over, put in where the measured one was a busy worker's, is
+        # the training process's and the worker's work: it stretches like CPU work.
+        ratio = rho / cpu.rho_measured
+        calibration = replace(calibration, idle_hand=calibration.idle_hand * ratio)
     if trainer_rho is not None and drain is not None and drain.any() and rho > 0:
         ratio = np.where(drain[:, None], np.minimum(trainer_rho / rho, 1.0), 1.0)
         calibration = replace(calibration, hand=calibration.hand * ratio)
@@ -299,7 +308,8 @@ def rebodied(
     source = moved - measured
     copied = (source >= 0) & body[np.maximum(source, 0)]
     terms = {}
-    for term in DRAIN_TERMS:
+    carried = (*DRAIN_TERMS, "busy") if c.busy is not None else DRAIN_TERMS
+    for term in carried:  # a copied hand-over keeps the busy flag it was measured with
         values = np.array(getattr(c, term), dtype=np.float64)
         means = values[body].mean(axis=0)
         values[moved[copied]] = values[source[copied]]

@@ -95,6 +95,13 @@ class Calibration:
     # so a batch keeps its measured worker under every prefetch factor (the worker count
     # cannot change; ``PipelineModel`` refuses that).
     keep_worker_ids: bool = False
+    # The busy worker's hand-over (SPEC §4.2): 1.0 where the batch's worker was building a
+    # later batch when the loop asked for it, else 0.0 ([N, G]); and per row ([N]) how much
+    # longer its segment's ready batches took to hand over when their worker was busy.
+    # ``None``: no such term (a calibration built by hand), the hand-over as carried.
+    busy: np.ndarray | None = None
+    busy_excess: np.ndarray | None = None
+    idle_hand: np.ndarray | None = None  # per row ([N]): its segment's idle worker's hand-over
 
 
 def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
@@ -128,9 +135,25 @@ def _typical(samples, counts):  # pragma: no cover - compiled
     return np.full(g, total / n if n else 0.0)
 
 
+#: Ready batches of each kind (worker busy, worker idle) a segment needs before the busy
+#: worker's extra hand-over is measured there; with fewer, it is taken as 0 (none).
+BUSY_MIN_SAMPLES = 10
+
+
+@njit(cache=True)
+def _next_of_worker(worker, lo, hi, nxt, seen):  # pragma: no cover - compiled
+    """Fill ``nxt[k, r]`` with the row of the same worker's next batch after row lo + k of
+    the segment [lo, hi) (-1: none); ``seen`` is a scratch buffer of the worker slots."""
+    for r in range(worker.shape[1]):
+        seen[:] = -1
+        for i in range(hi - 1, lo - 1, -1):
+            nxt[i - lo, r] = seen[worker[i, r]]
+            seen[worker[i, r]] = i
+
+
 @njit(cache=True)
 def _calibrate(
-    segments, start, fetch, arrival, stall, itime, worker, workers, prefetch
+    segments, start, fetch, arrival, stall, itime, worker, workers, prefetch, min_samples
 ):  # pragma: no cover - compiled
     # Memory: besides the 6 [N, G] results, only buffers of the longest segment. The
     # loop's request (arrival - stall), iteration end (request + T) and fetch end
@@ -156,6 +179,11 @@ def _calibrate(
     ready = np.empty((g, longest))  # stalls of batches that were there before the loop asked
     waited = np.empty((g, longest))  # arrival - fetch end of batches the loop waited for
     counts = np.zeros((4, g), dtype=np.int64)
+    busy = np.zeros((n, g), dtype=np.float32)
+    busy_excess = np.zeros(n)
+    idle_hand = np.zeros(n)
+    after_same = np.empty((longest, g), dtype=np.int64)  # by position in the segment
+    seen = np.empty(nworkers, dtype=np.int64)
     for s in range(segments.shape[0]):
         lo, hi = segments[s, 0], segments[s, 1]
         last_end[:, :] = -np.inf
@@ -218,13 +246,65 @@ def _calibrate(
                 else:  # the loop waited for the fetch: delivery binds
                     deliver[i, r] = arrival[i, r] - fe
                     hand[i, r] = min(h_hat[r], stall[i, r])
-    return lat_sent, lat_free, hand, deliver, after, loop
+        # The busy worker's hand-over: was the batch's worker building its next batch when
+        # the loop asked? Ready batches' stalls, pooled over ranks, split by that.
+        _next_of_worker(worker, lo, hi, after_same, seen)
+        total_busy = 0.0
+        total_idle = 0.0
+        square_busy = 0.0
+        square_idle = 0.0
+        n_busy = 0
+        n_idle = 0
+        for r in range(g):
+            for i in range(hi - 1, lo - 1, -1):
+                busy[i, r] = 0.0
+                if workers == 0:
+                    continue
+                j = after_same[i - lo, r]
+                req = arrival[i, r] - stall[i, r]
+                # Only a batch whose index went out before this hand-over counts (as in the
+                # replay: one sent with it cannot have started, whatever a log says).
+                sent_before = j - lo < prefetch * workers or j - prefetch * workers < i
+                if j >= 0 and sent_before and start[j, r] <= req < start[j, r] + fetch[j, r]:
+                    busy[i, r] = 1.0
+                if i - lo < max(prefetch * workers, 1) or not start[i, r] + fetch[i, r] < req:
+                    continue  # start-up batches, and batches the loop waited for
+                if busy[i, r] > 0.0:
+                    total_busy += stall[i, r]
+                    square_busy += stall[i, r] * stall[i, r]
+                    n_busy += 1
+                else:
+                    total_idle += stall[i, r]
+                    square_idle += stall[i, r] * stall[i, r]
+                    n_idle += 1
+        gap = 0.0
+        idle = 0.0
+        if n_busy >= min_samples and n_idle >= min_samples:
+            idle = total_idle / n_idle
+            gap = total_busy / n_busy - idle
+            # Only an extra that stands out of the two means' noise (2 standard errors).
+            var_busy = max(square_busy / n_busy - (total_busy / n_busy) ** 2, 0.0)
+            var_idle = max(square_idle / n_idle - idle**2, 0.0)
+            if gap <= 2.0 * np.sqrt(var_busy / n_busy + var_idle / n_idle):
+                gap = 0.0
+        for i in range(lo, hi):
+            busy_excess[i] = gap
+            idle_hand[i] = idle
+    return lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand
 
 
 def calibrate(
-    inputs: PipelineInputs, workers: int, prefetch: int, keep_worker_ids: bool = False
+    inputs: PipelineInputs,
+    workers: int,
+    prefetch: int,
+    keep_worker_ids: bool = False,
+    busy_min_samples: int = BUSY_MIN_SAMPLES,
 ) -> Calibration:
-    """Residuals of the measured run under loader settings (``workers``, ``prefetch``)."""
+    """Residuals of the measured run under loader settings (``workers``, ``prefetch``).
+
+    ``busy_min_samples``: ready batches of each kind (worker busy, idle) a segment needs
+    for its busy worker's extra hand-over to be measured (the tests lower it).
+    """
     parts = _calibrate(
         inputs.segments,
         inputs.start,
@@ -235,14 +315,19 @@ def calibrate(
         inputs.worker,
         workers,
         prefetch,
+        busy_min_samples,
     )
-    return Calibration(workers, prefetch, *parts, keep_worker_ids=keep_worker_ids)
+    *terms, busy, busy_excess, idle_hand = parts
+    return Calibration(
+        workers, prefetch, *terms, keep_worker_ids=keep_worker_ids, busy=busy,
+        busy_excess=busy_excess, idle_hand=idle_hand,
+    )  # fmt: skip
 
 
 @njit(cache=True)
 def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
-    lat_sent, lat_free, hand, deliver, after, loop,
+    lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, use_busy,
     fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus,
 ):  # fmt: skip
     n, g = start.shape
@@ -264,26 +349,32 @@ def _replay(  # pragma: no cover - compiled
         nslots = max(int(worker.max()) + 1, 1) if n else 1
     nslots = max(nslots, 1)
     last_end = np.empty((g, nslots))
+    aligned = np.empty(n if fetch_mode != ACTUAL else 0)  # each batch's aggregate over ranks
+    for i in range(aligned.shape[0]):
+        agg = fetch[i, 0]
+        if fetch_mode == MIN:
+            for r in range(1, g):
+                agg = min(agg, fetch[i, r])
+        else:
+            for r in range(1, g):
+                agg = agg + fetch[i, r]
+            agg = agg / g
+        aligned[i] = agg
+    longest = 0
+    for s in range(segments.shape[0]):
+        longest = max(longest, segments[s, 1] - segments[s, 0])
+    after_same = np.empty((longest if use_busy and same_loader else 0, g), dtype=np.int64)
+    seen = np.empty(nslots, dtype=np.int64)
     for s in range(segments.shape[0]):
         lo, hi = segments[s, 0], segments[s, 1]
         last_end[:, :] = -np.inf
+        if use_busy and same_loader:
+            _next_of_worker(worker, lo, hi, after_same, seen)
         for k in range(hi - lo):
             i = lo + k
             # Fetch durations of this batch under the fetch-align policy.
-            if fetch_mode == ACTUAL:
-                for r in range(g):
-                    f_new[r] = fetch[i, r]
-            else:
-                agg = fetch[i, 0]
-                if fetch_mode == MIN:
-                    for r in range(1, g):
-                        agg = min(agg, fetch[i, r])
-                else:
-                    for r in range(1, g):
-                        agg = agg + fetch[i, r]
-                    agg = agg / g
-                for r in range(g):
-                    f_new[r] = agg
+            for r in range(g):
+                f_new[r] = fetch[i, r] if fetch_mode == ACTUAL else aligned[i]
             # When each rank could start it: its index sent and its worker free, plus latencies.
             for r in range(g):
                 if k == 0:
@@ -324,7 +415,27 @@ def _replay(  # pragma: no cover - compiled
                 if new_w > 0:
                     slot = worker[i, r] if same_loader else iteration[i] % new_w
                     last_end[r, slot] = done
-                a = max(req2[i, r] + hand[i, r], done + deliver[i, r])
+                h = hand[i, r]
+                if use_busy and new_w > 0 and busy_excess[i] != 0.0:
+                    # Is the worker building its next batch when the loop asks (SPEC §4.2)?
+                    j = after_same[k, r] if same_loader else i + new_w
+                    now = 0.0
+                    if 0 <= j < hi:
+                        if j - lo < new_p * new_w:
+                            sent_j = req2[lo, r]
+                        elif j - new_p * new_w < i:
+                            sent_j = arr2[j - new_p * new_w, r]
+                        else:  # its index goes out with this very hand-over: idle until then
+                            sent_j = np.inf
+                        s_j = max(sent_j + lat_sent[j, r], done + lat_free[j, r])
+                        f_j = fetch[j, r] if fetch_mode == ACTUAL else aligned[j]
+                        if s_j <= req2[i, r] < s_j + f_j:
+                            now = 1.0
+                    if now > busy[i, r]:  # busy where it was idle: the measured extra on top
+                        h = h + busy_excess[i] * (now - busy[i, r])
+                    elif now < busy[i, r]:  # idle where it was busy: an idle worker's hand-over
+                        h = h + (idle_hand[i] - h) * (busy[i, r] - now)
+                a = max(req2[i, r] + h, done + deliver[i, r])
                 arr2[i, r] = a
                 last = max(last, a)
             t_max = -np.inf
@@ -383,11 +494,17 @@ def replay_pipeline(
     same = new_w == calibration.workers and (
         new_p == calibration.prefetch or calibration.keep_worker_ids
     )  # ``same``: the measured worker ids are kept (and only they decide it in ``_replay``)
+    g = inputs.fetch.shape[1]
+    busy, excess, idle = calibration.busy, calibration.busy_excess, calibration.idle_hand
+    use_busy = busy is not None and excess is not None and idle is not None
+    use_busy = use_busy and bool(np.any(excess != 0.0))
+    if not use_busy:
+        busy, excess, idle = np.zeros((0, g)), np.zeros(0), np.zeros(0)
     out = _replay(
         inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
         inputs.stall, inputs.worker,
         calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
-        calibration.after, calibration.loop,
+        calibration.after, calibration.loop, busy, excess, idle, use_busy,
         _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu,
     )  # fmt: skip
     names = (
