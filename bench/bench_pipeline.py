@@ -214,6 +214,28 @@ def bench_cpu_aware(sizes: list[int], gpus: int, repeats: int) -> list[dict[str,
     return rows
 
 
+def bench_busy_hand_over(sizes: list[int], gpus: int, repeats: int) -> list[dict[str, Any]]:
+    """A loader what-if (4 -> 8 workers) with the busy worker's hand-over on and off (SPEC
+    §4.2), side by side on the same calibrated run: on, every batch's hand-over asks whether
+    its worker is busy (a busy extra of 5 ms put in every row); off, as a run without the
+    effect replays (extra 0: the kernel skips the test)."""
+    from dataclasses import replace
+
+    rows = []
+    model, params = get_model("pipeline"), ReplayParams(workers=8, prefetch_factor=2)
+    for n in sizes:
+        prepared = model.prepare(synthetic_arrays(n, gpus), ReplayParams())
+        c = prepared.calibration
+        on = replace(prepared, calibration=replace(c, busy_excess=np.full(n, 0.005)))
+        off = replace(prepared, calibration=replace(c, busy_excess=np.zeros(n)))
+        times = {
+            name: best_of(lambda p=p: model.replay(p, ("actual", "actual"), params), repeats)
+            for name, p in (("off", off), ("on", on), ("off_again", off))
+        }
+        rows.append({"iterations": n, "gpus": gpus, **{f"{k}_s": v for k, v in times.items()}})
+    return rows
+
+
 def _numba_version() -> str:
     import numba
 
@@ -234,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": bench_models(sizes, 8, repeats),
         "reference": bench_reference(200 if args.quick else 2_000, 8),
         "cpu_aware": bench_cpu_aware([1_000] if args.quick else [1_000, 10_000], 8, repeats),
+        "busy_hand_over": bench_busy_hand_over(sizes, 8, repeats),
     }
     load = res["machine"]["load_average_at_start"]
     print(f"one core ({res['machine']['cpu']}), load {load[0] if load else float('nan'):.2f}")
@@ -255,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             f"CPU-aware loader what-if ({r['iterations']:,} x {r['gpus']}, 2 -> 4 workers): "
             f"{r['passes']} damped drain passes {r['replay_s'] * 1e3:.1f} ms vs 2 passes "
             f"{r['replay_s_2_passes'] * 1e3:.1f} ms = {r['ratio']:.2f}x"
+        )
+    for r in res["busy_hand_over"]:
+        print(
+            f"busy hand-over ({r['iterations']:,} x {r['gpus']}, 4 -> 8 workers): on "
+            f"{r['on_s'] * 1e3:.1f} ms vs off {r['off_s'] * 1e3:.1f} / "
+            f"{r['off_again_s'] * 1e3:.1f} ms = {r['on_s'] / r['off_s']:.2f}x"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -461,3 +461,22 @@ def test_noise_sections_take_repeats_without_spread() -> None:
     assert _in_se(3.0, 1.5) == "+2.0"
     with pytest.raises(ValueError, match="inside"):
         unbiased_worst_quantile([1.0], 1.0)
+
+
+def test_the_busy_workers_hand_over_from_committed_logs() -> None:
+    """The 16-core sweep's logs, through the real dsim parse and the pipeline model's
+    calibration: in the cpu regime (pure-Python work holding the GIL) a ready batch whose
+    worker was busy waited many times longer than an idle worker's; with Pillow decoding,
+    which lets the GIL go, hardly longer (validation/README.md, "The ninth held-out sweep")."""
+    from validation.handover import table
+
+    data = REPO / "validation" / "data-h200cpu"
+    rows = {
+        tuple(cells[1:3]): cells[3:7]
+        for line in table(data, only=r"^(cpu|decode)_w1_p2_none_r[12]$").splitlines()[2:]
+        for cells in [[c.strip() for c in line.split("|")]]
+    }
+    _, busy, idle, extra = rows[("cpu", "1")]
+    assert float(busy) > 5 * float(idle) and float(extra) > 5.0
+    _, busy, idle, extra = rows[("decode", "1")]
+    assert float(extra) < 1.0 and float(busy) < 2 * float(idle)

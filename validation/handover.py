@@ -1,0 +1,97 @@
+"""How long a built batch waited to be handed over, by whether its worker was busy.
+
+Why: on 16 cores the cpu regime's worker what-ifs missed by up to +136 %
+because a batch that was ready before the loop asked still took 13-15 ms to
+reach it when its worker was building the next batch in Python code that
+holds the GIL (SPEC §4.2, "The busy worker's hand-over"). This prints, per
+base cell of a sweep (mean over its repeats), the pipeline model's own
+calibration of that: the share of ready batches whose worker was busy when
+the loop asked, their mean stall, the idle ones' mean stall, and the busy
+extra the model keeps (0 where it does not stand out of the noise).
+
+    python -m validation.handover --data validation/data-h200cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from validation.cells import parse_run_name
+from validation.compare import dsim, unpack_logs
+from validation.manifest import load_manifest
+from validation.predict import prepare_pipeline
+
+
+def split(trace_dir: Path) -> dict[str, float]:
+    """One parsed run's ready batches (start-up rows left out), split by the busy flag."""
+    prepared = prepare_pipeline(trace_dir).prepared
+    i, c = prepared.inputs, prepared.calibration
+    assert c.busy is not None and c.busy_excess is not None
+    ready = i.start + i.fetch < i.arrival - i.stall
+    for lo, _ in i.segments:
+        ready[lo : lo + max(c.workers * c.prefetch, 1)] = False
+    busy = ready & (c.busy > 0)
+    idle = ready & (c.busy == 0)
+    ms = 1e3
+    return {
+        "busy_share": float(busy.sum() / max(ready.sum(), 1)),
+        "busy_ms": float(i.stall[busy].mean() * ms) if busy.any() else float("nan"),
+        "idle_ms": float(i.stall[idle].mean() * ms) if idle.any() else float("nan"),
+        "extra_ms": float(np.mean(c.busy_excess) * ms),
+    }
+
+
+def table(data: Path, only: str | None = None) -> str:
+    """The markdown table of every base cell (no alignment) of the sweep in ``data``
+    (of the runs whose names match ``only``, a regular expression, where given)."""
+    names = [n for n in load_manifest(data)["runs"] if (data / n).is_dir()]
+    names = [n for n in names if only is None or re.search(only, n)]
+    base = [n for n in names if parse_run_name(n).cell.align == "none"]
+    base = [n for n in base if parse_run_name(n).cell.start is None]
+    cells: dict[tuple[str, int], list[dict[str, float]]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as work:
+        logs, traces = Path(work) / "logs", Path(work) / "traces"
+        for name in base:
+            unpack_logs(data / name, logs / name)
+        dsim("parse", str(logs), "--out", str(traces), "--quiet")
+        for name in base:
+            cell = parse_run_name(name).cell
+            cells[(cell.regime, cell.workers)].append(split(traces / name))
+    lines = [
+        "| regime | workers | ready batches whose worker was busy | busy: mean stall ms "
+        "| idle: mean stall ms | busy extra the model keeps, ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (regime, workers), runs in sorted(cells.items()):
+
+        def mean(key: str, runs: list[dict[str, float]] = runs) -> str:
+            values = [r[key] for r in runs if np.isfinite(r[key])]
+            if not values:
+                return "—"  # no ready batch of that kind in any repeat
+            return f"{np.mean(values):.0%}" if key == "busy_share" else f"{np.mean(values):.2f}"
+
+        lines.append(
+            f"| {regime} | {workers} | {mean('busy_share')} | {mean('busy_ms')} "
+            f"| {mean('idle_ms')} | {mean('extra_ms')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validation.handover", description=__doc__)
+    p.add_argument("--data", required=True, help="a sweep's data directory")
+    p.add_argument("--only", metavar="REGEX", help="only the runs whose names match")
+    args = p.parse_args(argv)
+    print(table(Path(args.data), args.only))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
