@@ -24,11 +24,14 @@ from dsim.errors import UsageError
 from dsim.replay.params import MAX_LOADER_SETTING
 from dsim.words import counted
 
-#: The model's validated error for loader what-ifs: the pipeline model's mean absolute
-#: error of the mean iteration time over the physical re-runs, FIDELITY.md ("Targets",
-#: row "loader what-ifs", pipeline: 4.9 % over 24 cells of the contention sweep, 1-8
-#: workers on 2 cores). Update it when FIDELITY.md is re-run.
-LOADER_WHATIF_ERROR = 0.049
+#: The model's error for loader what-ifs that a 95 % band must carry: the 95th percentile
+#: of the pipeline model's absolute error of the mean iteration time over every loader
+#: cell of every committed sweep (validation/fidelity.csv and validation/*/fidelity.csv:
+#: 218 cells of 13 sweeps, 2 and 16 cores, GPU runs included; 17.0 %, where the mean is
+#: 5.8 %). A mean error (4.4 % of one 2-core sweep, until 2026-11-28) made bands that the
+#: 16-core sweep's re-runs fell outside by up to 20 %. tests/test_tune.py recomputes it
+#: from the CSVs, so it moves when FIDELITY.md is re-run.
+LOADER_WHATIF_ERROR = 0.170
 #: A setting within this fraction of the best predicted iteration time counts as "as good".
 NEAR_BEST = 0.02
 #: More workers "stop helping" when the next step of the grid gains less than this.

@@ -240,3 +240,43 @@ def test_cost_line_prices_the_queued_batches_when_the_logs_give_their_bytes(trac
     )
     doc = document(sized)["recommendation"]
     assert doc["queued_bytes_per_rank"] == 8 * 3 * 1024 * 1024
+
+
+def test_the_bands_model_error_is_the_95th_percentile_of_the_committed_re_runs():
+    """``LOADER_WHATIF_ERROR`` is recomputed from every committed sweep's fidelity.csv (the
+    pipeline model's loader cells, absolute error of the mean iteration time): re-running
+    FIDELITY.md moves it, so the band cannot keep a number the re-runs no longer show."""
+    import pandas as pd
+
+    from dsim.tuning import LOADER_WHATIF_ERROR
+
+    root = Path(__file__).resolve().parents[1] / "validation"
+    files = [root / "fidelity.csv", *sorted(root.glob("*/fidelity.csv"))]
+    errors = []
+    for path in files:
+        table = pd.read_csv(path)
+        if "target_loader_pipeline" in table:
+            cells = table[table["target_loader_pipeline"].notna()]
+            errors.extend(cells["iteration_ms_err_pipeline"].abs())
+    assert len(files) >= 13 and len(errors) >= 200
+    expected = np.percentile(errors, 95) / 100
+    assert abs(LOADER_WHATIF_ERROR - expected) < 5e-4, expected
+
+
+def test_a_busy_workers_hand_over_is_said_in_words():
+    """Where the calibration finds the busy worker's extra hand-over, tune says how long, how
+    often and what causes it; where it finds none, nothing."""
+    from dataclasses import replace
+
+    from dsim.app.tune import busy_hand_over_note
+    from dsim.replay.models.pipeline import PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import calibrate
+    from tests.test_pipeline_model import _alternating_run
+
+    inputs, _ = _alternating_run()
+    cal = calibrate(inputs, 1, 2)
+    note = busy_hand_over_note(PreparedPipeline(inputs, cal))
+    assert note is not None and "11.0 ms longer" in note and "1.0 ms when it was idle" in note
+    assert "holds the GIL" in note
+    none = replace(cal, busy_excess=np.zeros_like(cal.busy_excess))
+    assert busy_hand_over_note(PreparedPipeline(inputs, none)) is None

@@ -196,7 +196,8 @@ def tune_run(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
         n, arrays.n_gpus, cores, ranks_on_node, batch_bytes,
         caveats(n, loader_only.point.workers, cores, ranks_on_node, arrays.n_gpus, measured)
-        + ([STREAM_CAVEAT] if arrays.stream else []),
+        + ([STREAM_CAVEAT] if arrays.stream else [])
+        + [note for note in [busy_hand_over_note(prepared)] if note],
     )  # fmt: skip
     if out is not None:
         result = replace(result, files=write_table(result, out))
@@ -237,6 +238,28 @@ STREAM_CAVEAT = (
     "maps batches to workers, so only the prefetch factor was swept, at the measured "
     "worker count"
 )
+
+
+def busy_hand_over_note(prepared: Any) -> str | None:
+    """The busy worker's hand-over, in words, where the calibration found one (SPEC §4.2).
+
+    Why: it is what lets more workers help in such a run, the user can act on
+    its cause (Python code in the dataset that holds the GIL), and the model
+    learned it from one 16-core sweep: the recommendation leans on it.
+    """
+    c = getattr(prepared, "calibration", None)
+    extra = None if c is None else getattr(c, "busy_excess", None)
+    if extra is None or not np.any(extra > 0):
+        return None
+    rows = extra > 0
+    busy = float(np.mean(c.busy[rows])) if c.busy is not None else float("nan")
+    return (
+        f"batches built ahead waited {float(np.mean(extra[rows])) * 1e3:.1f} ms longer to reach "
+        f"the loop when their worker was busy building its next one ({busy:.0%} of batches; "
+        f"{float(np.mean(c.idle_hand[rows])) * 1e3:.1f} ms when it was idle): typical of "
+        "Python code in the dataset that holds the GIL; the replay lets more workers, idle "
+        "more often, shorten it (checked against re-runs on one 16-core sweep, FIDELITY.md)"
+    )
 
 
 def caveats(

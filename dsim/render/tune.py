@@ -97,8 +97,8 @@ def recommendation_lines(result: TuneResult) -> list[str]:
         f"{_speed(choice.bands['speedup'])} vs the recorded "
         f"{_ms(result.baseline.mean_iteration_s)}",
         f"  95 % band: bootstrap over {_count(result.iterations, 'iteration')}, widened by the "
-        "pipeline "
-        f"model's validated loader error (±{LOADER_WHATIF_ERROR:.1%}, FIDELITY.md)",
+        f"pipeline model's loader error on re-runs (±{LOADER_WHATIF_ERROR:.1%}: its 95th "
+        "percentile, FIDELITY.md)",
         cost_line(result, choice.point),
         f"  {choice.flat.text}",
     ]
