@@ -69,8 +69,10 @@ def test_the_build_frees_each_column_it_was_handed(tmp_path: Path) -> None:
     del fetch, train
     assert len(held) >= 6 and held == sorted(held, reverse=True), held
     if int(pa.__version__.split(".")[0]) >= 26:  # the stack it was measured on
-        # what is left: the two gpu columns the plans keep (8 of the tables' ~76 bytes a row)
-        assert held[0] < size and held[-1] < size * 0.15, (held, size)
+        # what is left: the two gpu columns the plans keep (8 of the tables' ~76 bytes a row);
+        # the first step may come before the first column is let go of (once in CI: held[0]
+        # was the tables' size exactly), the fall after it may not
+        assert held[0] <= size and held[-1] < size * 0.15, (held, size)
     # with pyarrow 17 and numpy 1.26 (CI's floors) Arrow's memory fell only to ~63 % of
     # the tables (1,155,000 of 1,827,000 bytes): the columns are not all let go of there
     _same_arrays(arrays, expected)

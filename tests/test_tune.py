@@ -280,3 +280,22 @@ def test_a_busy_workers_hand_over_is_said_in_words():
     assert "holds the GIL" in note
     none = replace(cal, busy_excess=np.zeros_like(cal.busy_excess))
     assert busy_hand_over_note(PreparedPipeline(inputs, none)) is None
+
+
+def test_a_worker_busy_at_every_hand_over_is_a_caveat():
+    """When (nearly) every built batch had a busy worker, the idle hand-over is unknown and
+    tune says its gain from more workers may be too small; with idle ones beside, it says
+    the measured extra instead."""
+    from dataclasses import replace
+
+    from dsim.app.tune import busy_hand_over_note
+    from dsim.replay.models.pipeline import PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import calibrate
+    from tests.test_pipeline_model import _alternating_run
+
+    inputs, _ = _alternating_run()
+    cal = calibrate(inputs, 1, 2)
+    every = replace(cal, busy=np.ones_like(cal.busy), busy_excess=np.zeros_like(cal.busy_excess))
+    note = busy_hand_over_note(PreparedPipeline(inputs, every))
+    assert note is not None and note.startswith("100% of the batches built ahead")
+    assert "may be too small" in note
