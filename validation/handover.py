@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dsim.replay.models.pipeline import ready_batches
 from validation.cells import parse_run_name
 from validation.compare import dsim, unpack_logs
 from validation.manifest import load_manifest
@@ -34,9 +35,7 @@ def split(trace_dir: Path) -> dict[str, float]:
     prepared = prepare_pipeline(trace_dir).prepared
     i, c = prepared.inputs, prepared.calibration
     assert c.busy is not None and c.busy_excess is not None
-    ready = i.start + i.fetch < i.arrival - i.stall
-    for lo, _ in i.segments:
-        ready[lo : lo + max(c.workers * c.prefetch, 1)] = False
+    ready = ready_batches(prepared)
     busy = ready & (c.busy > 0)
     idle = ready & (c.busy == 0)
     ms = 1e3

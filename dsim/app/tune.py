@@ -254,7 +254,7 @@ def busy_hand_over_note(prepared: Any) -> str | None:
     if not np.any(extra > 0):
         return _always_busy_note(prepared)
     rows = extra > 0
-    busy = float(np.mean(c.busy[rows])) if c.busy is not None else float("nan")
+    busy = float(np.mean(c.busy[rows]))
     return (
         f"batches built ahead waited {float(np.mean(extra[rows])) * 1e3:.1f} ms longer to reach "
         f"the loop when their worker was busy building its next one ({busy:.0%} of batches; "
@@ -273,11 +273,10 @@ def _always_busy_note(prepared: Any) -> str | None:
     to compare with (its extra is 0), so more workers are predicted not to shorten the wait:
     a 1-rank cpu run (99 % busy) recommended 1 worker where 8 measured 35 % faster
     (validation/README.md, "A held-out check of the busy hand-over")."""
+    from dsim.replay.models.pipeline import ready_batches
+
     i, c = prepared.inputs, prepared.calibration
-    ready = i.start + i.fetch < i.arrival - i.stall
-    window = max(c.workers * c.prefetch, 1)
-    for lo, _ in i.segments:
-        ready[lo : lo + window] = False
+    ready = ready_batches(prepared)
     if c.workers == 0 or ready.sum() < 10:
         return None
     share = float(np.mean(c.busy[ready] > 0))

@@ -247,6 +247,18 @@ def hand_spread(hand: np.ndarray, rho: float, rho_measured: float) -> np.ndarray
     return mean + (hand - mean) * shrink
 
 
+def ready_batches(prepared: PreparedPipeline) -> np.ndarray:
+    """[N, G] bool: batches built before the loop asked for them, each segment's first P·W
+    (start-up, built at once) left out: the batches the busy worker's hand-over is measured
+    on (SPEC §4.2), as the calibration selects them."""
+    i, c = prepared.inputs, prepared.calibration
+    ready = i.start + i.fetch < i.arrival - i.stall
+    window = max(c.workers * c.prefetch, 1)
+    for lo, _ in i.segments:
+        ready[lo : lo + window] = False
+    return ready
+
+
 def drain_rows(segments: np.ndarray, n: int, startup: int) -> np.ndarray:
     """[N] bool: each segment's last ``startup`` (= P·W) rows, where no fetch starts any more."""
     drain = np.zeros(n, dtype=bool)

@@ -256,8 +256,7 @@ def _calibrate(
         n_busy = 0
         n_idle = 0
         for r in range(g):
-            for i in range(hi - 1, lo - 1, -1):
-                busy[i, r] = 0.0
+            for i in range(hi - 1, lo - 1, -1):  # (the order the committed FIDELITY sums in)
                 if workers == 0:
                     continue
                 j = after_same[i - lo, r]
