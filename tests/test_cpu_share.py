@@ -517,3 +517,24 @@ def test_the_worker_process_cpu_joins_the_node_demand_and_the_core_bound(tmp_pat
         more = _mean(model, whole, workers, tail=2 * workers)
         assert more > whole.cpu.demand_s / whole.cpu.load.cores  # the cores' bound
         assert more >= _mean(model, threads, workers, tail=2 * workers)  # more demand: slower
+
+
+def test_the_cpu_swap_scales_each_batchs_work_and_the_contention_with_it(tmp_path: Path) -> None:
+    """``validation.swaps.scaled_cpu``: factor 1 replays the run unchanged; 1.5 makes every
+    batch's CPU time and run-queue wait 1.5 times as long, its fetch longer by as much,
+    the node's demand higher, and the CPU-bound replay slower."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from validation.swaps import scaled_cpu
+
+    model, _, prepared = _prepared(tmp_path)
+    same = scaled_cpu(prepared, 1.0)
+    np.testing.assert_array_equal(same.inputs.fetch, prepared.inputs.fetch)
+    assert same.cpu.demand_s == pytest.approx(prepared.cpu.demand_s, rel=1e-12)
+    more = scaled_cpu(prepared, 1.5)
+    c, q = prepared.cpu.load.fetch_cpu, prepared.cpu.load.fetch_runq
+    np.testing.assert_allclose(more.cpu.load.fetch_cpu, 1.5 * c)
+    np.testing.assert_allclose(more.cpu.load.fetch_runq, 1.5 * q)
+    np.testing.assert_allclose(more.inputs.fetch - prepared.inputs.fetch, 0.5 * (c + q))
+    assert more.cpu.demand_s > 1.2 * prepared.cpu.demand_s
+    assert _mean(model, more, 1, tail=2) > 1.1 * _mean(model, prepared, 1, tail=2)

@@ -480,3 +480,38 @@ def test_the_busy_workers_hand_over_from_committed_logs() -> None:
     assert float(busy) > 5 * float(idle) and float(extra) > 5.0
     _, busy, idle, extra = rows[("decode", "1")]
     assert float(extra) < 1.0 and float(busy) < 2 * float(idle)
+
+
+def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
+    """The tenth held-out sweep's mixed regime, align min at 2 workers (validation/README.md,
+    "The tenth held-out sweep"): the two base repeats whose batches took ~34 ms of CPU time
+    predict the re-runs (~18 ms of CPU per aligned batch) too slow; the re-runs' CPU time
+    per batch, swapped in, takes away most of that error."""
+    from validation.compare import dsim, unpack_logs
+    from validation.metrics import error
+    from validation.predict import prepare_pipeline, replay_metrics
+    from validation.swaps import cpu_swap
+
+    data = REPO / "validation" / "data-holdout9"
+    bases = ["mixed_w2_p2_none_r2", "mixed_w2_p2_none_r4"]
+    targets = ["mixed_w2_p2_min_r1", "mixed_w2_p2_min_r2"]
+    for name in bases + targets:
+        unpack_logs(data / name, tmp_path / "logs" / name)
+    dsim("parse", str(tmp_path / "logs"), "--out", str(tmp_path / "traces"), "--quiet")
+    base = [prepare_pipeline(tmp_path / "traces" / n) for n in bases]
+    target = [prepare_pipeline(tmp_path / "traces" / n) for n in targets]
+    policy = ("min", "actual")
+    measured = stat([replay_metrics(t, ("actual", "actual"), None, None)["iteration_ms"]
+                     for t in target]).mean  # fmt: skip
+    predicted = stat([replay_metrics(b, policy, None, None)["iteration_ms"] for b in base]).mean
+    row = {
+        "regime": "mixed",
+        "regime_kind": "mixed",
+        "what_if": "align min, 2 w",
+        "iteration_ms_err_pipeline": error("iteration_ms", predicted, measured),
+    }
+    assert row["iteration_ms_err_pipeline"] > 10.0  # the miss: predicted too slow
+    swap = cpu_swap(row, base, target, policy, None, None, measured)
+    assert swap is not None and swap["term"] == "cpu"
+    assert swap["base_term_ms"] > 1.1 * swap["rerun_term_ms"]  # A's batches cost more CPU
+    assert swap["removed_pct"] > 50.0

@@ -557,7 +557,9 @@ def swap_section(swaps: pd.DataFrame | None) -> list[str]:
         "the loop's gap) — has its per-rank mean moved to the re-run's; where the logs "
         "carry CPU times, also `stretch`: the CPU-aware model's wall seconds per CPU second, "
         "the prediction's solved value replaced by the re-run's measured one (1 + run-queue "
-        "wait / CPU time); *removed* is the "
+        "wait / CPU time), and `cpu`: each batch's CPU time, scaled so that the what-if's "
+        "mean per batch is the re-run's (the same work's CPU time varies from run to run); "
+        "*removed* is the "
         "share of the absolute error that swap takes away (negative: it grows).",
         "",
     ]

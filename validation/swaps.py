@@ -18,6 +18,13 @@ the one its fixed point solved (``dsim.replay.models.pipeline``); the swap
 replays at the re-run's measured stretch ρ_m (1 + run-queue wait / CPU
 time, the mean over its repeats) instead. Its two values are stretches, not
 milliseconds (``unit`` "x").
+
+And ``cpu``: each batch's CPU time. The model takes A's as the work a batch
+costs, but the same cost table's batches took up to 25 % more or less CPU
+time from one run to the next (validation/README.md, "The tenth held-out
+sweep"); the swap scales every batch's CPU time and run-queue wait (and its
+fetch by as much) so that the what-if's mean CPU time per batch is the
+re-run's, and replays.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from dsim.replay.models.pipeline import aligned_cpu, solve_contention
+from dsim.replay.models import cpu_share
+from dsim.replay.models.pipeline import PreparedPipeline, aligned_cpu, solve_contention
 from validation.cells import stat
 from validation.metrics import error
 from validation.predict import TERMS, PipelineBase, replay_metrics, swap_term, term_means
@@ -53,6 +61,33 @@ def target_means(targets: list[PipelineBase]) -> dict[str, np.ndarray]:
     return out
 
 
+def swap_row(
+    row: dict,
+    term: str,
+    unit: str,
+    base_value: float,
+    rerun_value: float,
+    predicted: float,
+    measured_ms: float,
+) -> dict:
+    """One swap's row: the term's two values, and the error before and after the swap."""
+    before = row["iteration_ms_err_pipeline"]
+    after = error("iteration_ms", predicted, measured_ms)
+    return {
+        "regime": row["regime"],
+        "regime_kind": row["regime_kind"],
+        "what_if": row["what_if"],
+        "term": term,
+        "unit": unit,
+        "base_term_ms": base_value,
+        "rerun_term_ms": rerun_value,
+        "err_pct": before,
+        "swapped_ms": predicted,
+        "swapped_err_pct": after,
+        "removed_pct": removed_pct(float(before), float(after)),
+    }
+
+
 def term_swaps(
     row: dict,
     bases: list[PipelineBase],
@@ -64,7 +99,6 @@ def term_swaps(
 ) -> list[dict]:
     """One row per term: the prediction with that term swapped, and the error it removes."""
     goal = target_means(targets)
-    before = row["iteration_ms_err_pipeline"]
     out = []
     for term in TERMS:
         if term not in goal:
@@ -78,25 +112,13 @@ def term_swaps(
             swapped = swap_term(base.prepared, term, goal[term])
             preds.append(replay_metrics(base, policy, workers, prefetch, swapped)["iteration_ms"])
         else:
-            predicted = stat(preds).mean
-            after = error("iteration_ms", predicted, measured_ms)
-            out.append(
-                {
-                    "regime": row["regime"],
-                    "regime_kind": row["regime_kind"],
-                    "what_if": row["what_if"],
-                    "term": term,
-                    "unit": "ms",
-                    "base_term_ms": 1e3 * stat(own).mean,
-                    "rerun_term_ms": 1e3 * float(np.nanmean(goal[term])),
-                    "err_pct": before,
-                    "swapped_ms": predicted,
-                    "swapped_err_pct": after,
-                    "removed_pct": removed_pct(float(before), float(after)),
-                }
-            )
-    stretch = stretch_swap(row, bases, targets, policy, workers, prefetch, measured_ms)
-    return out + ([stretch] if stretch else [])
+            own_ms, goal_ms = 1e3 * stat(own).mean, 1e3 * float(np.nanmean(goal[term]))
+            out.append(swap_row(row, term, "ms", own_ms, goal_ms, stat(preds).mean, measured_ms))
+    extra = (
+        stretch_swap(row, bases, targets, policy, workers, prefetch, measured_ms),
+        cpu_swap(row, bases, targets, policy, workers, prefetch, measured_ms),
+    )
+    return out + [swap for swap in extra if swap]
 
 
 def stretch_swap(
@@ -120,19 +142,56 @@ def stretch_swap(
         solved.append(solve_contention(aligned, policy, workers, prefetch).rho)
         given = replace(base.prepared, cpu=replace(cpu, rho_given=goal))
         preds.append(replay_metrics(base, policy, workers, prefetch, given)["iteration_ms"])
-    before = row["iteration_ms_err_pipeline"]
-    predicted = stat(preds).mean
-    after = error("iteration_ms", predicted, measured_ms)
-    return {
-        "regime": row["regime"],
-        "regime_kind": row["regime_kind"],
-        "what_if": row["what_if"],
-        "term": "stretch",
-        "unit": "x",
-        "base_term_ms": stat(solved).mean,
-        "rerun_term_ms": goal,
-        "err_pct": before,
-        "swapped_ms": predicted,
-        "swapped_err_pct": after,
-        "removed_pct": removed_pct(float(before), float(after)),
-    }
+    return swap_row(row, "stretch", "x", stat(solved).mean, goal, stat(preds).mean, measured_ms)
+
+
+def scaled_cpu(prepared: PreparedPipeline, factor: float) -> PreparedPipeline:
+    """``prepared`` with every batch's CPU time and run-queue wait ``factor`` times as long.
+
+    The fetch grows by as much as its CPU part did (its waiting for I/O stays), and
+    the node's demand follows, so that the contention the replay solves for is the
+    one the scaled work causes.
+    """
+    cpu = prepared.cpu
+    assert cpu is not None
+    load = cpu.load
+    c, q = load.fetch_cpu, load.fetch_runq
+    scaled = replace(load, fetch_cpu=c * factor, fetch_runq=q * factor)
+    fetch = np.maximum(prepared.inputs.fetch + (factor - 1.0) * (c + q), 0.0)
+    return replace(
+        prepared,
+        inputs=replace(prepared.inputs, fetch=np.ascontiguousarray(fetch)),
+        cpu=replace(cpu, load=scaled, demand_s=cpu_share.node_demand(scaled)),
+    )
+
+
+def cpu_swap(
+    row: dict,
+    bases: list[PipelineBase],
+    targets: list[PipelineBase],
+    policy: tuple[str, str],
+    workers: int | None,
+    prefetch: int | None,
+    measured_ms: float,
+) -> dict | None:
+    """The prediction with the re-run's CPU time per batch; ``None`` without CPU times.
+
+    The what-if's own mean (after a fetch alignment has moved the work: align min
+    gives every rank the fastest rank's) is set against the re-run's mean over its
+    repeats, batches and ranks.
+    """
+    if not bases or not targets or any(b.prepared.cpu is None for b in bases + targets):
+        return None
+    goal = float(np.mean([t.prepared.cpu.load.fetch_cpu.mean() for t in targets]))  # type: ignore[union-attr]
+    own, preds = [], []
+    for base in bases:
+        aligned = aligned_cpu(base.prepared, policy[0]).cpu
+        assert aligned is not None
+        mean = float(aligned.load.fetch_cpu.mean())
+        if mean <= 0 or goal <= 0:
+            return None
+        own.append(mean)
+        swapped = scaled_cpu(base.prepared, goal / mean)
+        preds.append(replay_metrics(base, policy, workers, prefetch, swapped)["iteration_ms"])
+    own_ms, goal_ms = 1e3 * stat(own).mean, 1e3 * goal
+    return swap_row(row, "cpu", "ms", own_ms, goal_ms, stat(preds).mean, measured_ms)
