@@ -20,18 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from dsim.analysis.model_error import LOADER_WHATIF_ERROR
 from dsim.errors import UsageError
 from dsim.replay.params import MAX_LOADER_SETTING
 from dsim.words import counted
 
-#: The model's error for loader what-ifs that a 95 % band must carry: the 95th percentile
-#: of the pipeline model's absolute error of the mean iteration time over every loader
-#: cell of every committed sweep (validation/fidelity.csv and validation/*/fidelity.csv:
-#: 238 cells of 15 sweeps, 2 and 16 cores, GPU runs included; 17.7 %, where the mean is
-#: 5.9 %). A mean error (4.4 % of one 2-core sweep, until 2026-11-28) made bands of about
-#: ±10 % where tune's predictions missed the 16-core sweep's re-runs by up to 28 %.
-#: tests/test_tune.py recomputes it from the CSVs, so it moves when FIDELITY.md is re-run.
-LOADER_WHATIF_ERROR = 0.177
 #: A setting within this fraction of the best predicted iteration time counts as "as good".
 NEAR_BEST = 0.02
 #: More workers "stop helping" when the next step of the grid gains less than this.

@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR, speedup_band
 from dsim.model.resultinfo import ResultInfo
 from dsim.replay.policies import (
     ACTUAL,
@@ -95,8 +96,11 @@ class Verdict:
     results: str | None = None  # the run's results directory (summary column ``results``)
     loader_speedup: float | None = None  # a combined what-if: the loader change alone
     alignment_speedup: float | None = None  # ... the alignment alone, at the measured loader
-    speedup_low: float | None = None  # 95 % interval, when few iterations were selected
+    # The speed-up's 95 % interval when few iterations were selected; a pipeline verdict's
+    # band, widened by the model's error on physical re-runs (``model_error``).
+    speedup_low: float | None = None
     speedup_high: float | None = None
+    model_error: float | None = None  # relative error of the predicted time the band carries
     caveats: tuple[str, ...] = ()  # printed under the verdict, one line each
 
     @property
@@ -316,10 +320,22 @@ def verdict(
     notes = _caveats(rows, best, trace)
     if model == PIPELINE_MODEL and _streamed(trace):
         notes.append(STREAM_NOTE)
+    model_error = None
+    if model == PIPELINE_MODEL and helps:
+        model_error = LOADER_WHATIF_ERROR if loader is not None else ALIGN_WHATIF_ERROR
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         how_much = f"{speedup:.2f}× faster"
-        if interval is not None:
+        if model_error is not None:
+            few = interval is not None
+            low, high = interval if interval is not None else (speedup, speedup)
+            interval = speedup_band(low, high, model_error)
+            how_much += (
+                f" (95 % band {interval[0]:.2f}–{interval[1]:.2f}×: the model's error on "
+                f"physical re-runs, ±{100 * model_error:.1f} %"
+                + (", and the interval of few iterations)" if few else ")")
+            )
+        elif interval is not None:
             how_much += f" (95 % interval {interval[0]:.2f}–{interval[1]:.2f}×)"
         text = (
             f"{_what(policy, loader)} would make iterations {how_much}: "
@@ -385,6 +401,7 @@ def verdict(
         alignment_speedup=parts[1],
         speedup_low=None if interval is None else interval[0],
         speedup_high=None if interval is None else interval[1],
+        model_error=model_error,
         caveats=tuple(notes),
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dsim.analysis.model_error import LOADER_WHATIF_ERROR
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
@@ -27,7 +28,6 @@ from dsim.replay.params import LoaderSettings, ReplayParams
 from dsim.replay.policies import KNOWN
 from dsim.tuning import (
     DEFAULT_PREFETCH,
-    LOADER_WHATIF_ERROR,
     Band,
     Flattening,
     Point,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dsim.tuning import LOADER_WHATIF_ERROR, Band
+from dsim.analysis.model_error import LOADER_WHATIF_ERROR
+from dsim.tuning import Band
 from dsim.words import counted
 
 if TYPE_CHECKING:

@@ -1,0 +1,37 @@
+"""The pipeline model's error on physical re-runs, as the bands of its answers carry it.
+
+Why: a what-if is only as good as its error against a re-run of the job with
+the change applied, and that error is measured (FIDELITY.md, every committed
+sweep under validation/). A speed-up said without it overstates: the
+alignment cells' predictions missed their re-runs by up to 15 %, the loader
+cells' by up to 32 %. So every pipeline-model answer that states a speed-up
+states the band that error gives (``dsim run``'s verdict, ``dsim tune``).
+
+Each constant is the 95th percentile of the model's absolute error of the
+mean iteration time over one kind of cell of every committed sweep
+(validation/fidelity.csv and validation/*/fidelity.csv), so that the band
+covers the model's error as often as a 95 % interval covers the noise.
+tests/test_tune.py and tests/test_verdict.py recompute both from the CSVs:
+they move whenever FIDELITY.md is re-run.
+"""
+
+from __future__ import annotations
+
+#: Loader what-ifs (workers, prefetch): 238 cells of 15 sweeps, 2 and 16 cores, GPU runs
+#: included; 17.7 %, where the mean is 5.9 %. A mean error (4.4 % of one 2-core sweep, until
+#: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
+#: re-runs by up to 28 %.
+LOADER_WHATIF_ERROR = 0.177
+#: Alignment what-ifs (fetch and start alignment): 152 cells of 11 sweeps; 10.6 %, where the
+#: mean is 4.0 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
+#: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
+ALIGN_WHATIF_ERROR = 0.106
+
+
+def speedup_band(low: float, high: float, error: float) -> tuple[float, float]:
+    """A speed-up interval [low, high] widened by a relative error of the predicted time.
+
+    The predicted iteration time t may be off by ±error, so t × (1 ∓ error): the speed-up
+    s = before / t becomes s ÷ (1 ± error).
+    """
+    return low / (1.0 + error), (high / (1.0 - error) if error < 1.0 else float("inf"))
