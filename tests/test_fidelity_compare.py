@@ -515,3 +515,39 @@ def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path
     assert swap is not None and swap["term"] == "cpu"
     assert swap["base_term_ms"] > 1.1 * swap["rerun_term_ms"]  # A's batches cost more CPU
     assert swap["removed_pct"] > 50.0
+
+
+def test_the_cpu_matched_section_sets_each_alignment_error_beside_its_matched_one() -> None:
+    """FIDELITY.md's diagnosis of the runs' CPU speed: per kind of alignment cell, the mean
+    and worst absolute error before and after the ``cpu`` swap, and the cells within 8 %;
+    loader cells and cells without CPU times (NaN) are left out."""
+    from validation.report import cpu_matched_section
+
+    frame = pd.DataFrame(
+        {
+            "kind": ["align", "align", "start", "loader", "control"],
+            "regime": ["mixed", "cpu", "cpu", "cpu", "balanced"],
+            "what_if": [
+                "align min, 2 w",
+                "align mean, 2 w",
+                "start max, 2 w",
+                "workers 1 -> 2",
+                "start control, 2 w",
+            ],
+            "iteration_ms_err_pipeline": [10.4, -10.6, -8.2, 20.0, 1.0],
+            "iteration_ms_err_pipeline_cpu_matched": [1.7, -5.0, -3.4, math.nan, math.nan],
+        }
+    )
+    lines = cpu_matched_section(frame)
+    table = [line for line in lines if line.startswith("| ")]
+    assert (
+        table[1]
+        == "| fetch alignment | 2 | 10.5 % → 3.4 % | 10.6 % → 5.0 % (cpu: align mean, 2 w) "
+        "| 0 → 2 |"
+    )
+    assert (
+        table[2]
+        == "| start alignment | 1 | 8.2 % → 3.4 % | 8.2 % → 3.4 % (cpu: start max, 2 w) | 0 → 1 |"
+    )
+    assert table[3].startswith("| all | 3 | 9.7 % → 3.4 % | 10.6 % → 5.0 %")
+    assert cpu_matched_section(frame.drop(columns="iteration_ms_err_pipeline_cpu_matched")) == []

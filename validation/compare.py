@@ -50,7 +50,7 @@ from validation.predict import (
     replay_metrics,
     supports,
 )
-from validation.swaps import term_swaps
+from validation.swaps import cpu_swap, term_swaps
 from validation.targets import verdicts
 from validation.tunecheck import tune_rows
 
@@ -325,6 +325,27 @@ def drain_row(
     return out
 
 
+ALIGNMENT_KINDS = ("align", "start", "control")
+
+
+def cpu_matched(
+    row: dict, bases: list[PipelineBase], targets: list[PipelineBase], p: Pair
+) -> float:
+    """The pipeline prediction's error with the re-run's CPU time per batch (``cpu_swap``).
+
+    Why for every alignment cell, not only the misses: the same work's CPU time moves
+    between runs (validation/README.md, "The tenth held-out sweep"), so this is the error
+    net of the runs' CPU speed, a diagnosis beside the targets (it reads the re-run's
+    logs); NaN without CPU times. Alignment cells only: there the work per batch is the
+    same in expectation on both sides, where a loader what-if also changes it.
+    """
+    assert p.pipeline_policy is not None
+    measured = float(row["iteration_ms_measured"])  # type: ignore[arg-type]
+    swap = cpu_swap(row, bases, targets, p.pipeline_policy, p.pipeline_workers,
+                    p.pipeline_prefetch, measured)  # fmt: skip
+    return math.nan if swap is None else float(swap["swapped_err_pct"])
+
+
 def swaps_wanted(row: dict, kind: str, every: bool) -> bool:
     """Whether a compared pair gets its term swaps: where its pipeline prediction missed
     the iteration or loader target, or, with ``every`` (``--swap-every``), every
@@ -432,6 +453,10 @@ def compare_runs(
                 row[f"target_{target}_{model}"] = v.word
                 row[f"band_{target}_{model}"] = v.bound
                 row[f"flips_{target}_{model}"] = v.flips
+        if p.kind in ALIGNMENT_KINDS and p.pipeline_policy:
+            row["iteration_ms_err_pipeline_cpu_matched"] = cpu_matched(
+                row, [bases[b] for b in base_runs], [base_of(t) for t in target_runs], p
+            )
         rows.append(row)
         if swaps_wanted(row, p.kind, swap_every) and p.pipeline_policy:
             targets = {t: base_of(t) for t in target_runs}

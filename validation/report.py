@@ -202,7 +202,7 @@ def targets_section(frame: pd.DataFrame) -> list[str]:
         *_table(header, rows),
         "",
     ]
-    return lines + overall_section(frame) + worst_noise_section(frame)
+    return lines + overall_section(frame) + worst_noise_section(frame) + cpu_matched_section(frame)
 
 
 def overall_section(frame: pd.DataFrame) -> list[str]:
@@ -338,6 +338,52 @@ def worst_noise_section(frame: pd.DataFrame) -> list[str]:
             "",
         ]
     return lines
+
+
+MATCHED = "iteration_ms_err_pipeline_cpu_matched"
+
+
+def cpu_matched_section(frame: pd.DataFrame) -> list[str]:
+    """The alignment cells' pipeline errors beside the same with the re-run's CPU time per batch."""
+    if MATCHED not in frame:
+        return []
+    part = frame[frame["kind"].isin(list(KIND_LABELS)[:3])]
+    part = part[pd.to_numeric(part[MATCHED], errors="coerce").notna()]
+    if part.empty:
+        return []
+    bound = OVERALL_WORST_PCT
+    rows = []
+    groups = [(KIND_LABELS[k], g) for k, g in part.groupby("kind", sort=False)]
+    for label, g in [*groups, ("all", part)]:
+        raw = g["iteration_ms_err_pipeline"].astype(float)
+        matched = g[MATCHED].astype(float)
+        at = matched.abs().idxmax()
+        rows.append(
+            [
+                label,
+                str(len(g)),
+                f"{raw.abs().mean():.1f} % → {matched.abs().mean():.1f} %",
+                f"{raw.abs().max():.1f} % → {matched.abs().max():.1f} % "
+                f"({g.loc[at, 'regime']}: {g.loc[at, 'what_if']})",
+                f"{int((raw.abs() <= bound).sum())} → {int((matched.abs() <= bound).sum())}",
+            ]
+        )
+    header = ["cells", "n", "mean absolute error", "worst (the worst cell after)",
+              f"within {bound:g} %"]  # fmt: skip
+    return [
+        "### The alignment cells with the re-run's CPU time per batch",
+        "",
+        "The same work's CPU time per batch moves from run to run (validation/README.md, "
+        '"The tenth held-out sweep"), and the model carries A\'s into its prediction. Here '
+        "each alignment cell's pipeline prediction is made again with every batch's CPU time, "
+        "run-queue wait and fetch scaled so that the mean CPU time per batch is the re-run's "
+        "(the `cpu` swap): the error left is the model's net of the runs' CPU speed. It "
+        "reads the re-run's logs, so it is a diagnosis, not a prediction: the targets above "
+        "judge the predictions.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
 
 
 KIND_LABELS = {
