@@ -121,6 +121,11 @@ def term_swaps(
     return out + [swap for swap in extra if swap]
 
 
+def have_cpu_times(bases: list[PipelineBase], targets: list[PipelineBase]) -> bool:
+    """Whether both sides' logs carry CPU times (the CPU-aware swaps need them)."""
+    return bool(bases and targets) and all(r.prepared.cpu is not None for r in bases + targets)
+
+
 def stretch_swap(
     row: dict,
     bases: list[PipelineBase],
@@ -131,7 +136,7 @@ def stretch_swap(
     measured_ms: float,
 ) -> dict | None:
     """The prediction replayed at the re-run's measured stretch; ``None`` without CPU times."""
-    if not bases or not targets or any(b.prepared.cpu is None for b in bases + targets):
+    if not have_cpu_times(bases, targets):
         return None
     goal = float(np.mean([t.prepared.cpu.rho_measured for t in targets]))  # type: ignore[union-attr]
     solved, preds = [], []
@@ -180,7 +185,7 @@ def cpu_swap(
     gives every rank the fastest rank's) is set against the re-run's mean over its
     repeats, batches and ranks.
     """
-    if not bases or not targets or any(b.prepared.cpu is None for b in bases + targets):
+    if not have_cpu_times(bases, targets):
         return None
     goal = float(np.mean([t.prepared.cpu.load.fetch_cpu.mean() for t in targets]))  # type: ignore[union-attr]
     own, preds = [], []
