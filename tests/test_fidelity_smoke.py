@@ -159,6 +159,11 @@ def test_contention_run_parses(tmp_path: Path, name: str) -> None:
     assert settings["device"] == "cpu" and settings["pin_memory"] is False
     if "decode" not in name:
         assert settings["cpu_units_per_ms"] == 500 and settings["cpu_calibrated_by"] == "argument"
+        # the machine's own speed just before and after the run (the same calibration, alone)
+        assert len(settings["cpu_speed_units_per_ms"]) == 2
+        assert all(speed > 0 for speed in settings["cpu_speed_units_per_ms"])
+    else:
+        assert "cpu_speed_units_per_ms" not in settings
     align = json.loads((run / "start_align.json").read_text())
     assert align["mode"] == settings["start_align"]
     assert [r["batches"] for r in align["ranks"]] == [16, 16]

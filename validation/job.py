@@ -433,21 +433,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"validation.job: error: {why}", file=sys.stderr)
             return 2
         args.gpus = torch.cuda.device_count()
-    if REGIMES[args.regime].kind in ("cpu", "mixed") and args.cpu_units_per_ms is None:
+    spends_cpu = REGIMES[args.regime].kind in ("cpu", "mixed")
+    if spends_cpu and args.cpu_units_per_ms is None:
         args.cpu_units_per_ms, args.calibrated_by = calibrate(), "job"
     log_dir = Path(args.out) / args.name
     log_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*log_dir.glob("rank*.log*"), log_dir / "start_align.json"]:
         stale.unlink(missing_ok=True)  # loggers append: a new run starts empty
-    (log_dir / "job.json").write_text(json.dumps(settings(args), indent=2) + "\n")
+    record = settings(args)
+    (log_dir / "job.json").write_text(json.dumps(record, indent=2) + "\n")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ["LOCAL_WORLD_SIZE"] = str(args.ranks)  # all ranks run on this node
     shape = (args.epochs, args.iterations, args.ranks)
     if args.start_align != "none":  # before the ranks fork: they and their workers share it
         args.board = startalign.create_board(*shape, tag=str(os.getpid()))
+    speed = [calibrate()] if spends_cpu else []
     try:
         _start(args, log_dir)
+        if spends_cpu:  # the machine's speed just before and after, alone (no rank runs)
+            speed.append(calibrate())
+            record["cpu_speed_units_per_ms"] = speed
+            (log_dir / "job.json").write_text(json.dumps(record, indent=2) + "\n")
         if args.board is not None:
             startalign.write_summary(
                 args.board, args.start_align, shape, log_dir / "start_align.json"
