@@ -41,7 +41,7 @@ from dsim.replay.policies import START_KNOWN
 from validation.cells import Cell, group_runs, parse_run_name, stat, stats_of
 from validation.machine import REPO, git_commit
 from validation.manifest import BASE_PREFETCH, CPU_OUT, MANIFEST, load_manifest
-from validation.metrics import METRICS, error
+from validation.metrics import MATCHED, METRICS, error
 from validation.predict import (
     PipelineBase,
     drain_metrics,
@@ -325,25 +325,13 @@ def drain_row(
     return out
 
 
+#: The cells whose pipeline error is also made with the re-run's CPU time per batch
+#: (``MATCHED``, ``cpu_swap``). Why every alignment cell, not only the misses: the same
+#: work's CPU time moves between runs (validation/README.md, "The tenth held-out sweep"), so
+#: this is the error net of the runs' CPU speed, a diagnosis beside the targets (it reads the
+#: re-run's logs); NaN without CPU times. Not loader cells: a loader what-if changes the
+#: work per batch itself.
 ALIGNMENT_KINDS = ("align", "start", "control")
-
-
-def cpu_matched(
-    row: dict, bases: list[PipelineBase], targets: list[PipelineBase], p: Pair
-) -> float:
-    """The pipeline prediction's error with the re-run's CPU time per batch (``cpu_swap``).
-
-    Why for every alignment cell, not only the misses: the same work's CPU time moves
-    between runs (validation/README.md, "The tenth held-out sweep"), so this is the error
-    net of the runs' CPU speed, a diagnosis beside the targets (it reads the re-run's
-    logs); NaN without CPU times. Alignment cells only: there the work per batch is the
-    same in expectation on both sides, where a loader what-if also changes it.
-    """
-    assert p.pipeline_policy is not None
-    measured = float(row["iteration_ms_measured"])  # type: ignore[arg-type]
-    swap = cpu_swap(row, bases, targets, p.pipeline_policy, p.pipeline_workers,
-                    p.pipeline_prefetch, measured)  # fmt: skip
-    return math.nan if swap is None else float(swap["swapped_err_pct"])
 
 
 def swaps_wanted(row: dict, kind: str, every: bool) -> bool:
@@ -453,22 +441,22 @@ def compare_runs(
                 row[f"target_{target}_{model}"] = v.word
                 row[f"band_{target}_{model}"] = v.bound
                 row[f"flips_{target}_{model}"] = v.flips
-        if p.kind in ALIGNMENT_KINDS and p.pipeline_policy:
-            row["iteration_ms_err_pipeline_cpu_matched"] = cpu_matched(
-                row, [bases[b] for b in base_runs], [base_of(t) for t in target_runs], p
-            )
         rows.append(row)
-        if swaps_wanted(row, p.kind, swap_every) and p.pipeline_policy:
-            targets = {t: base_of(t) for t in target_runs}
-            swaps += term_swaps(
-                row,
-                [bases[b] for b in base_runs],
-                list(targets.values()),
-                p.pipeline_policy,
-                p.pipeline_workers,
-                p.pipeline_prefetch,
-                meas["iteration_ms"].mean,
-            )
+        if not p.pipeline_policy:
+            continue
+        pair_bases = [bases[b] for b in base_runs]
+        pair_targets = [base_of(t) for t in target_runs]
+        args = (p.pipeline_policy, p.pipeline_workers, p.pipeline_prefetch)
+        measured_ms = meas["iteration_ms"].mean
+        pair_swaps = []
+        if swaps_wanted(row, p.kind, swap_every):
+            pair_swaps = term_swaps(row, pair_bases, pair_targets, *args, measured_ms)
+            swaps += pair_swaps
+        if p.kind in ALIGNMENT_KINDS:  # the cpu swap of every alignment cell, made once
+            cpu = next((s for s in pair_swaps if s["term"] == "cpu"), None)
+            if cpu is None:
+                cpu = cpu_swap(row, pair_bases, pair_targets, *args, measured_ms)
+            row[MATCHED] = math.nan if cpu is None else float(cpu["swapped_err_pct"])
     return pd.DataFrame(rows), pd.DataFrame(swaps)
 
 

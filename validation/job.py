@@ -446,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ["LOCAL_WORLD_SIZE"] = str(args.ranks)  # all ranks run on this node
     shape = (args.epochs, args.iterations, args.ranks)
+    speed = [calibrate()] if spends_cpu else []  # before the board: nothing to clean up yet
     if args.start_align != "none":  # before the ranks fork: they and their workers share it
         args.board = startalign.create_board(*shape, tag=str(os.getpid()))
-    speed = [calibrate()] if spends_cpu else []
     try:
         _start(args, log_dir)
         if spends_cpu:  # the machine's speed just before and after, alone (no rank runs)

@@ -19,6 +19,11 @@ import numpy as np
 from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP
 from dsim.model.selection import default_epochs, selection_mask
 
+#: fidelity.csv's column of each alignment cell's pipeline error with the re-run's CPU time
+#: per batch (``validation.swaps.cpu_swap``; ``validation.compare`` writes it, the report
+#: sets it beside the prediction's error).
+MATCHED = "iteration_ms_err_pipeline_cpu_matched"
+
 METRICS = ("iteration_ms", "stall_ms", "delay_ms", "effective_delay_pct", "epoch_s")
 LABELS = {
     "iteration_ms": "mean iteration time (ms)",

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dsim.io.atomic import write_text
 from validation.cells import Stat
-from validation.metrics import ERROR_KIND, METRICS
+from validation.metrics import ERROR_KIND, MATCHED, METRICS
 from validation.regimes import REGIMES
 from validation.targets import (
     OVERALL_SHARE,
@@ -338,9 +338,6 @@ def worst_noise_section(frame: pd.DataFrame) -> list[str]:
             "",
         ]
     return lines
-
-
-MATCHED = "iteration_ms_err_pipeline_cpu_matched"
 
 
 def cpu_matched_section(frame: pd.DataFrame) -> list[str]:

@@ -20,11 +20,12 @@ time, the mean over its repeats) instead. Its two values are stretches, not
 milliseconds (``unit`` "x").
 
 And ``cpu``: each batch's CPU time. The model takes A's as the work a batch
-costs, but the same cost table's batches took up to 25 % more or less CPU
-time from one run to the next (validation/README.md, "The tenth held-out
-sweep"); the swap scales every batch's CPU time and run-queue wait (and its
-fetch by as much) so that the what-if's mean CPU time per batch is the
-re-run's, and replays.
+costs, but the same cost table's batches took different CPU time from one
+run to the next (one rank's mean per batch 20.2 to 25.7 ms over five repeats:
+validation/README.md, "The tenth held-out sweep"); the swap scales every
+batch's building-thread CPU time and run-queue wait (and its fetch by as
+much; the worker's CPU outside that thread is left as it was) so that the
+what-if's mean CPU time per batch is the re-run's, and replays.
 """
 
 from __future__ import annotations
