@@ -22,7 +22,7 @@ from __future__ import annotations
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
 LOADER_WHATIF_ERROR = 0.177
-#: Alignment what-ifs (fetch and start alignment): 154 cells of 12 sweeps; 10.6 %, where the
+#: Alignment what-ifs (fetch and start alignment): 158 cells of 13 sweeps; 10.6 %, where the
 #: mean is 4.0 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
 ALIGN_WHATIF_ERROR = 0.106
