@@ -1,0 +1,197 @@
+"""How a fetch alignment moves the node's contention, measured on the re-runs.
+
+Why: the pipeline model aligns a batch's work across ranks and lets every
+rank keep the run-queue wait per CPU second q/c that its batch had in run A
+(``dsim.replay.models.pipeline.aligned_cpu``). The re-runs say that share is
+not a property of the batch: aligned fetches start and run together, so more
+of them are runnable at once and each CPU second waits longer (held-out 10,
+mixed at 2 workers: q/c 2.28 unaligned, 3.20 aligned to the mean), or
+shorter where aligning to the fastest rank leaves less work overlapping.
+
+For one regime and worker count of a sweep this prints, per alignment:
+
+- q/c of run A, of the model's aligned prediction and of the re-runs (the
+  sums over the selected iterations' batches, mean over repeats);
+- the runnable overlap: during a batch's fetch, how many fetches of the node
+  are runnable (on a core or waiting for one) on average, each fetch counted
+  by the part of its wall time that is CPU time or run-queue wait, weighted
+  by the batch's CPU time: the quantity processor sharing says q/c follows;
+- the prediction again with the re-run's q/c (every batch's run-queue wait,
+  and its fetch by as much, scaled by one factor): mean iteration time, mean
+  delay and effective-delay share, beside the measured ones.
+
+It reads the re-runs, so it is a diagnosis, not a prediction. The sweep's
+ranks share one node (the harness runs them on one machine).
+
+    python -m validation.contention --data validation/data-holdout10 --regime mixed --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from dsim.model.selection import default_epochs, selection_mask
+from dsim.replay.models import cpu_share
+from dsim.replay.models.pipeline import PreparedPipeline, aligned_cpu
+from validation.cells import group_runs
+from validation.compare import dsim, unpack_logs
+from validation.manifest import load_manifest
+from validation.metrics import DEFAULT_WARMUP
+from validation.predict import PipelineBase, prepare_pipeline, replay_metrics
+
+POLICIES = {"mean": ("avg", "actual"), "min": ("min", "actual")}
+METRICS = ("iteration_ms", "delay_ms", "effective_delay_pct")
+
+
+def selected(base: PipelineBase) -> np.ndarray:
+    """The [N, G] rows dsim's summary judges: every epoch but the first, iterations > 10."""
+    a = base.arrays
+    rows = selection_mask(a.epoch, a.iteration, default_epochs(np.unique(a.epoch).tolist()),
+                          DEFAULT_WARMUP)  # fmt: skip
+    return np.repeat(rows[:, None], a.fetch.shape[1], axis=1)
+
+
+def runq_share(prepared: PreparedPipeline, rows: np.ndarray) -> float:
+    """Run-queue wait per CPU second of the selected batches' fetches."""
+    load = prepared.cpu.load  # type: ignore[union-attr]
+    return float(load.fetch_runq[rows].sum() / load.fetch_cpu[rows].sum())
+
+
+def runnable_overlap(
+    start: np.ndarray, fetch: np.ndarray, cpu: np.ndarray, runq: np.ndarray, rows: np.ndarray
+) -> float:
+    """Fetches runnable during a selected batch's fetch, on average (CPU-time weighted).
+
+    A fetch counts for the fraction (c + q) / f of its wall time that it is on a
+    core or waiting for one; the batch itself is one of them.
+    """
+    end = start + fetch
+    weight = np.divide(cpu + runq, fetch, out=np.zeros_like(fetch), where=fetch > 0)
+    n = cpu_share.overlap_rate(start, end, weight, start[rows], end[rows])
+    ok = np.isfinite(n)
+    return float(np.average(n[ok], weights=cpu[rows][ok])) if ok.any() else float("nan")
+
+
+def scaled_runq(prepared: PreparedPipeline, factor: float) -> PreparedPipeline:
+    """``prepared`` with every batch's run-queue wait ``factor`` times as long (its fetch too).
+
+    The batch's CPU time and the rest of its fetch (I/O, sleeps) stay, so a fetch
+    alignment that follows moves the same work with the scaled share.
+    """
+    cpu = prepared.cpu
+    assert cpu is not None
+    q = cpu.load.fetch_runq
+    load = replace(cpu.load, fetch_runq=q * factor)
+    fetch = np.ascontiguousarray(prepared.inputs.fetch + (factor - 1.0) * q)
+    return replace(
+        prepared,
+        inputs=replace(prepared.inputs, fetch=fetch),
+        cpu=replace(cpu, load=load, demand_s=cpu_share.node_demand(load)),
+    )
+
+
+def overlap_of(base: PipelineBase, prepared: PreparedPipeline | None = None) -> float:
+    """``runnable_overlap`` of a run as measured (or of ``prepared``'s fetches at its starts)."""
+    prep = base.prepared if prepared is None else prepared
+    load = prep.cpu.load  # type: ignore[union-attr]
+    return runnable_overlap(base.arrays.start, prep.inputs.fetch, load.fetch_cpu,
+                            load.fetch_runq, selected(base))  # fmt: skip
+
+
+def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str) -> dict:
+    """One alignment's contention terms and the prediction with the re-runs' q/c."""
+    policy = POLICIES[align]
+    goal = float(np.mean([runq_share(t.prepared, selected(t)) for t in targets]))
+    row: dict = {
+        "align": align,
+        "base_runq_per_cpu_s": float(np.mean([runq_share(b.prepared, selected(b)) for b in bases])),
+        "rerun_runq_per_cpu_s": goal,
+        "base_overlap": float(np.mean([overlap_of(b) for b in bases])),
+        "rerun_overlap": float(np.mean([overlap_of(t) for t in targets])),
+    }
+    predicted, swapped, shares = [], [], []
+    for base in bases:
+        aligned = aligned_cpu(base.prepared, policy[0])
+        share = runq_share(aligned, selected(base))
+        shares.append(share)
+        predicted.append(replay_metrics(base, policy, None, None))
+        factor = goal / share if share > 0 else 1.0
+        swapped.append(replay_metrics(base, policy, None, None, scaled_runq(base.prepared, factor)))
+    measured = [replay_metrics(t, ("actual", "actual"), None, None) for t in targets]
+    row["predicted_runq_per_cpu_s"] = float(np.mean(shares))
+    for key in METRICS:
+        row[f"{key}_measured"] = float(np.mean([m[key] for m in measured]))
+        row[f"{key}_predicted"] = float(np.mean([m[key] for m in predicted]))
+        row[f"{key}_rerun_runq"] = float(np.mean([m[key] for m in swapped]))
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as Markdown."""
+    out = [
+        "| alignment | q/c: A → model → re-runs | runnable overlap: A → re-runs "
+        "| iteration ms: measured / predicted / with re-runs' q/c "
+        "| delay ms: idem | eff. delay %: idem |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            f"{r['base_runq_per_cpu_s']:.2f} → {r['predicted_runq_per_cpu_s']:.2f} → "
+            f"{r['rerun_runq_per_cpu_s']:.2f}",
+            f"{r['base_overlap']:.2f} → {r['rerun_overlap']:.2f}",
+            *(
+                f"{r[f'{k}_measured']:.1f} / {r[f'{k}_predicted']:.1f} / {r[f'{k}_rerun_runq']:.1f}"
+                for k in METRICS
+            ),
+        ]
+        out.append(f"| align {r['align']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, required=True, help="sweep directory")
+    p.add_argument("--regime", required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--repeats", type=int, help="only the first N repeats of every cell")
+    p.add_argument("--jobs", type=int, default=1, help="runs `dsim parse` reads at once")
+    args = p.parse_args(argv)
+    cells = group_runs(load_manifest(args.data)["runs"])
+    wanted = {
+        c.align: runs[: args.repeats]
+        for c, runs in cells.items()
+        if c.regime == args.regime and c.workers == args.workers
+        and c.prefetch == args.prefetch and c.start is None
+    }  # fmt: skip
+    if "none" not in wanted or not set(wanted) & set(POLICIES):
+        print(f"{args.data}: no unaligned run and fetch-aligned re-run of "
+              f"{args.regime} at {args.workers} workers", file=sys.stderr)  # fmt: skip
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        logs, traces = Path(tmp) / "logs", Path(tmp) / "traces"
+        names = [name for runs in wanted.values() for name in runs]
+        for name in names:
+            unpack_logs(args.data / name, logs / name)
+        dsim("parse", str(logs), "--out", str(traces), "--quiet", "--jobs", str(args.jobs))
+        for name in names:
+            (traces / name / "job.json").write_bytes((args.data / name / "job.json").read_bytes())
+        runs = {a: [prepare_pipeline(traces / n) for n in ns] for a, ns in wanted.items()}
+    if any(b.prepared.cpu is None for b in runs["none"]):
+        print(f"{args.data}: the runs carry no CPU times", file=sys.stderr)
+        return 2
+    rows = [diagnose(runs["none"], runs[a], a) for a in ("mean", "min") if a in runs]
+    print(f"{args.data}: {args.regime}, {args.workers} workers, "
+          f"{len(runs['none'])} repeats of A")  # fmt: skip
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
