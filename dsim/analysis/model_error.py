@@ -27,6 +27,17 @@ LOADER_WHATIF_ERROR = 0.177
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
 ALIGN_WHATIF_ERROR = 0.106
 
+#: The effective-delay share of the same alignment cells, in percentage points: 12.4, where the
+#: mean is 3.7 and the signed mean -0.8. Its largest misses are the mixed regime's align mean at
+#: 2 workers, 10-15 points too low on 8 of 9 sweeps: aligned fetches overlap more and wait
+#: longer for a core than the model carries over (validation/README.md, "The eleventh
+#: held-out sweep").
+ALIGN_SHARE_ERROR_PTS = 12.4
+#: ... of the loader cells: 44.0 points (238 cells). A loader change moves the fetches' overlap
+#: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
+#: swings with both; the band says how little the predicted share of a loader what-if pins down.
+LOADER_SHARE_ERROR_PTS = 44.0
+
 
 def speedup_band(low: float, high: float, error: float) -> tuple[float, float]:
     """A speed-up interval [low, high] widened by a relative error of the predicted time.
@@ -35,3 +46,8 @@ def speedup_band(low: float, high: float, error: float) -> tuple[float, float]:
     s = before / t becomes s ÷ (1 ± error).
     """
     return low / (1.0 + error), (high / (1.0 - error) if error < 1.0 else float("inf"))
+
+
+def share_band(share: float, points: float) -> tuple[float, float]:
+    """A predicted effective-delay share ± the model's error in points, kept within 0-100 %."""
+    return max(share - points, 0.0), min(share + points, 100.0)

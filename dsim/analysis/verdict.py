@@ -46,7 +46,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR, speedup_band
+from dsim.analysis.model_error import (
+    ALIGN_SHARE_ERROR_PTS,
+    ALIGN_WHATIF_ERROR,
+    LOADER_SHARE_ERROR_PTS,
+    LOADER_WHATIF_ERROR,
+    share_band,
+    speedup_band,
+)
 from dsim.model.resultinfo import ResultInfo
 from dsim.replay.policies import (
     ACTUAL,
@@ -62,9 +69,10 @@ from dsim.replay.policies import (
 from dsim.words import counted
 
 DEFAULT_MODEL = "per-iteration"
-PIPELINE_MODEL = "pipeline"  # its start-min is start actual (causal starts)
+# Its start-min is start actual (causal starts); its verdict says how it was calibrated
+# (loader, consistency) and states the bands of its validated error.
+PIPELINE_MODEL = "pipeline"
 STALL_ONLY_MODEL = "stall-only"  # its verdict says that only stalls were replayed
-PIPELINE_MODEL = "pipeline"  # its verdict says how it was calibrated (loader, consistency)
 HELPS_MIN_SAVING = 0.01  # a policy must save >= 1 % of the measured iteration time
 #: Fewer selected iterations than this: the speed-up is stated with its interval.
 FEW_ITERATIONS = 30
@@ -101,6 +109,10 @@ class Verdict:
     speedup_low: float | None = None
     speedup_high: float | None = None
     model_error: float | None = None  # relative error of the predicted time the band carries
+    # A pipeline verdict's effective delay after, ± the model's error of the share in points.
+    effective_delay_pct_low: float | None = None
+    effective_delay_pct_high: float | None = None
+    share_model_error_pts: float | None = None
     caveats: tuple[str, ...] = ()  # printed under the verdict, one line each
 
     @property
@@ -320,9 +332,12 @@ def verdict(
     notes = _caveats(rows, best, trace)
     if model == PIPELINE_MODEL and _streamed(trace):
         notes.append(STREAM_NOTE)
-    model_error = None
+    model_error = share_error = None
+    share_low = share_high = None
     if model == PIPELINE_MODEL and helps:
         model_error = LOADER_WHATIF_ERROR if loader is not None else ALIGN_WHATIF_ERROR
+        share_error = LOADER_SHARE_ERROR_PTS if loader is not None else ALIGN_SHARE_ERROR_PTS
+        share_low, share_high = share_band(after_eff, share_error)
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         how_much = f"{speedup:.2f}× faster"
@@ -342,6 +357,8 @@ def verdict(
             f"stall {format_pair(base_stall, after_stall)}{change}, "
             f"effective delay {_pct(base_eff)} → {_pct(after_eff)} of iterations"
         )
+        if share_low is not None and share_high is not None:
+            text += f" (95 % band {share_low:.1f}–{_pct(share_high)})"
         where = f" on {counted(gpus, 'GPU')}" if gpus else ""
         if model == DEFAULT_MODEL and policy[1] in _EARLIER_STARTS:
             where += ASSUMES_EARLY_START
@@ -402,6 +419,9 @@ def verdict(
         speedup_low=None if interval is None else interval[0],
         speedup_high=None if interval is None else interval[1],
         model_error=model_error,
+        effective_delay_pct_low=share_low,
+        effective_delay_pct_high=share_high,
+        share_model_error_pts=share_error,
         caveats=tuple(notes),
     )
 
