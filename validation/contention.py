@@ -38,7 +38,8 @@ import numpy as np
 
 from dsim.model.selection import default_epochs, selection_mask
 from dsim.replay.models import cpu_share
-from dsim.replay.models.pipeline import PreparedPipeline, aligned_cpu
+from dsim.replay.models.pipeline import PreparedPipeline, aligned_cpu, contended
+from dsim.replay.models.pipeline_kernel import replay_pipeline
 from validation.cells import group_runs
 from validation.compare import dsim, unpack_logs
 from validation.manifest import load_manifest
@@ -138,6 +139,35 @@ def shared_on_a_starts(base: PipelineBase, align: str, passes: int = 3) -> Prepa
     return scaled
 
 
+def shared_on_replayed_starts(
+    base: PipelineBase, align: str, passes: int = 6, damping: float = 0.5
+) -> PreparedPipeline:
+    """The same rule with the overlap taken from the replayed schedule (damped passes).
+
+    Each pass replays the aligned run as the model does (``contended``: the alignment,
+    the node's stretch ρ*, the trainers'), takes every fetch's replayed start, and moves
+    each batch's overlap factor halfway to aligned ÷ A. Also a tried rule, not the model.
+    """
+    prep = base.prepared
+    load = prep.cpu.load  # type: ignore[union-attr]
+    c, q = load.fetch_cpu, load.fetch_runq
+    in_a = overlap_per_batch(base.arrays.start, prep.inputs.fetch, c, q)
+    growth = np.ones_like(c)
+    policy = POLICIES[align]
+    scaled = prep
+    for _ in range(passes):
+        factor = np.divide(np.maximum((c + q) * growth - c, 0.0), q, out=np.ones_like(q),
+                           where=q > 0)  # fmt: skip
+        scaled = scaled_runq(prep, factor)
+        run, replayed = contended(scaled, policy, None, None)
+        out = replay_pipeline(run.inputs, run.calibration, replayed, None, None, starts=True)
+        now = aligned_cpu(scaled, policy[0]).cpu.load  # type: ignore[union-attr]
+        overlap = overlap_per_batch(out["gpu_start_s"], run.inputs.fetch, now.fetch_cpu,
+                                    now.fetch_runq)  # fmt: skip
+        growth = (1.0 - damping) * growth + damping * overlap / in_a
+    return scaled
+
+
 def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str) -> dict:
     """One alignment's contention terms and the prediction with the re-runs' q/c."""
     policy = POLICIES[align]
@@ -149,19 +179,22 @@ def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str)
         "base_overlap": float(np.mean([overlap_of(b) for b in bases])),
         "rerun_overlap": float(np.mean([overlap_of(t) for t in targets])),
     }
-    predicted, swapped, shares, tried = [], [], [], []
+    predicted, swapped, shares, tried, replayed = [], [], [], [], []
     for base in bases:
         aligned = aligned_cpu(base.prepared, policy[0])
         share = runq_share(aligned, selected(base))
         shares.append(share)
         rule = aligned_cpu(shared_on_a_starts(base, align), policy[0])
         tried.append(runq_share(rule, selected(base)))
+        rule = aligned_cpu(shared_on_replayed_starts(base, align), policy[0])
+        replayed.append(runq_share(rule, selected(base)))
         predicted.append(replay_metrics(base, policy, None, None))
         factor = goal / share if share > 0 else 1.0
         swapped.append(replay_metrics(base, policy, None, None, scaled_runq(base.prepared, factor)))
     measured = [replay_metrics(t, ("actual", "actual"), None, None) for t in targets]
     row["predicted_runq_per_cpu_s"] = float(np.mean(shares))
     row["shared_on_a_starts_runq_per_cpu_s"] = float(np.mean(tried))
+    row["shared_on_replayed_starts_runq_per_cpu_s"] = float(np.mean(replayed))
     for key in METRICS:
         row[f"{key}_measured"] = float(np.mean([m[key] for m in measured]))
         row[f"{key}_predicted"] = float(np.mean([m[key] for m in predicted]))
@@ -172,7 +205,7 @@ def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str)
 def table(rows: list[dict]) -> str:
     """The rows as Markdown."""
     out = [
-        "| alignment | q/c: A → model → re-runs | q/c, the tried rule "
+        "| alignment | q/c: A → model → re-runs | q/c, the tried rule: A's starts, replayed "
         "| runnable overlap: A → re-runs "
         "| iteration ms: measured / predicted / with re-runs' q/c "
         "| delay ms: idem | eff. delay %: idem |",
@@ -182,7 +215,8 @@ def table(rows: list[dict]) -> str:
         cells = [
             f"{r['base_runq_per_cpu_s']:.2f} → {r['predicted_runq_per_cpu_s']:.2f} → "
             f"{r['rerun_runq_per_cpu_s']:.2f}",
-            f"{r['shared_on_a_starts_runq_per_cpu_s']:.2f}",
+            f"{r['shared_on_a_starts_runq_per_cpu_s']:.2f}, "
+            f"{r['shared_on_replayed_starts_runq_per_cpu_s']:.2f}",
             f"{r['base_overlap']:.2f} → {r['rerun_overlap']:.2f}",
             *(
                 f"{r[f'{k}_measured']:.1f} / {r[f'{k}_predicted']:.1f} / {r[f'{k}_rerun_runq']:.1f}"
