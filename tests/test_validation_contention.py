@@ -32,10 +32,11 @@ def test_runnable_overlap_counts_the_fetches_on_a_core_or_waiting() -> None:
     assert abs(runnable_overlap(start, fetch, cpu, runq, rows) - 1.5) < 1e-12
 
 
-def test_the_aligned_re_runs_wait_longer_per_cpu_second_than_run_a() -> None:
-    """The held-out sweep's mixed regime at 2 workers: aligned fetches overlap more, and
-    each CPU second waits longer for a core than in the unaligned runs (3.20 against
-    2.28 over ten repeats); the model keeps A's share."""
+def test_the_aligned_re_runs_wait_longer_per_cpu_second_and_the_model_says_so() -> None:
+    """The held-out sweep's mixed regime at 2 workers: aligned fetches overlap more, and each
+    CPU second waits longer for a core than in the unaligned runs (3.20 against 2.28 over ten
+    repeats); the model's solved stretch replays that level (3.20), so its share miss there is
+    not the contention's level: at the re-runs' stretch the share hardly moves."""
     done = subprocess.run(
         [sys.executable, "-m", "validation.contention", "--data",
          "validation/data-holdout10", "--regime", "mixed", "--workers", "2", "--repeats", "2"],
@@ -46,10 +47,12 @@ def test_the_aligned_re_runs_wait_longer_per_cpu_second_than_run_a() -> None:
             if line.startswith("| align ")}  # fmt: skip
     assert set(rows) == {"align mean", "align min"}
     base, model, rerun = (float(x) for x in rows["align mean"][2].split("→"))
-    assert rerun > base + 0.5 and abs(model - base) < 0.2
+    assert rerun > base + 0.5 and abs(model - rerun) < 0.3
     before, after = (float(x) for x in rows["align mean"][4].split("→"))
     assert after > before
-    # the tried processor-sharing rule on A's start times: far below the re-runs at align min
+    share = [float(x) for x in rows["align mean"][7].split("/")]  # measured, predicted, swapped
+    assert abs(share[2] - share[1]) < 3.0
+    # the tried rules on A's start times and on the replayed schedule: both under A at align min
     on_a_starts, on_replayed = (float(x) for x in rows["align min"][3].split(","))
     assert on_a_starts < base and on_replayed < base
 

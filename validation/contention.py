@@ -1,24 +1,27 @@
-"""How a fetch alignment moves the node's contention, measured on the re-runs.
+"""How a fetch alignment moves the node's contention: the model's against the re-runs'.
 
-Why: the pipeline model aligns a batch's work across ranks and lets every
-rank keep the run-queue wait per CPU second q/c that its batch had in run A
-(``dsim.replay.models.pipeline.aligned_cpu``). The re-runs say that share is
-not a property of the batch: aligned fetches start and run together, so more
-of them are runnable at once and each CPU second waits longer (held-out 10,
-mixed at 2 workers: q/c 2.28 unaligned, 3.20 aligned to the mean), or
-shorter where aligning to the fastest rank leaves less work overlapping.
+Why: the mixed regime's effective-delay share under fetch alignment is
+predicted 10-15 points too low on most sweeps, and the first suspect is the
+contention: aligned fetches start and run together, so more of them are
+runnable at once and each CPU second waits longer for a core (held-out 10,
+mixed at 2 workers: run-queue wait per CPU second q/c 2.28 unaligned, 3.20
+aligned to the mean). This prints, for one regime and worker count of a
+sweep, per alignment:
 
-For one regime and worker count of a sweep this prints, per alignment:
-
-- q/c of run A, of the model's aligned prediction and of the re-runs (the
-  sums over the selected iterations' batches, mean over repeats);
+- q/c of run A, of the model's replay, and of the re-runs (over the selected
+  iterations' batches, mean over repeats). The model's is what its kernel
+  replays: the aligned work (``aligned_cpu``: each rank keeps its batch's
+  q/c) with every CPU second stretched from ρ_m to the solved ρ*;
+- q/c of two processor-sharing rules tried in place of ρ*: each batch's
+  stretch 1 + q/c as in A, times its runnable overlap aligned ÷ in A, the
+  overlap taken at A's start times, then from the model's replayed schedule;
 - the runnable overlap: during a batch's fetch, how many fetches of the node
-  are runnable (on a core or waiting for one) on average, each fetch counted
-  by the part of its wall time that is CPU time or run-queue wait, weighted
-  by the batch's CPU time: the quantity processor sharing says q/c follows;
-- the prediction again with the re-run's q/c (every batch's run-queue wait,
-  and its fetch by as much, scaled by one factor): mean iteration time, mean
-  delay and effective-delay share, beside the measured ones.
+  are runnable (on a core or waiting for one) on average, each counted by
+  the part of its wall time that is CPU time or run-queue wait, weighted by
+  the batch's CPU time;
+- mean iteration time, mean delay and effective-delay share: measured,
+  predicted, and predicted at the re-runs' stretch (the replayed q/c set to
+  the re-runs').
 
 It reads the re-runs, so it is a diagnosis, not a prediction. The sweep's
 ranks share one node (the harness runs them on one machine).
@@ -38,7 +41,12 @@ import numpy as np
 
 from dsim.model.selection import default_epochs, selection_mask
 from dsim.replay.models import cpu_share
-from dsim.replay.models.pipeline import PreparedPipeline, aligned_cpu, contended
+from dsim.replay.models.pipeline import (
+    PreparedPipeline,
+    aligned_cpu,
+    contended,
+    solve_contention,
+)
 from dsim.replay.models.pipeline_kernel import replay_pipeline
 from validation.cells import group_runs
 from validation.compare import dsim, unpack_logs
@@ -159,7 +167,10 @@ def shared_on_replayed_starts(
         factor = np.divide(np.maximum((c + q) * growth - c, 0.0), q, out=np.ones_like(q),
                            where=q > 0)  # fmt: skip
         scaled = scaled_runq(prep, factor)
-        run, replayed = contended(scaled, policy, None, None)
+        cpu = scaled.cpu
+        assert cpu is not None  # the rule is the whole contention: no stretch ρ* on top
+        own = replace(scaled, cpu=replace(cpu, rho_given=cpu.rho_measured))
+        run, replayed = contended(own, policy, None, None)
         out = replay_pipeline(run.inputs, run.calibration, replayed, None, None, starts=True)
         now = aligned_cpu(scaled, policy[0]).cpu.load  # type: ignore[union-attr]
         overlap = overlap_per_batch(out["gpu_start_s"], run.inputs.fetch, now.fetch_cpu,
@@ -181,16 +192,20 @@ def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str)
     }
     predicted, swapped, shares, tried, replayed = [], [], [], [], []
     for base in bases:
+        cpu = base.prepared.cpu
+        assert cpu is not None
         aligned = aligned_cpu(base.prepared, policy[0])
-        share = runq_share(aligned, selected(base))
-        shares.append(share)
+        before = runq_share(aligned, selected(base))
+        # What the kernel replays: every CPU second of a fetch stretched from ρ_m to ρ*.
+        rho = solve_contention(aligned, policy, None, None).rho
+        shares.append(before + rho - cpu.rho_measured)
         rule = aligned_cpu(shared_on_a_starts(base, align), policy[0])
         tried.append(runq_share(rule, selected(base)))
         rule = aligned_cpu(shared_on_replayed_starts(base, align), policy[0])
         replayed.append(runq_share(rule, selected(base)))
         predicted.append(replay_metrics(base, policy, None, None))
-        factor = goal / share if share > 0 else 1.0
-        swapped.append(replay_metrics(base, policy, None, None, scaled_runq(base.prepared, factor)))
+        given = replace(base.prepared, cpu=replace(cpu, rho_given=cpu.rho_measured + goal - before))
+        swapped.append(replay_metrics(base, policy, None, None, given))
     measured = [replay_metrics(t, ("actual", "actual"), None, None) for t in targets]
     row["predicted_runq_per_cpu_s"] = float(np.mean(shares))
     row["shared_on_a_starts_runq_per_cpu_s"] = float(np.mean(tried))
@@ -205,9 +220,9 @@ def diagnose(bases: list[PipelineBase], targets: list[PipelineBase], align: str)
 def table(rows: list[dict]) -> str:
     """The rows as Markdown."""
     out = [
-        "| alignment | q/c: A → model → re-runs | q/c, the tried rule: A's starts, replayed "
+        "| alignment | q/c: A → model → re-runs | q/c, the tried rules: A's starts, replayed "
         "| runnable overlap: A → re-runs "
-        "| iteration ms: measured / predicted / with re-runs' q/c "
+        "| iteration ms: measured / predicted / at the re-runs' stretch "
         "| delay ms: idem | eff. delay %: idem |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -29,9 +29,8 @@ ALIGN_WHATIF_ERROR = 0.106
 
 #: The effective-delay share of the same alignment cells, in percentage points: 12.4, where the
 #: mean is 3.7 and the signed mean -0.8. Its largest misses are the mixed regime's align mean at
-#: 2 workers, 10-15 points too low on 8 of 9 sweeps: aligned fetches overlap more and wait
-#: longer for a core than the model carries over (validation/README.md, "The eleventh
-#: held-out sweep").
+#: 2 workers, 10-15 points too low on 8 of 9 sweeps, with the contention's level right
+#: (validation/README.md, "The eleventh held-out sweep").
 ALIGN_SHARE_ERROR_PTS = 12.4
 #: ... of the loader cells: 44.0 points (238 cells). A loader change moves the fetches' overlap
 #: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
