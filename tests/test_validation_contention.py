@@ -65,3 +65,18 @@ def test_a_regime_without_aligned_re_runs_is_one_line_and_exit_2() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "no unaligned run and fetch-aligned re-run of mixed at 4 workers" in done.stderr
+
+
+def test_not_a_sweep_directory_or_no_repeats_is_one_line(tmp_path) -> None:
+    for args, code, words in (
+        (["--data", str(tmp_path)], 3, f"{tmp_path}: no manifest.json (not a sweep directory)"),
+        (["--data", "validation/data-holdout10", "--repeats", "0"], 2,
+         "--repeats must be at least 1"),
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "validation.contention", *args, "--regime", "mixed",
+             "--workers", "2"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == code, done.stderr
+        assert words in done.stderr and "Traceback" not in done.stderr

@@ -336,8 +336,9 @@ def verdict(
     share_low = share_high = None
     if model == PIPELINE_MODEL and helps:
         model_error = LOADER_WHATIF_ERROR if loader is not None else ALIGN_WHATIF_ERROR
-        share_error = LOADER_SHARE_ERROR_PTS if loader is not None else ALIGN_SHARE_ERROR_PTS
-        share_low, share_high = share_band(after_eff, share_error)
+        if math.isfinite(after_eff):  # (no band around an unknown share)
+            share_error = LOADER_SHARE_ERROR_PTS if loader is not None else ALIGN_SHARE_ERROR_PTS
+            share_low, share_high = share_band(after_eff, share_error)
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         how_much = f"{speedup:.2f}× faster"
