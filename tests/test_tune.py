@@ -299,3 +299,37 @@ def test_a_worker_busy_at_every_hand_over_is_a_caveat():
     note = busy_hand_over_note(PreparedPipeline(inputs, every))
     assert note is not None and note.startswith("100% of the batches built ahead")
     assert "may be too small" in note
+
+
+def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
+    """At the recorded settings the aligned choice is an alignment what-if alone: its band
+    takes the alignment cells' error, narrower than the loader's it took before; the
+    recorded settings unaligned are the run itself (no model error); a loader change,
+    aligned or not, keeps the loader's."""
+    from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR
+    from dsim.app.tune import model_error_of
+    from dsim.replay.params import LoaderSettings
+    from dsim.tuning import bands
+
+    recorded = LoaderSettings(workers=2, prefetch_factor=2)
+    aligned = Point(2, 2, ("min", "actual"), np.ones(5), np.zeros(5), np.ones(2))
+    assert model_error_of(aligned, recorded) == (ALIGN_WHATIF_ERROR, "alignment")
+    assert model_error_of(_point(2, 2, 1.0), recorded) == (0.0, "none")
+    assert model_error_of(_point(4, 2, 1.0), recorded) == (LOADER_WHATIF_ERROR, "loader")
+    more = Point(4, 2, ("min", "actual"), np.ones(5), np.zeros(5), np.ones(2))
+    assert model_error_of(more, recorded) == (LOADER_WHATIF_ERROR, "loader")
+
+    # a grid of the recorded setting alone (2 workers, prefetch 2): the run, and it aligned
+    result = dsim.tune(traces["loading"], workers="2", prefetch=[2], quiet=True)
+    assert (result.loader_only.model_error, result.loader_only.error_kind) == (0.0, "none")
+    combined = result.with_alignment
+    assert (combined.point.workers, combined.point.prefetch) == (2, 2)
+    assert combined.point.policy != ("actual", "actual")
+    assert (combined.model_error, combined.error_kind) == (ALIGN_WHATIF_ERROR, "alignment")
+    loader_wide = bands(result.baseline, combined.point, LOADER_WHATIF_ERROR)["speedup"]
+    speed = combined.bands["speedup"]
+    assert loader_wide.low < speed.low <= speed.value <= speed.high < loader_wide.high
+    doc = document(result)["with_alignment"]
+    assert (doc["model_error"], doc["model_error_kind"]) == (ALIGN_WHATIF_ERROR, "alignment")
+    text = "\n".join(lines(result))
+    assert f"its band widened by the alignment error (±{ALIGN_WHATIF_ERROR:.1%})" in text

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dsim.analysis.model_error import LOADER_WHATIF_ERROR
+from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
@@ -54,6 +54,9 @@ class Choice:
     point: Point
     bands: dict[str, Band]
     flat: Flattening
+    #: The relative error the bands are widened by, and which what-if's it is (SPEC §5.7).
+    model_error: float = LOADER_WHATIF_ERROR
+    error_kind: str = "loader"
 
 
 @dataclass(frozen=True)
@@ -187,10 +190,10 @@ def tune_run(
     alone = sweep(model, prepared, mask, grid_w, grid_p, ACTUAL, base)
     ranks = [int(g) for g in arrays.gpus]
     saturated = cpu_saturated_at(prepared, grid_w, measured.prefetch_factor)
-    loader_only = _choice(baseline, alone, ranks, saturated)
+    loader_only = _choice(baseline, alone, ranks, measured, saturated)
     policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
     combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
-    with_alignment = _choice(baseline, combined, ranks, saturated) if combined else None
+    with_alignment = _choice(baseline, combined, ranks, measured, saturated) if combined else None
     n = int(mask.sum())
     result = TuneResult(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
@@ -225,11 +228,35 @@ def cpu_saturated_at(prepared: Any, workers: Sequence[int], prefetch: int) -> in
 
 
 def _choice(
-    baseline: Point, points: list[Point], ranks: list[int], saturated: int | None = None
+    baseline: Point,
+    points: list[Point],
+    ranks: list[int],
+    measured: LoaderSettings,
+    saturated: int | None = None,
 ) -> Choice:
     chosen = cheapest_near_best(points)
     flat = flattening(points, ranks=ranks, cpu_saturated_at=saturated)
-    return Choice(chosen, bands(baseline, chosen, LOADER_WHATIF_ERROR), flat)
+    error, kind = model_error_of(chosen, measured)
+    return Choice(chosen, bands(baseline, chosen, error), flat, error, kind)
+
+
+def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
+    """The validated error of the what-if that ``point`` is, and its kind.
+
+    Why per point: at the recorded settings the aligned sweep's point is an
+    alignment what-if alone, whose re-runs missed less (``ALIGN_WHATIF_ERROR``)
+    than the loader what-ifs' (``LOADER_WHATIF_ERROR``); widening it by the
+    loader's error overstated its uncertainty. The recorded settings without
+    alignment are the measured run itself (identity: no model error). A loader
+    change combined with alignment has no re-runs of its own and takes the larger,
+    the loader's.
+    """
+    same = point.workers == measured.workers and point.prefetch == measured.prefetch_factor
+    if same and tuple(point.policy) == ACTUAL:
+        return 0.0, "none"
+    if same:
+        return ALIGN_WHATIF_ERROR, "alignment"
+    return LOADER_WHATIF_ERROR, "loader"
 
 
 #: Why ``dsim tune`` swept one worker count (SPEC §4.2, §5.7).

@@ -18,7 +18,8 @@ HELP = """Sweep num_workers x prefetch_factor with the pipeline model and recomm
 Prints first the cheapest setting (fewest workers, then smallest prefetch)
 within 2 % of the best predicted, its predicted iteration time, stall and
 speed-up with a 95 % band (bootstrap over iterations, widened by the 95th
-percentile of the model's loader error on re-runs, FIDELITY.md), what it
+percentile of the model's error on re-runs for that kind of what-if,
+FIDELITY.md), what it
 costs, and where more workers stop helping and why; then the curve as a
 workers x prefetch table, alone and with the best alignment. Writes
 RESULTS/tune/<run>.{parquet,csv}.

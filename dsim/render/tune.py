@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dsim.analysis.model_error import LOADER_WHATIF_ERROR
 from dsim.tuning import Band
 from dsim.words import counted
 
@@ -86,6 +85,35 @@ def memory_text(result: TuneResult, point: Point) -> str:
     )
 
 
+#: What each kind of what-if's band is widened by, in words (``Choice.error_kind``).
+_ERROR_WORDS = {
+    "loader": "loader",
+    "alignment": "alignment",
+}
+
+
+def band_origin(choice: Choice, *, short: bool = False) -> str:
+    """How the band was widened: by the error of the kind of what-if the choice is.
+
+    The recorded settings without alignment are the measured run (no model
+    error to add); the same settings aligned are an alignment what-if, whose
+    re-runs missed less than the loader what-ifs'.
+    """
+    if choice.error_kind == "none":
+        if short:
+            return ", the recorded settings: no model error added"
+        return " (the recorded settings: the model reproduces the run, no model error added)"
+    if short:
+        return (
+            f", its band widened by the {_ERROR_WORDS[choice.error_kind]} error "
+            f"(±{choice.model_error:.1%})"
+        )
+    return (
+        f", widened by the pipeline model's {_ERROR_WORDS[choice.error_kind]} error on re-runs "
+        f"(±{choice.model_error:.1%}: its 95th percentile, FIDELITY.md)"
+    )
+
+
 def recommendation_lines(result: TuneResult) -> list[str]:
     """The answer in words: settings, speed-up with its band, stall, cost."""
     choice = result.loader_only
@@ -97,9 +125,8 @@ def recommendation_lines(result: TuneResult) -> list[str]:
         f"stall {_band_ms(choice.bands['stall_s'])}, "
         f"{_speed(choice.bands['speedup'])} vs the recorded "
         f"{_ms(result.baseline.mean_iteration_s)}",
-        f"  95 % band: bootstrap over {_count(result.iterations, 'iteration')}, widened by the "
-        f"pipeline model's loader error on re-runs (±{LOADER_WHATIF_ERROR:.1%}: its 95th "
-        "percentile, FIDELITY.md)",
+        f"  95 % band: bootstrap over {_count(result.iterations, 'iteration')}"
+        f"{band_origin(choice)}",
         cost_line(result, choice.point),
         f"  {choice.flat.text}",
     ]
@@ -108,7 +135,7 @@ def recommendation_lines(result: TuneResult) -> list[str]:
         label = f"{result.alignment[0]}/{result.alignment[1]}"
         lines.append(
             f"  with aligned loaders ({label}) as well: {_setting(combined.point)}, "
-            f"{_speed(combined.bands['speedup'])}"
+            f"{_speed(combined.bands['speedup'])}{band_origin(combined, short=True)}"
         )
     lines += [f"  caveat: {c}" for c in result.caveats]
     return lines
@@ -171,6 +198,8 @@ def _choice_doc(result: TuneResult, choice: Choice) -> dict[str, Any]:
         "flattens_at_workers": choice.flat.workers,
         "flattening_reason": choice.flat.reason,
         "flattening": choice.flat.text,
+        "model_error": choice.model_error,
+        "model_error_kind": choice.error_kind,
     }
 
 
@@ -200,7 +229,7 @@ def document(result: TuneResult) -> dict[str, Any]:
         "cores": result.cores,
         "ranks_on_node": result.ranks_on_node,
         "batch_bytes": result.batch_bytes,
-        "model_error": LOADER_WHATIF_ERROR,
+        "model_error": result.loader_only.model_error,
         "recommendation": _choice_doc(result, result.loader_only),
         "alignment": f"{result.alignment[0]}/{result.alignment[1]}",
         "with_alignment": (
