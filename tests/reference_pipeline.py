@@ -101,6 +101,7 @@ def reference_pipeline(
     new_workers: int | None = None,
     new_prefetch: int | None = None,
     busy_min_samples: int = BUSY_MIN_SAMPLES,
+    busy_min_se: float = 2.0,
 ) -> RefResult:
     """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
     n = len(epoch)
@@ -208,7 +209,7 @@ def reference_pipeline(
                 mean = math.fsum(split[kind]) / len(split[kind])
                 var = max(math.fsum(v * v for v in split[kind]) / len(split[kind]) - mean**2, 0)
                 se2 += var / len(split[kind])
-            if excess <= 2 * math.sqrt(se2):
+            if excess <= busy_min_se * math.sqrt(se2) or excess <= 0:
                 excess = 0.0
 
         # --- replay

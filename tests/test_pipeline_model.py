@@ -61,12 +61,12 @@ def _inputs(t) -> PipelineInputs:
     )  # fmt: skip
 
 
-def _reference(t, policy, new_w=None, new_p=None, busy_min_samples=10):
+def _reference(t, policy, new_w=None, new_p=None, busy_min_samples=10, busy_min_se=2.0):
     epoch, iteration, start, fetch, arrival, stall, itime, worker, workers, prefetch = t
     return reference_pipeline(
         epoch.tolist(), iteration.tolist(), start.tolist(), fetch.tolist(), arrival.tolist(),
         stall.tolist(), itime.tolist(), worker.tolist(), policy, workers, prefetch, new_w, new_p,
-        busy_min_samples,
+        busy_min_samples, busy_min_se,
     )  # fmt: skip
 
 
@@ -82,16 +82,18 @@ def test_kernel_equals_reference(t, policy, loader):
         np.testing.assert_allclose(fast[name], np.array(getattr(ref, ref_name)), rtol=0, atol=1e-9)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(t=traces(), policy=st.sampled_from(POLICIES), loader=st.sampled_from(
     [(None, None), (1, 1), (2, 2), (3, 1), (4, 3), (0, 2)]
 ))  # fmt: skip
 def test_kernel_equals_reference_with_the_busy_hand_over(t, policy, loader):
     """As above with the busy worker's hand-over measured from a single ready batch of each
-    kind, so that most drawn traces carry it (with 10, as shipped, few short ones do)."""
-    cal = calibrate(_inputs(t), t[8], t[9], busy_min_samples=1)
+    kind and kept wherever busy ones took longer, so that about half the drawn traces carry
+    it. As shipped (10 of each, beyond 2 standard errors) the drawn traces' random stalls
+    almost never have it, and this test passed with the replay's busy extra doubled."""
+    cal = calibrate(_inputs(t), t[8], t[9], busy_min_samples=1, busy_min_se=0.0)
     fast = replay_pipeline(_inputs(t), cal, policy, *loader)
-    ref = _reference(t, policy, *loader, busy_min_samples=1)
+    ref = _reference(t, policy, *loader, busy_min_samples=1, busy_min_se=0.0)
     for name, ref_name in PAIRS.items():
         np.testing.assert_allclose(fast[name], np.array(getattr(ref, ref_name)), rtol=0, atol=1e-9)
 
@@ -101,7 +103,7 @@ def test_kernel_equals_reference_with_the_busy_hand_over(t, policy, loader):
 def test_identity_reproduces_the_measured_run(t):
     """actual/actual with the measured loader settings gives back every measured number."""
     _, _, start, fetch, _, stall, itime, _, workers, prefetch = t
-    cal = calibrate(_inputs(t), workers, prefetch, busy_min_samples=1)  # the busy term on
+    cal = calibrate(_inputs(t), workers, prefetch, busy_min_samples=1, busy_min_se=0.0)  # on
     out = replay_pipeline(_inputs(t), cal, ("actual", "actual"))
     np.testing.assert_allclose(out["iteration_s"], itime.max(axis=1), rtol=0, atol=1e-9)
     np.testing.assert_allclose(out["gpu_stall_s"], stall, rtol=0, atol=1e-9)

@@ -138,6 +138,8 @@ def _typical(samples, counts):  # pragma: no cover - compiled
 #: Ready batches of each kind (worker busy, worker idle) a segment needs before the busy
 #: worker's extra hand-over is measured there; with fewer, it is taken as 0 (none).
 BUSY_MIN_SAMPLES = 10
+#: Standard errors by which the busy ready batches' mean hand-over must exceed the idle ones'.
+BUSY_MIN_SE = 2.0
 
 
 @njit(cache=True)
@@ -153,7 +155,17 @@ def _next_of_worker(worker, lo, hi, nxt, seen):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _calibrate(
-    segments, start, fetch, arrival, stall, itime, worker, workers, prefetch, min_samples
+    segments,
+    start,
+    fetch,
+    arrival,
+    stall,
+    itime,
+    worker,
+    workers,
+    prefetch,
+    min_samples,
+    min_se,
 ):  # pragma: no cover - compiled
     # Memory: besides the 6 [N, G] results, only buffers of the longest segment. The
     # loop's request (arrival - stall), iteration end (request + T) and fetch end
@@ -284,7 +296,7 @@ def _calibrate(
             # Only an extra that stands out of the two means' noise (2 standard errors).
             var_busy = max(square_busy / n_busy - (total_busy / n_busy) ** 2, 0.0)
             var_idle = max(square_idle / n_idle - idle**2, 0.0)
-            if gap <= 2.0 * np.sqrt(var_busy / n_busy + var_idle / n_idle):
+            if gap <= min_se * np.sqrt(var_busy / n_busy + var_idle / n_idle) or gap <= 0.0:
                 gap = 0.0
         for i in range(lo, hi):
             busy_excess[i] = gap
@@ -298,11 +310,13 @@ def calibrate(
     prefetch: int,
     keep_worker_ids: bool = False,
     busy_min_samples: int = BUSY_MIN_SAMPLES,
+    busy_min_se: float = BUSY_MIN_SE,
 ) -> Calibration:
     """Residuals of the measured run under loader settings (``workers``, ``prefetch``).
 
     ``busy_min_samples``: ready batches of each kind (worker busy, idle) a segment needs
-    for its busy worker's extra hand-over to be measured (the tests lower it).
+    for its busy worker's extra hand-over to be measured; ``busy_min_se``: the standard
+    errors it must stand out by (the tests lower both, so that random traces carry it).
     """
     parts = _calibrate(
         inputs.segments,
@@ -315,6 +329,7 @@ def calibrate(
         workers,
         prefetch,
         busy_min_samples,
+        busy_min_se,
     )
     *terms, busy, busy_excess, idle_hand = parts
     return Calibration(
