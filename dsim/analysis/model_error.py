@@ -17,25 +17,26 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (workers, prefetch): 238 cells of 15 sweeps, 2 and 16 cores, GPU runs
+#: Loader what-ifs (workers, prefetch): 240 cells of 16 sweeps, 2 and 16 cores, GPU runs
 #: included; 17.7 %, where the mean is 5.9 %. A mean error (4.4 % of one 2-core sweep, until
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
 LOADER_WHATIF_ERROR = 0.177
-#: Alignment what-ifs (fetch and start alignment): 158 cells of 13 sweeps; 10.6 %, where the
+#: Alignment what-ifs (fetch and start alignment): 166 cells of 14 sweeps; 10.5 %, where the
 #: mean is 4.0 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
-ALIGN_WHATIF_ERROR = 0.106
+ALIGN_WHATIF_ERROR = 0.105
 
 #: The effective-delay share of the same alignment cells, in percentage points: 12.4, where the
-#: mean is 3.7 and the signed mean -0.8. Its largest misses are the mixed regime's align mean at
-#: 2 workers, 10-15 points too low on 8 of 9 sweeps, with the contention's level right
-#: (validation/README.md, "The eleventh held-out sweep").
+#: mean is 3.9 and the signed mean -1.1. Its largest misses are the mixed regime's align mean at
+#: 2 workers, too low on all 10 sweeps (by 10-16 points on 8), the contention's level right: the
+#: aligned re-runs hand over twice as many batches from a busy worker, whose hand-overs spread
+#: twice as wide as an idle one's (validation/README.md, "The busy worker's spread").
 ALIGN_SHARE_ERROR_PTS = 12.4
-#: ... of the loader cells: 44.0 points (238 cells). A loader change moves the fetches' overlap
+#: ... of the loader cells: 43.9 points (240 cells). A loader change moves the fetches' overlap
 #: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
 #: swings with both; the band says how little the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 44.0
+LOADER_SHARE_ERROR_PTS = 43.9
 
 
 def speedup_band(low: float, high: float, error: float) -> tuple[float, float]:
