@@ -12,8 +12,12 @@ Notation (all times in seconds, per rank r and batch k of one segment):
 
 The busy worker's hand-over (SPEC §4.2): a batch that was there when the
 loop asked takes longer to hand over when its worker is building its next
-batch; the extra is measured per segment (pooled over ranks) and added or
-taken away where a replay changes whether the worker is busy.
+batch; the extra is measured per segment (pooled over ranks). Where a replay
+makes the worker busy, an idle ready batch takes the busy hand-over at its own
+quantile among the idle ones (any other batch: the extra on top); where idle,
+the idle mean. A busy hand-over's wait (beyond the idle mean) scales with the
+work of the batch the worker is building, what-if over measured
+(``work_ratio``, 1 unless given).
 
 Causality (SPEC §4.2): a replayed fetch starts at its rank's causal start
 ``max(index sent + lat_sent, worker free + lat_free)`` or, under a start
@@ -23,6 +27,7 @@ later -- never earlier.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -102,6 +107,7 @@ def reference_pipeline(
     new_prefetch: int | None = None,
     busy_min_samples: int = BUSY_MIN_SAMPLES,
     busy_min_se: float = 2.0,
+    work_ratio: list[list[float]] | None = None,
 ) -> RefResult:
     """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
     n = len(epoch)
@@ -211,6 +217,26 @@ def reference_pipeline(
                 se2 += var / len(split[kind])
             if excess <= busy_min_se * math.sqrt(se2) or excess <= 0:
                 excess = 0.0
+        # What a busy worker would add: an idle ready batch, the busy hand-over at its own
+        # quantile (mid-rank among the idle ones; the busy ones interpolated at p*m - 0.5)
+        # less its own; any other batch, the extra.
+        wait = [[excess] * g_count for _ in range(m)]
+        if excess > 0:
+            idle_sorted, busy_sorted = sorted(split[False]), sorted(split[True])
+            n_idle, n_busy = len(idle_sorted), len(busy_sorted)
+            for r in range(g_count):
+                for k in range(m):
+                    if k < max(prefetch * workers, 1) or not fe[k][r] < req[k][r] or busy[k][r]:
+                        continue
+                    less = bisect.bisect_left(idle_sorted, st[k][r])
+                    upto = bisect.bisect_right(idle_sorted, st[k][r])
+                    p = (less + (upto - less) / 2) / n_idle
+                    t = min(max(p * n_busy - 0.5, 0.0), n_busy - 1.0)
+                    j = math.floor(t)
+                    q = busy_sorted[j]
+                    if j + 1 < n_busy:
+                        q += (t - j) * (busy_sorted[j + 1] - busy_sorted[j])
+                    wait[k][r] = q - st[k][r]
 
         # --- replay
         fetch_new = [_aggregate(f[k], policy[0]) for k in range(m)]
@@ -256,10 +282,15 @@ def reference_pipeline(
                         s_next = max(sent_next + lat_sent[nxt][r], done + lat_free[nxt][r])
                         if s_next <= req2[k][r] < s_next + fetch_new[nxt][r]:
                             now = 1.0
-                    if now > busy[k][r]:  # busy where it was idle: the measured extra on top
-                        h += excess
+                    ratio = 1.0
+                    if now and work_ratio is not None:
+                        ratio = work_ratio[lo + nxt][r]  # the batch the worker is building
+                    if now > busy[k][r]:  # busy where it was idle: a busy worker's hand-over
+                        h = max(h + wait[k][r] * ratio, 0.0)
                     elif now < busy[k][r]:  # idle where it was busy: an idle worker's hand-over
                         h = idle_hand
+                    elif now:  # busy in both: the wait scales with the next batch's work
+                        h = max(h + (h - idle_hand) * (ratio - 1), 0.0)
                 a2[k][r] = max(req2[k][r] + h, done + deliver[k][r])
             last = max(a2[k])
             for r in range(g_count):

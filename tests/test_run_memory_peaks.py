@@ -247,9 +247,10 @@ def _pipeline_inputs(n: int, g: int, segments: int, seed: int = 0):
 
 def test_calibration_holds_its_results_and_a_segments_buffers() -> None:
     """The kernel run as Python (``py_func``, NumPy's allocations traced): its 6 [N, G]
-    results (48 bytes per GPU-iteration), the busy flags (float32, 4 bytes) and two
-    per-row terms, and buffers of the longest segment (here a quarter of the run); it
-    once held request, end, fetch-end, sent and free matrices and four sample buffers
+    results (48 bytes per GPU-iteration), the busy flags (float32, 4 bytes), the busy
+    worker's per-batch wait (8 bytes) and two per-row terms, and buffers of the longest
+    segment (here a quarter of the run; the busy and idle hand-overs to sort among them);
+    it once held request, end, fetch-end, sent and free matrices and four sample buffers
     of the whole run (135 bytes per GPU-iteration here)."""
     inputs = _pipeline_inputs(2000, 3, segments=4)
     cells = 2000 * 3
@@ -266,11 +267,12 @@ def test_calibration_holds_its_results_and_a_segments_buffers() -> None:
         tracemalloc.stop()
     names = (
         *("lat_sent", "lat_free", "hand", "deliver", "after", "loop"),
-        *("busy", "busy_excess", "idle_hand"),
+        *("busy", "busy_excess", "idle_hand", "busy_wait"),
     )
     for name, part in zip(names, parts, strict=True):
         np.testing.assert_array_equal(part, getattr(compiled, name), err_msg=name)
-    assert peak / cells < 100, peak / cells  # measured 93 (75 before the busy term); 135
+    assert peak / cells < 110, peak / cells  # measured 105 (93 before the busy wait; 75
+    # before the busy term; 135 before the segment's buffers)
 
 
 def test_a_replay_without_per_gpu_outputs_has_the_same_metrics() -> None:

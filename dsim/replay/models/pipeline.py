@@ -68,6 +68,7 @@ class PreparedPipeline:
         inputs = PipelineInputs(
             segments, rows(i.iteration), rows(i.start), rows(i.fetch), rows(i.arrival),
             rows(i.stall), rows(i.iteration_time), rows(i.worker),
+            None if i.work_ratio is None else rows(i.work_ratio),
         )  # fmt: skip
         calibration = Calibration(
             c.workers, c.prefetch, rows(c.lat_sent), rows(c.lat_free), rows(c.hand),
@@ -75,6 +76,8 @@ class PreparedPipeline:
             None if c.busy is None else rows(c.busy),
             None if c.busy_excess is None else rows(c.busy_excess),
             None if c.idle_hand is None else rows(c.idle_hand),
+            None if c.busy_wait is None else rows(c.busy_wait),
+            None if c.idle_measured is None else rows(c.idle_measured),
         )  # fmt: skip
         cpu = None
         if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values
@@ -456,7 +459,9 @@ def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipelin
     cpu_work = np.repeat(work[:, None], g, axis=1)
     load = replace(load, fetch_cpu=cpu_work, fetch_runq=cpu_work * share)
     inputs = replace(
-        prepared.inputs, fetch=np.ascontiguousarray(rest[:, None] + cpu_work * (1.0 + share))
+        prepared.inputs,
+        fetch=np.ascontiguousarray(rest[:, None] + cpu_work * (1.0 + share)),
+        work_ratio=np.divide(cpu_work, c, out=np.ones_like(c), where=c > 0),
     )
     state = replace(cpu, load=load, demand_s=cpu_share.node_demand(load), fetch_aligned=True)
     return PreparedPipeline(inputs, prepared.calibration, state)

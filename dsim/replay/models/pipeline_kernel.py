@@ -77,6 +77,11 @@ class PipelineInputs:
     stall: np.ndarray  # ST
     iteration_time: np.ndarray  # T
     worker: np.ndarray  # int64
+    # Per batch and rank, the CPU work a what-if gives the batch over its measured CPU work
+    # (a fetch alignment moves it: ``pipeline.aligned_cpu``); ``None``: unchanged (1). A busy
+    # worker's hand-over waits on the batch that worker is building, in proportion to its
+    # work (SPEC §4.2, "The busy worker's hand-over").
+    work_ratio: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,12 @@ class Calibration:
     busy: np.ndarray | None = None
     busy_excess: np.ndarray | None = None
     idle_hand: np.ndarray | None = None  # per row ([N]): its segment's idle worker's hand-over
+    # Per batch and rank ([N, G]): what a busy worker would add to its hand-over. For a ready
+    # batch whose worker was idle, the segment's busy hand-over at the same quantile as its own
+    # among the idle ones, less its own; for any other, the busy extra. And per row ([N]) the
+    # idle hand-over as measured (``idle_hand`` is the what-if's: contention stretches it).
+    busy_wait: np.ndarray | None = None
+    idle_measured: np.ndarray | None = None
 
 
 def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
@@ -194,6 +205,9 @@ def _calibrate(
     busy = np.zeros((n, g), dtype=np.float32)
     busy_excess = np.zeros(n)
     idle_hand = np.zeros(n)
+    busy_wait = np.zeros((n, g))
+    busy_values = np.empty(longest * g)  # the segment's ready batches' stalls, by kind
+    idle_values = np.empty(longest * g)
     after_same = np.empty((longest, g), dtype=np.int64)  # by position in the segment
     seen = np.empty(nworkers, dtype=np.int64)
     for s in range(segments.shape[0]):
@@ -281,10 +295,12 @@ def _calibrate(
                 if i - lo < max(prefetch * workers, 1) or not start[i, r] + fetch[i, r] < req:
                     continue  # start-up batches, and batches the loop waited for
                 if busy[i, r] > 0.0:
+                    busy_values[n_busy] = stall[i, r]
                     total_busy += stall[i, r]
                     square_busy += stall[i, r] * stall[i, r]
                     n_busy += 1
                 else:
+                    idle_values[n_idle] = stall[i, r]
                     total_idle += stall[i, r]
                     square_idle += stall[i, r] * stall[i, r]
                     n_idle += 1
@@ -301,7 +317,44 @@ def _calibrate(
         for i in range(lo, hi):
             busy_excess[i] = gap
             idle_hand[i] = idle
-    return lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand
+            for r in range(g):
+                busy_wait[i, r] = gap
+        if gap > 0.0:
+            _quantile_waits(
+                busy_wait, stall, start, fetch, arrival, busy, lo, hi, prefetch * workers,
+                np.sort(busy_values[:n_busy]), np.sort(idle_values[:n_idle]),
+            )  # fmt: skip
+    return lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait
+
+
+@njit(cache=True)
+def _quantile_waits(
+    wait, stall, start, fetch, arrival, busy, lo, hi, window, busy_sorted, idle_sorted
+):  # pragma: no cover - compiled
+    """Each idle ready batch's busy counterpart: the busy hand-over at its own quantile.
+
+    The quantile of a stall among the idle ones is its mid-rank ((less + equal / 2) / n);
+    the busy hand-over at quantile p interpolates the sorted busy ones linearly at position
+    p·m − 0.5 (clamped to the first and last). Bounded by the busy ones measured, unlike a
+    deviation widened by the two spreads' ratio (validation/README.md, "The busy worker's
+    spread": 38-42 on 16 cores).
+    """
+    n_idle = idle_sorted.shape[0]
+    m = busy_sorted.shape[0]
+    for r in range(stall.shape[1]):
+        for i in range(lo, hi):
+            req = arrival[i, r] - stall[i, r]
+            if i - lo < max(window, 1) or not start[i, r] + fetch[i, r] < req or busy[i, r] > 0:
+                continue
+            less = np.searchsorted(idle_sorted, stall[i, r], side="left")
+            upto = np.searchsorted(idle_sorted, stall[i, r], side="right")
+            p = (less + (upto - less) / 2.0) / n_idle
+            t = min(max(p * m - 0.5, 0.0), m - 1.0)
+            k = int(np.floor(t))
+            q = busy_sorted[k]
+            if k + 1 < m:
+                q += (t - k) * (busy_sorted[k + 1] - busy_sorted[k])
+            wait[i, r] = q - stall[i, r]
 
 
 def calibrate(
@@ -331,10 +384,11 @@ def calibrate(
         busy_min_samples,
         busy_min_se,
     )
-    *terms, busy, busy_excess, idle_hand = parts
+    *terms, busy, busy_excess, idle_hand, busy_wait = parts
     return Calibration(
         workers, prefetch, *terms, keep_worker_ids=keep_worker_ids, busy=busy,
-        busy_excess=busy_excess, idle_hand=idle_hand,
+        busy_excess=busy_excess, idle_hand=idle_hand, busy_wait=busy_wait,
+        idle_measured=idle_hand.copy(),
     )  # fmt: skip
 
 
@@ -342,6 +396,7 @@ def calibrate(
 def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
     lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, use_busy,
+    busy_wait, idle_measured, work_ratio,
     fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus,
 ):  # fmt: skip
     n, g = start.shape
@@ -445,10 +500,16 @@ def _replay(  # pragma: no cover - compiled
                         f_j = fetch[j, r] if fetch_mode == ACTUAL else aligned[j]
                         if s_j <= req2[i, r] < s_j + f_j:
                             now = 1.0
-                    if now > busy[i, r]:  # busy where it was idle: the measured extra on top
-                        h = h + busy_excess[i] * (now - busy[i, r])
+                    x = work_ratio[j, r] if work_ratio.shape[0] > 0 and now > 0.0 else 1.0
+                    if now > busy[i, r]:
+                        # Busy where it was idle: a busy worker's hand-over (its counterpart
+                        # at the same quantile), its wait in proportion to the work of the
+                        # batch the worker is building.
+                        h = max(h + busy_wait[i, r] * x * (now - busy[i, r]), 0.0)
                     elif now < busy[i, r]:  # idle where it was busy: an idle worker's hand-over
                         h = h + (idle_hand[i] - h) * (busy[i, r] - now)
+                    elif now > 0.0:  # busy in both: its wait moves with the next batch's work
+                        h = max(h + (h - idle_measured[i]) * (x - 1.0), 0.0)
                 a = max(req2[i, r] + h, done + deliver[i, r])
                 arr2[i, r] = a
                 last = max(last, a)
@@ -510,15 +571,22 @@ def replay_pipeline(
     )  # ``same``: the measured worker ids are kept (and only they decide it in ``_replay``)
     g = inputs.fetch.shape[1]
     busy, excess, idle = calibration.busy, calibration.busy_excess, calibration.idle_hand
+    wait, measured = calibration.busy_wait, calibration.idle_measured
     use_busy = busy is not None and excess is not None and idle is not None
     use_busy = use_busy and bool(np.any(excess != 0.0))
     if not use_busy:
         busy, excess, idle = np.zeros((0, g)), np.zeros(0), np.zeros(0)
+    if not use_busy or wait is None or measured is None:  # a calibration built by hand
+        wait = np.repeat(excess[:, None], g, axis=1) if use_busy else np.zeros((0, g))
+        measured = idle
+    ratio = inputs.work_ratio  # [0, G]: every ratio 1 (no [N, G] array of ones allocated)
+    if not use_busy or ratio is None:
+        ratio = np.zeros((0, g))
     out = _replay(
         inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
         inputs.stall, inputs.worker,
         calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
-        calibration.after, calibration.loop, busy, excess, idle, use_busy,
+        calibration.after, calibration.loop, busy, excess, idle, use_busy, wait, measured, ratio,
         _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu,
     )  # fmt: skip
     names = (
