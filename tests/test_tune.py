@@ -318,6 +318,9 @@ def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
     assert model_error_of(_point(4, 2, 1.0), recorded) == (LOADER_WHATIF_ERROR, "loader")
     more = Point(4, 2, ("min", "actual"), np.ones(5), np.zeros(5), np.ones(2))
     assert model_error_of(more, recorded) == (LOADER_WHATIF_ERROR, "loader")
+    in_process = LoaderSettings(workers=0, prefetch_factor=2)  # prefetch means nothing there
+    assert model_error_of(_point(0, 4, 1.0), in_process) == (0.0, "none")
+    assert model_error_of(_point(2, 2, 1.0), in_process) == (LOADER_WHATIF_ERROR, "loader")
 
     # a grid of the recorded setting alone (2 workers, prefetch 2): the run, and it aligned
     result = dsim.tune(traces["loading"], workers="2", prefetch=[2], quiet=True)

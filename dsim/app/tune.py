@@ -249,9 +249,12 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
     loader's error overstated its uncertainty. The recorded settings without
     alignment are the measured run itself (identity: no model error). A loader
     change combined with alignment has no re-runs of its own and takes the larger,
-    the loader's.
+    the loader's. Without workers the prefetch factor does not apply: any prefetch
+    at 0 recorded workers is the recorded setting.
     """
-    same = point.workers == measured.workers and point.prefetch == measured.prefetch_factor
+    same = point.workers == measured.workers and (
+        point.workers == 0 or point.prefetch == measured.prefetch_factor
+    )
     if same and tuple(point.policy) == ACTUAL:
         return 0.0, "none"
     if same:

@@ -85,13 +85,6 @@ def memory_text(result: TuneResult, point: Point) -> str:
     )
 
 
-#: What each kind of what-if's band is widened by, in words (``Choice.error_kind``).
-_ERROR_WORDS = {
-    "loader": "loader",
-    "alignment": "alignment",
-}
-
-
 def band_origin(choice: Choice, *, short: bool = False) -> str:
     """How the band was widened: by the error of the kind of what-if the choice is.
 
@@ -104,12 +97,9 @@ def band_origin(choice: Choice, *, short: bool = False) -> str:
             return ", the recorded settings: no model error added"
         return " (the recorded settings: the model reproduces the run, no model error added)"
     if short:
-        return (
-            f", its band widened by the {_ERROR_WORDS[choice.error_kind]} error "
-            f"(±{choice.model_error:.1%})"
-        )
+        return f", its band widened by the {choice.error_kind} error (±{choice.model_error:.1%})"
     return (
-        f", widened by the pipeline model's {_ERROR_WORDS[choice.error_kind]} error on re-runs "
+        f", widened by the pipeline model's {choice.error_kind} error on re-runs "
         f"(±{choice.model_error:.1%}: its 95th percentile, FIDELITY.md)"
     )
 
