@@ -482,6 +482,21 @@ def test_the_busy_workers_hand_over_from_committed_logs() -> None:
     assert float(extra) < 1.0 and float(busy) < 2 * float(idle)
 
 
+def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> None:
+    """The eleventh held-out sweep's cpu regime at 2 workers, through the real dsim parse
+    (validation/README.md, "Align min to the least work"): the CPU time of the rank whose
+    fetch was fastest, which the model gives every rank under align min, lies above what
+    the align-min re-runs measured; the rank with the least work's lies below it."""
+    from validation.alignedwork import table
+
+    data = REPO / "validation" / "data-holdout10"
+    lines = table(data, only=r"^cpu_w2_p2_(none|min)_r[123]$").splitlines()
+    assert len(lines) == 3, lines  # header, rule, the one (regime, workers)
+    regime, workers, rerun, fastest, least = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert (regime, workers) == ("cpu", "2")
+    assert float(fastest) > float(rerun) + 0.5 and float(least) < float(rerun)
+
+
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
     """The tenth held-out sweep's mixed regime, align min at 2 workers (validation/README.md,
     "The tenth held-out sweep"): the two base repeats whose batches took ~34 ms of CPU time

@@ -1,0 +1,101 @@
+"""Which rank's work an aligned-to-min batch gets: the fastest fetch's, or the least work's.
+
+Why: the cpu regime's align-min cells at 2 workers are predicted too slow on
+every committed sweep, and the CPU time per aligned batch carries half of it
+(validation/README.md, "Align min to the least work, not the least
+contended"). Under ``min`` the pipeline model gives every rank the CPU time
+of the rank whose fetch of that batch was fastest (SPEC §4.2); a fetch's wall
+time holds its run-queue wait, so the fastest fetch may be the least
+contended one rather than the cheapest batch. This prints, per regime and
+worker count of a sweep (means over repeats), the re-runs' measured CPU time
+per batch beside the two choices made from the base runs: the fastest
+fetch's (the model's) and the least work's (CPU time plus other waiting, the
+fetch less its run-queue wait).
+
+    python -m validation.alignedwork --data validation/data-holdout10
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from validation.cells import parse_run_name
+from validation.compare import dsim, unpack_logs
+from validation.manifest import load_manifest
+from validation.predict import prepare_pipeline
+
+MS = 1e3
+
+
+def choices(trace_dir: Path) -> dict[str, float]:
+    """One parsed run's mean CPU time per batch (ms), and that of each aligned choice."""
+    prepared = prepare_pipeline(trace_dir).prepared
+    if prepared.cpu is None:
+        raise ValueError(f"{trace_dir.name}: the logs carry no CPU times")
+    load = prepared.cpu.load
+    c, q, fetch = load.fetch_cpu, load.fetch_runq, prepared.inputs.fetch
+    other = np.maximum(fetch - c - q, 0.0)
+    rows = np.arange(len(c))
+    return {
+        "mean": float(c.mean() * MS),
+        "fastest": float(c[rows, np.argmin(fetch, axis=1)].mean() * MS),
+        "least": float(c[rows, np.argmin(c + other, axis=1)].mean() * MS),
+    }
+
+
+def table(data: Path, only: str | None = None) -> str:
+    """The markdown table of every (regime, workers) with unaligned base runs and align-min
+    re-runs in ``data`` (of the runs whose names match ``only``, a regular expression)."""
+    names = [n for n in load_manifest(data)["runs"] if (data / n).is_dir()]
+    names = [n for n in names if only is None or re.search(only, n)]
+    wanted = {}
+    for name in names:
+        cell = parse_run_name(name).cell
+        if cell.start is None and cell.align in ("none", "min"):
+            wanted[name] = cell
+    runs: dict[tuple[str, int, str], list[dict[str, float]]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as work:
+        logs, traces = Path(work) / "logs", Path(work) / "traces"
+        for name in wanted:
+            unpack_logs(data / name, logs / name)
+        dsim("parse", str(logs), "--out", str(traces), "--quiet")
+        for name, cell in wanted.items():
+            runs[(cell.regime, cell.workers, cell.align)].append(choices(traces / name))
+    lines = [
+        "| regime | workers | re-runs (align min): CPU ms per batch | base: the fastest "
+        "fetch's (the model's) | base: the least work's |",
+        "|---|---|---|---|---|",
+    ]
+    for (regime, workers, align), base in sorted(runs.items()):
+        rerun = runs.get((regime, workers, "min"))
+        if align != "none" or not rerun:
+            continue
+
+        def mean(key: str, of: list[dict[str, float]]) -> str:
+            return f"{np.mean([r[key] for r in of]):.2f}"
+
+        lines.append(
+            f"| {regime} | {workers} | {mean('mean', rerun)} | {mean('fastest', base)} "
+            f"| {mean('least', base)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validation.alignedwork", description=__doc__)
+    p.add_argument("--data", required=True, help="a sweep's data directory")
+    p.add_argument("--only", metavar="REGEX", help="only the runs whose names match")
+    args = p.parse_args(argv)
+    print(table(Path(args.data), args.only))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
