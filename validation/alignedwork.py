@@ -17,19 +17,15 @@ fetch less its run-queue wait).
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from validation.cells import parse_run_name
-from validation.compare import dsim, unpack_logs
-from validation.manifest import load_manifest
 from validation.predict import prepare_pipeline
+from validation.sweepparse import parsed_runs, run_names, table_main
 
 MS = 1e3
 
@@ -53,19 +49,13 @@ def choices(trace_dir: Path) -> dict[str, float]:
 def table(data: Path, only: str | None = None) -> str:
     """The markdown table of every (regime, workers) with unaligned base runs and align-min
     re-runs in ``data`` (of the runs whose names match ``only``, a regular expression)."""
-    names = [n for n in load_manifest(data)["runs"] if (data / n).is_dir()]
-    names = [n for n in names if only is None or re.search(only, n)]
     wanted = {}
-    for name in names:
+    for name in run_names(data, only):
         cell = parse_run_name(name).cell
         if cell.start is None and cell.align in ("none", "min"):
             wanted[name] = cell
     runs: dict[tuple[str, int, str], list[dict[str, float]]] = defaultdict(list)
-    with tempfile.TemporaryDirectory() as work:
-        logs, traces = Path(work) / "logs", Path(work) / "traces"
-        for name in wanted:
-            unpack_logs(data / name, logs / name)
-        dsim("parse", str(logs), "--out", str(traces), "--quiet")
+    with parsed_runs(data, list(wanted)) as traces:
         for name, cell in wanted.items():
             runs[(cell.regime, cell.workers, cell.align)].append(choices(traces / name))
     lines = [
@@ -89,12 +79,7 @@ def table(data: Path, only: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m validation.alignedwork", description=__doc__)
-    p.add_argument("--data", required=True, help="a sweep's data directory")
-    p.add_argument("--only", metavar="REGEX", help="only the runs whose names match")
-    args = p.parse_args(argv)
-    print(table(Path(args.data), args.only))
-    return 0
+    return table_main("python -m validation.alignedwork", __doc__, table, argv)
 
 
 if __name__ == "__main__":

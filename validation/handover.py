@@ -14,10 +14,7 @@ extra the model keeps (0 where it does not stand out of the noise).
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,9 +22,8 @@ import numpy as np
 
 from dsim.replay.models.pipeline import ready_batches
 from validation.cells import parse_run_name
-from validation.compare import dsim, unpack_logs
-from validation.manifest import load_manifest
 from validation.predict import prepare_pipeline
+from validation.sweepparse import parsed_runs, run_names, table_main
 
 
 def split(trace_dir: Path) -> dict[str, float]:
@@ -50,16 +46,10 @@ def split(trace_dir: Path) -> dict[str, float]:
 def table(data: Path, only: str | None = None) -> str:
     """The markdown table of every base cell (no alignment) of the sweep in ``data``
     (of the runs whose names match ``only``, a regular expression, where given)."""
-    names = [n for n in load_manifest(data)["runs"] if (data / n).is_dir()]
-    names = [n for n in names if only is None or re.search(only, n)]
-    base = [n for n in names if parse_run_name(n).cell.align == "none"]
+    base = [n for n in run_names(data, only) if parse_run_name(n).cell.align == "none"]
     base = [n for n in base if parse_run_name(n).cell.start is None]
     cells: dict[tuple[str, int], list[dict[str, float]]] = defaultdict(list)
-    with tempfile.TemporaryDirectory() as work:
-        logs, traces = Path(work) / "logs", Path(work) / "traces"
-        for name in base:
-            unpack_logs(data / name, logs / name)
-        dsim("parse", str(logs), "--out", str(traces), "--quiet")
+    with parsed_runs(data, base) as traces:
         for name in base:
             cell = parse_run_name(name).cell
             cells[(cell.regime, cell.workers)].append(split(traces / name))
@@ -84,12 +74,7 @@ def table(data: Path, only: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m validation.handover", description=__doc__)
-    p.add_argument("--data", required=True, help="a sweep's data directory")
-    p.add_argument("--only", metavar="REGEX", help="only the runs whose names match")
-    args = p.parse_args(argv)
-    print(table(Path(args.data), args.only))
-    return 0
+    return table_main("python -m validation.handover", __doc__, table, argv)
 
 
 if __name__ == "__main__":
