@@ -486,15 +486,20 @@ def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> No
     """The eleventh held-out sweep's cpu regime at 2 workers, through the real dsim parse
     (validation/README.md, "Align min to the least work"): the CPU time of the rank whose
     fetch was fastest, which the model gives every rank under align min, lies above what
-    the align-min re-runs measured; the rank with the least work's lies below it."""
+    the align-min re-runs measured, and above the cheapest batch's own (the batch the
+    re-run gives every rank); the rank with the least work's lies below both."""
     from validation.alignedwork import table
 
     data = REPO / "validation" / "data-holdout10"
     lines = table(data, only=r"^cpu_w2_p2_(none|min)_r[123]$").splitlines()
     assert len(lines) == 3, lines  # header, rule, the one (regime, workers)
-    regime, workers, rerun, fastest, least = [c.strip() for c in lines[2].strip("|").split("|")]
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    regime, workers, rerun, fastest, least, cheapest = cells
     assert (regime, workers) == ("cpu", "2")
     assert float(fastest) > float(rerun) + 0.5 and float(least) < float(rerun)
+    # the yardstick, the cheapest batch's own CPU time: above the least work's, below the
+    # fastest fetch's by more than half a millisecond
+    assert float(least) < float(cheapest) < float(fastest) - 0.5
 
 
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
