@@ -17,26 +17,26 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (workers, prefetch): 242 cells of 17 sweeps, 2 and 16 cores, GPU runs
+#: Loader what-ifs (workers, prefetch): 244 cells of 18 sweeps, 2 and 16 cores, GPU runs
 #: included; 17.6 %, where the mean is 5.9 %. A mean error (4.4 % of one 2-core sweep, until
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
 LOADER_WHATIF_ERROR = 0.176
-#: Alignment what-ifs (fetch and start alignment): 174 cells of 15 sweeps; 10.8 %, where the
+#: Alignment what-ifs (fetch and start alignment): 182 cells of 16 sweeps; 10.6 %, where the
 #: mean is 4.1 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
-ALIGN_WHATIF_ERROR = 0.108
+ALIGN_WHATIF_ERROR = 0.106
 
-#: The effective-delay share of the same alignment cells, in percentage points: 10.5, where the
-#: mean is 3.2 and the signed mean +0.8 (12.4 before the busy worker's hand-over by quantile,
+#: The effective-delay share of the same alignment cells, in percentage points: 10.4, where the
+#: mean is 3.2 and the signed mean +1.0 (12.4 before the busy worker's hand-over by quantile,
 #: 2026-11-29, which took the mixed regime's align mean at 2 workers from 10-16 points too low
 #: on 8 of 10 sweeps to -0.5 on average over 11; validation/README.md, "The busy worker's
 #: spread").
-ALIGN_SHARE_ERROR_PTS = 10.5
-#: ... of the loader cells: 43.8 points (242 cells). A loader change moves the fetches' overlap
+ALIGN_SHARE_ERROR_PTS = 10.4
+#: ... of the loader cells: 43.7 points (244 cells). A loader change moves the fetches' overlap
 #: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
 #: swings with both; the band says how little the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 43.8
+LOADER_SHARE_ERROR_PTS = 43.7
 
 
 def speedup_band(low: float, high: float, error: float) -> tuple[float, float]:
