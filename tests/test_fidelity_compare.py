@@ -502,6 +502,26 @@ def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> No
     assert float(least) < float(cheapest) < float(fastest) - 0.5
 
 
+def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> None:
+    """validation.handover and validation.alignedwork on a directory that is no sweep, an
+    --only that is no regular expression or matches nothing: one line and exit 3; on a sweep
+    whose logs carry no CPU times (the sleep regimes): the table says there is nothing."""
+    from validation import alignedwork, handover
+
+    sweep = str(REPO / "validation" / "data")
+    for main in (handover.main, alignedwork.main):
+        for argv, said in (
+            (["--data", str(tmp_path)], "not a sweep's data directory"),
+            (["--data", sweep, "--only", "("], "not a regular expression"),
+            (["--data", sweep, "--only", "^no_such_run$"], "no run to parse"),
+        ):
+            assert main(argv) == 3
+            err = capsys.readouterr().err
+            assert said in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert alignedwork.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
+    assert "no regime with CPU times" in capsys.readouterr().out
+
+
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
     """The tenth held-out sweep's mixed regime, align min at 2 workers (validation/README.md,
     "The tenth held-out sweep"): the two base repeats whose batches took ~34 ms of CPU time
