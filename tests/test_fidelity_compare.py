@@ -502,14 +502,55 @@ def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> No
     assert float(least) < float(cheapest) < float(fastest) - 0.5
 
 
+def test_the_node_cpu_table_shows_the_logs_account_for_the_node_and_t_m_is_long() -> None:
+    """validation.nodecpu on the committed node-sampling sweep (validation/README.md, "The
+    demand's period"): the cpu regime's runs keep the node 97-99 % busy, the CPU their logs
+    hold is within 2 % of it, and the model's T_m (the max over ranks of each iteration's
+    time) is longer than the wall period at which iterations followed each other."""
+    from validation.nodecpu import table
+
+    data = REPO / "validation" / "data-nodecpu"
+    lines = table(data, only=r"^cpu_w[12]_p2_none_r[12]$").splitlines()
+    assert len(lines) == 4, lines  # header, rule, 1 and 2 workers
+    for line in lines[2:]:
+        cells = [c.strip().split(" ± ")[0] for c in line.strip("|").split("|")]
+        regime, _, align, runs, wall, t_model, u_model, u_logs, u_node, unseen, _ = cells
+        assert (regime, align, runs) == ("cpu", "none", "2")
+        assert float(u_node) > 0.95 and abs(float(unseen.rstrip(" %"))) < 2.0
+        assert float(t_model) > 1.1 * float(wall)  # the max over ranks, 15-20 % long here
+        assert float(u_model) < float(u_logs) - 0.1
+    assert float(lines[3].split("|")[-2].split(" ± ")[0]) > float(
+        lines[2].split("|")[-2].split(" ± ")[0]
+    )  # more workers, more stretch at the same demand
+
+
+def test_the_node_sampler_reads_the_counters_and_writes_one_row_per_call(tmp_path) -> None:
+    """validation.machine.NodeSamples: busy and idle seconds from /proc/stat that only grow,
+    written as node_cpu.json with the usable cores (Linux only: elsewhere nothing is written)."""
+    from validation.machine import NODE_CPU_FILE, NodeSamples, node_cpu_seconds
+
+    first = node_cpu_seconds()
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    sampler = NodeSamples(tmp_path)
+    for epoch in (0, 0, 1):
+        sampler.sample(epoch)
+    sampler.write()
+    body = json.loads((tmp_path / NODE_CPU_FILE).read_text())
+    rows = np.array(body["rows"])
+    assert rows.shape == (3, 4) and list(rows[:, 0]) == [0, 0, 1]
+    assert (np.diff(rows[:, 1:], axis=0) >= 0).all()  # wall clock and both counters
+    assert rows[0, 2] >= first[0] and body["usable_cores"] >= 1
+
+
 def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> None:
     """validation.handover and validation.alignedwork on a directory that is no sweep, an
     --only that is no regular expression or matches nothing: one line and exit 3; on a sweep
     whose logs carry no CPU times (the sleep regimes): the table says there is nothing."""
-    from validation import alignedwork, handover
+    from validation import alignedwork, handover, nodecpu
 
     sweep = str(REPO / "validation" / "data")
-    for main in (handover.main, alignedwork.main):
+    for main in (handover.main, alignedwork.main, nodecpu.main):
         for argv, said in (
             (["--data", str(tmp_path)], "not a sweep's data directory"),
             (["--data", sweep, "--only", "("], "not a regular expression"),
@@ -520,6 +561,8 @@ def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> Non
             assert said in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert alignedwork.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
     assert "no regime with CPU times" in capsys.readouterr().out
+    assert nodecpu.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
+    assert "no run here sampled the node" in capsys.readouterr().out
 
 
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:

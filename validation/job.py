@@ -48,6 +48,7 @@ from dsim.instrument import TrainingTimer, instrument_loader
 from validation import startalign
 from validation.cpuwork import calibrate, work_ms
 from validation.indexing import Layout, TableSampler
+from validation.machine import NODE_CPU_FILE, NodeSamples
 from validation.regimes import ALIGNS, REGIMES, Regime, align_table, cost_table, size_factors
 from validation.startalign import StartGate
 
@@ -265,9 +266,12 @@ def train(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> Non
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         loss_fn = nn.CrossEntropyLoss()
         compute_ms = regime.compute_ms
+        node = NodeSamples(log_dir) if rank == 0 else None  # one node: one rank samples it
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             for x, y in timer.iterate(loader, epoch=epoch):
+                if node is not None:
+                    node.sample(epoch)
                 x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
                 optimizer.zero_grad()
                 loss = loss_fn(model(x), y)
@@ -281,6 +285,9 @@ def train(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> Non
                     work_ms(compute_ms, args.cpu_units_per_ms)
                 else:
                     time.sleep(compute_ms / 1000)  # stands in for a bigger model's compute
+        if node is not None:
+            node.sample(args.epochs)  # the end of the last iteration
+            node.write()
         del loader  # stop the persistent workers now, not at interpreter exit
     finally:
         dist.destroy_process_group()
@@ -438,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         args.cpu_units_per_ms, args.calibrated_by = calibrate(), "job"
     log_dir = Path(args.out) / args.name
     log_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*log_dir.glob("rank*.log*"), log_dir / "start_align.json"]:
+    for stale in [
+        *log_dir.glob("rank*.log*"),
+        log_dir / "start_align.json",
+        log_dir / NODE_CPU_FILE,
+    ]:
         stale.unlink(missing_ok=True)  # loggers append: a new run starts empty
     record = settings(args)
     (log_dir / "job.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -81,3 +83,57 @@ def git_commit() -> str:
     code = ["dsim", "validation", "tests", ":(glob,exclude)validation/data*/**"]
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code)
     return head + ("-dirty" if dirty else "")
+
+
+def node_cpu_seconds() -> tuple[float, float] | None:
+    """(busy, idle) CPU seconds of the whole node since boot, every core, from /proc/stat.
+
+    Why: dsim's logs account for the CPU of the job's own threads (each batch's
+    builder, each worker and training process); the node's counters also hold
+    what they do not see (the kernel's work for the job's pipes and sockets,
+    the launcher, other tenants). Busy is everything but idle and iowait
+    (steal included: cores the hypervisor took are not the job's either).
+    ``None`` without /proc (not Linux).
+    """
+    try:
+        with open("/proc/stat", "rb") as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != b"cpu":
+        return None
+    ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / hz, idle / hz
+
+
+NODE_CPU_FILE = "node_cpu.json"
+
+
+class NodeSamples:
+    """The node's CPU counters at each iteration's batch arrival, written as node_cpu.json.
+
+    One rank samples them (the harness runs every rank on one node): a row
+    ``[epoch, wall, busy_s, idle_s]`` per iteration as its batch reaches the
+    loop, and one at the end of the last iteration. Between any two rows the
+    node's busy CPU seconds are the difference of ``busy_s``, set against the
+    CPU seconds the job's logs account for in the same iterations
+    (``validation.nodecpu``). The counters tick at ``SC_CLK_TCK`` (100 per
+    second per core): a single iteration's value is coarse, a run's sum is not.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.path = Path(log_dir) / NODE_CPU_FILE
+        self.rows: list[list[float]] = []
+
+    def sample(self, epoch: int) -> None:
+        counters = node_cpu_seconds()
+        if counters is not None:
+            self.rows.append([epoch, time.time(), *counters])
+
+    def write(self) -> None:
+        if self.rows:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            body = {"cores": os.cpu_count(), "usable_cores": cores, "rows": self.rows}
+            self.path.write_text(json.dumps(body) + "\n")
