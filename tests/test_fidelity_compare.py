@@ -543,14 +543,34 @@ def test_the_node_sampler_reads_the_counters_and_writes_one_row_per_call(tmp_pat
     assert rows[0, 2] >= first[0] and body["usable_cores"] >= 1
 
 
+def test_the_stretch_split_shows_the_trainers_stretch_flattening_at_eight_workers() -> None:
+    """validation.stretchsplit on the held-out sweep's cpu regime (validation/README.md, "The
+    node's CPU and the demand's period"): from 4 to 8 workers the workers' stretch grows and
+    the training processes' does not, and replayed from 1 to 8 workers at one stretch for
+    all the base runs come out well over the measured time, at each class's own near it."""
+    from validation.stretchsplit import table
+
+    data = REPO / "validation" / "data-holdout"
+    text = table(data, only=r"^cpu_w[148]_p2_none_r[123]$")
+    split, replays = text.split("\n\n")
+    rows = {int(r.split("|")[2]): r.split("|") for r in split.splitlines()[2:]}
+    assert sorted(rows) == [1, 4, 8]
+    fetch = {w: float(r[4]) for w, r in rows.items()}
+    train = {w: float(r[5]) for w, r in rows.items()}
+    assert fetch[8] > fetch[4] + 0.3 and train[8] < train[4] + 0.1
+    (cells,) = [r.split("|") for r in replays.splitlines() if "| 1 → 8 |" in r]
+    one, own = (float(c.strip().rstrip(" %")) for c in cells[4:6])
+    assert one > 10.0 and abs(own) < 5.0  # +13.8 % and +2.0 % on these logs
+
+
 def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> None:
     """validation.handover and validation.alignedwork on a directory that is no sweep, an
     --only that is no regular expression or matches nothing: one line and exit 3; on a sweep
     whose logs carry no CPU times (the sleep regimes): the table says there is nothing."""
-    from validation import alignedwork, handover, nodecpu
+    from validation import alignedwork, handover, nodecpu, stretchsplit
 
     sweep = str(REPO / "validation" / "data")
-    for main in (handover.main, alignedwork.main, nodecpu.main):
+    for main in (handover.main, alignedwork.main, nodecpu.main, stretchsplit.main):
         for argv, said in (
             (["--data", str(tmp_path)], "not a sweep's data directory"),
             (["--data", sweep, "--only", "("], "not a regular expression"),
@@ -563,6 +583,8 @@ def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> Non
     assert "no regime with CPU times" in capsys.readouterr().out
     assert nodecpu.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
     assert "no run here sampled the node" in capsys.readouterr().out
+    assert stretchsplit.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
+    assert "no unaligned run here logs CPU times" in capsys.readouterr().out
 
 
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
