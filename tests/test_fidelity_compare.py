@@ -106,8 +106,15 @@ def test_pairs_of_a_new_sweep() -> None:
     labels = [p.what_if for p in got]
     workers = [x for x in labels if x.startswith("workers")]
     assert workers == ["workers 1 -> 2", "workers 1 -> 4", "workers 1 -> 8",
-                       "workers 2 -> 4", "workers 2 -> 8", "workers 4 -> 8"]  # fmt: skip
+                       "workers 2 -> 4", "workers 2 -> 8", "workers 4 -> 8",
+                       "workers 2 -> 1", "workers 4 -> 1", "workers 8 -> 1",
+                       "workers 4 -> 2", "workers 8 -> 2", "workers 8 -> 4"]  # fmt: skip
     by = {p.what_if: p for p in got}
+    # more workers predicting fewer (what dsim tune does from every base run): its own kind
+    assert by["workers 8 -> 2"].kind == "fewer" and by["workers 2 -> 8"].kind == "loader"
+    assert by["workers 8 -> 2"].base == Cell("cpu", 8, 2, "none")
+    assert by["workers 8 -> 2"].target == Cell("cpu", 2, 2, "none")
+    assert by["workers 8 -> 2"].pipeline_workers == 2
     assert by["align min, 8 w"].base == Cell("cpu", 8, 2, "none")
     assert by["start min, 2 w"].pipeline_policy == ("actual", "min")
     assert by["start min, 2 w"].kind == "start"
@@ -124,8 +131,8 @@ def test_pairs_of_a_new_sweep() -> None:
 def test_pairs_of_the_first_sweep_with_legacy_names() -> None:
     names = ["h_w1_p2_none", "h_w1_p2_min", "h_w2_p2_none", "h_w2_p2_none_repeat"]
     labels = [p.what_if for p in pairs(names)]
-    assert labels == ["align min, 1 w", "workers 1 -> 2", "repeat, 2 w (noise)",
-                      "identity, 1 w", "identity, 2 w"]  # fmt: skip
+    assert labels == ["align min, 1 w", "workers 1 -> 2", "workers 2 -> 1",
+                      "repeat, 2 w (noise)", "identity, 1 w", "identity, 2 w"]  # fmt: skip
 
 
 def _prepared() -> PreparedPipeline:

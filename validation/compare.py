@@ -161,6 +161,11 @@ def pairs(names: list[str] | dict[str, object]) -> list[Pair]:
         for lo, hi in itertools.combinations(sorted(a), 2):
             label = f"workers {lo} -> {hi}"
             out.append(Pair(regime, "loader", label, a[lo], a[hi], None, BASELINE, hi))
+        # The other way: a run with more workers predicting fewer, what `dsim tune` does from
+        # every base run (validation/README.md, "Fewer workers").
+        for lo, hi in itertools.combinations(sorted(a), 2):
+            label = f"workers {hi} -> {lo}"
+            out.append(Pair(regime, "fewer", label, a[hi], a[lo], None, BASELINE, lo))
         for w, base in a.items():
             for p in prefetches:
                 target = Cell(regime, w, p, "none")
@@ -340,8 +345,9 @@ def swaps_wanted(row: dict, kind: str, every: bool) -> bool:
     what-if pair. Why the second: a miss on one sweep cannot tell bias from noise; the
     same cell's swaps on every sweep can (validation/README, "Across the four sweeps")."""
     if every:
-        return kind in ("align", "start", "control", "loader")
-    return any(row.get(f"target_{t}_pipeline") == "missed" for t in ("iteration", "loader"))
+        return kind in ("align", "start", "control", "loader", "fewer")
+    targets = ("iteration", "loader", "fewer")
+    return any(row.get(f"target_{t}_pipeline") == "missed" for t in targets)
 
 
 def compare_runs(

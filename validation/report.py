@@ -129,7 +129,7 @@ def _mark(row: pd.Series, model: str) -> str:
     for target in TARGETS:
         verdict = row.get(f"target_{target}_{model}")
         if verdict in ("met", "missed"):
-            name = "iteration" if target == "loader" else target
+            name = "iteration" if target in ("loader", "fewer") else target
             band = _num(row.get(f"band_{target}_{model}"))
             unit = " pts" if target == "share" else " %"
             limit = f" (±{band:.1f}{unit})" if band is not None else ""
@@ -213,6 +213,7 @@ def overall_section(frame: pd.DataFrame) -> list[str]:
             ("iteration", "alignment"),
             ("share", "alignment (effective-delay share)"),
             ("loader", "loader"),
+            ("fewer", "fewer-workers"),
         ):
             met, total = _count(frame, f"target_{target}_{model}")
             if not total:
@@ -388,6 +389,7 @@ KIND_LABELS = {
     "start": "start alignment",
     "control": "start control",
     "loader": "loader",
+    "fewer": "fewer workers",
 }
 
 
@@ -399,7 +401,7 @@ def regime_summary_section(frame: pd.DataFrame) -> list[str]:
             sub = part[part["kind"] == what]
             if sub.empty:
                 continue
-            target = "loader" if what == "loader" else "iteration"
+            target = what if what in ("loader", "fewer") else "iteration"
             cells = [f"{regime} ({kind})", label]
             for model, _ in MODELS:
                 count, worst, mean, flips = summary_cells(sub, target, model)

@@ -15,8 +15,9 @@ reader sees how many verdicts noise decides.
 
 Kinds of what-if: ``align`` (a fetch alignment physically applied),
 ``start`` (a start alignment physically applied), ``control`` (the start
-mechanism on but inactive: its overhead), ``loader`` (another worker count
-or prefetch factor), ``repeat`` (noise: no target) and ``identity`` (A
+mechanism on but inactive: its overhead), ``loader`` (more workers or
+another prefetch factor), ``fewer`` (fewer workers: what ``dsim tune``
+predicts from a run with more), ``repeat`` (noise: no target) and ``identity`` (A
 predicting itself: no target).
 """
 
@@ -42,12 +43,15 @@ TARGETS: dict[str, str] = {
     "share": f"alignment what-ifs: effective-delay share within max({SHARE_PTS:g} points, 2σ)",
     "loader": f"loader what-ifs (workers, prefetch): mean iteration time within "
     f"max({LOADER_PCT:g} %, 2σ)",
+    "fewer": f"fewer workers (a run with more predicting fewer): mean iteration time within "
+    f"max({LOADER_PCT:g} %, 2σ)",
 }
 # target -> (metric, threshold, kinds it applies to)
 RULES: dict[str, tuple[str, float, tuple[str, ...]]] = {
     "iteration": ("iteration_ms", ITERATION_PCT, ALIGN_KINDS),
     "share": ("effective_delay_pct", SHARE_PTS, ALIGN_KINDS),
     "loader": ("iteration_ms", LOADER_PCT, ("loader",)),
+    "fewer": ("iteration_ms", LOADER_PCT, ("fewer",)),
 }
 
 
