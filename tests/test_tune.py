@@ -242,25 +242,32 @@ def test_cost_line_prices_the_queued_batches_when_the_logs_give_their_bytes(trac
     assert doc["queued_bytes_per_rank"] == 8 * 3 * 1024 * 1024
 
 
-def test_the_bands_model_error_is_the_95th_percentile_of_the_committed_re_runs():
-    """``LOADER_WHATIF_ERROR`` is recomputed from every committed sweep's fidelity.csv (the
-    pipeline model's loader cells, absolute error of the mean iteration time): re-running
-    FIDELITY.md moves it, so the band cannot keep a number the re-runs no longer show."""
+@pytest.mark.parametrize(
+    ("constant", "target", "least"),
+    [("LOADER_WHATIF_ERROR", "loader", 200), ("LOADER_FEWER_ERROR", "fewer", 150)],
+)
+def test_the_bands_model_error_is_the_95th_percentile_of_the_committed_re_runs(
+    constant: str, target: str, least: int
+):
+    """``LOADER_WHATIF_ERROR`` (more workers, another prefetch) and ``LOADER_FEWER_ERROR``
+    (fewer workers) are recomputed from every committed sweep's fidelity.csv (the pipeline
+    model's cells of that kind, absolute error of the mean iteration time): re-running
+    FIDELITY.md moves them, so a band cannot keep a number the re-runs no longer show."""
     import pandas as pd
 
-    from dsim.tuning import LOADER_WHATIF_ERROR
+    from dsim.analysis import model_error
 
     root = Path(__file__).resolve().parents[1] / "validation"
     files = [root / "fidelity.csv", *sorted(root.glob("*/fidelity.csv"))]
     errors = []
     for path in files:
         table = pd.read_csv(path)
-        if "target_loader_pipeline" in table:
-            cells = table[table["target_loader_pipeline"].notna()]
+        if f"target_{target}_pipeline" in table:
+            cells = table[table[f"target_{target}_pipeline"].notna()]
             errors.extend(cells["iteration_ms_err_pipeline"].abs())
-    assert len(files) >= 13 and len(errors) >= 200
+    assert len(files) >= 13 and len(errors) >= least
     expected = np.percentile(errors, 95) / 100
-    assert abs(LOADER_WHATIF_ERROR - expected) < 5e-4, expected
+    assert abs(getattr(model_error, constant) - expected) < 5e-4, expected
 
 
 def test_a_busy_workers_hand_over_is_said_in_words():
@@ -306,7 +313,11 @@ def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
     takes the alignment cells' error, narrower than the loader's it took before; the
     recorded settings unaligned are the run itself (no model error); a loader change,
     aligned or not, keeps the loader's."""
-    from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR
+    from dsim.analysis.model_error import (
+        ALIGN_WHATIF_ERROR,
+        LOADER_FEWER_ERROR,
+        LOADER_WHATIF_ERROR,
+    )
     from dsim.app.tune import model_error_of
     from dsim.replay.params import LoaderSettings
     from dsim.tuning import bands
@@ -316,6 +327,9 @@ def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
     assert model_error_of(aligned, recorded) == (ALIGN_WHATIF_ERROR, "alignment")
     assert model_error_of(_point(2, 2, 1.0), recorded) == (0.0, "none")
     assert model_error_of(_point(4, 2, 1.0), recorded) == (LOADER_WHATIF_ERROR, "loader")
+    fewer = (LOADER_FEWER_ERROR, "fewer-workers")  # measured on more workers predicting fewer
+    assert model_error_of(_point(1, 2, 1.0), recorded) == fewer
+    assert model_error_of(_point(1, 8, 1.0), recorded) == fewer
     more = Point(4, 2, ("min", "actual"), np.ones(5), np.zeros(5), np.ones(2))
     assert model_error_of(more, recorded) == (LOADER_WHATIF_ERROR, "loader")
     in_process = LoaderSettings(workers=0, prefetch_factor=2)  # prefetch means nothing there

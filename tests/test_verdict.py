@@ -287,6 +287,33 @@ def test_a_combined_what_if_is_split_into_its_parts() -> None:
     ) in combined.text
 
 
+def test_fewer_workers_than_measured_take_the_fewer_workers_error() -> None:
+    """A loader what-if below the measured worker count states the error measured on such
+    what-ifs (a run with more workers predicting fewer), more workers the loader cells';
+    without the measured settings it stays the loader cells' (validation/README.md, "Fewer
+    workers")."""
+    from dsim.analysis.model_error import LOADER_FEWER_ERROR, LOADER_FEWER_SHARE_ERROR_PTS
+
+    measured = {"measured": {"workers": 2, "prefetch_factor": 2, "source": "log"}}
+    for workers, error, share in (
+        (1, LOADER_FEWER_ERROR, LOADER_FEWER_SHARE_ERROR_PTS),
+        (8, LOADER_WHATIF_ERROR, LOADER_SHARE_ERROR_PTS),
+    ):
+        table = _loader_tables(workers=workers)
+        rows_wi = table[table["loader_changed"]].to_dict("records")
+        v = verdict(rows_wi, trace=TRACE, model="pipeline", loader_record=measured)
+        assert v.helps and v.model_error == error
+        assert f"physical re-runs, ±{100 * error:.1f} %" in v.text
+        assert v.share_model_error_pts == share
+        after = v.effective_delay_pct_after
+        assert v.effective_delay_pct_low == pytest.approx(max(after - share, 0.0))
+        assert v.effective_delay_pct_high == pytest.approx(min(after + share, 100.0))
+    table = _loader_tables(workers=1)
+    rows_wi = table[table["loader_changed"]].to_dict("records")
+    assert verdict(rows_wi, trace=TRACE, model="pipeline").model_error == LOADER_WHATIF_ERROR
+    assert LOADER_FEWER_ERROR > LOADER_WHATIF_ERROR  # the committed re-runs: fewer miss more
+
+
 def test_caveats_for_too_many_workers_and_too_few_iterations() -> None:
     table = _loader_tables(workers=8)
     table["iterations"] = 12
@@ -360,10 +387,15 @@ def test_a_pipeline_verdict_states_the_band_of_the_effective_delay_after() -> No
 
 
 @pytest.mark.parametrize(
-    ("constant", "loader"), [("ALIGN_SHARE_ERROR_PTS", False), ("LOADER_SHARE_ERROR_PTS", True)]
+    ("constant", "loader"),
+    [
+        ("ALIGN_SHARE_ERROR_PTS", False),
+        ("LOADER_SHARE_ERROR_PTS", "loader"),
+        ("LOADER_FEWER_SHARE_ERROR_PTS", "fewer"),
+    ],
 )
 def test_the_share_errors_are_the_95th_percentile_of_the_committed_re_runs(
-    constant: str, loader: bool
+    constant: str, loader: str | bool
 ) -> None:
     """Both share bands are recomputed from every committed sweep's fidelity.csv (the pipeline
     model's alignment cells, or its loader cells, absolute error of the effective-delay share
@@ -379,9 +411,9 @@ def test_the_share_errors_are_the_95th_percentile_of_the_committed_re_runs(
         if "effective_delay_pct_err_pipeline" not in table or "kind" not in table:
             continue
         if loader:
-            if "target_loader_pipeline" not in table:
+            if f"target_{loader}_pipeline" not in table:
                 continue
-            cells = table[table["target_loader_pipeline"].notna()]
+            cells = table[table[f"target_{loader}_pipeline"].notna()]
         else:
             cells = table[table["kind"].isin(["align", "start"])]
         errors.extend(cells["effective_delay_pct_err_pipeline"].dropna().abs())

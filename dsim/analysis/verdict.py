@@ -49,8 +49,7 @@ from typing import Any
 from dsim.analysis.model_error import (
     ALIGN_SHARE_ERROR_PTS,
     ALIGN_WHATIF_ERROR,
-    LOADER_SHARE_ERROR_PTS,
-    LOADER_WHATIF_ERROR,
+    loader_errors,
     share_band,
     speedup_band,
 )
@@ -158,6 +157,18 @@ def _loader_change(rows: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     workers, prefetch = first.get("loader_workers"), first.get("loader_prefetch_factor")
     return f"with {counted(int(workers), 'DataLoader worker')} and prefetch {int(prefetch)}"
+
+
+def _fewer_workers(
+    rows: Sequence[Mapping[str, Any]], loader_record: Mapping[str, Any] | None
+) -> bool:
+    """Whether a loader what-if asks for fewer DataLoader workers than the run measured: its
+    error is then the one measured on such what-ifs (``model_error.loader_errors``)."""
+    measured = (loader_record or {}).get("measured")
+    workers = rows[0].get("loader_workers")
+    if not isinstance(measured, Mapping) or not _finite(workers):
+        return False
+    return int(workers) < int(measured["workers"])
 
 
 def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
@@ -335,10 +346,13 @@ def verdict(
     model_error = share_error = None
     share_low = share_high = None
     if model == PIPELINE_MODEL and helps:
-        model_error = LOADER_WHATIF_ERROR if loader is not None else ALIGN_WHATIF_ERROR
+        model_error, share_error = ALIGN_WHATIF_ERROR, ALIGN_SHARE_ERROR_PTS
+        if loader is not None:
+            model_error, share_error = loader_errors(_fewer_workers(rows, loader_record))
         if math.isfinite(after_eff):  # (no band around an unknown share)
-            share_error = LOADER_SHARE_ERROR_PTS if loader is not None else ALIGN_SHARE_ERROR_PTS
             share_low, share_high = share_band(after_eff, share_error)
+        else:
+            share_error = None
     if helps:
         change = "" if math.isnan(stall_change) else f" ({_signed(stall_change)} %)"
         how_much = f"{speedup:.2f}× faster"

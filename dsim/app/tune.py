@@ -15,7 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from dsim.analysis.model_error import ALIGN_WHATIF_ERROR, LOADER_WHATIF_ERROR
+from dsim.analysis.model_error import (
+    ALIGN_WHATIF_ERROR,
+    LOADER_FEWER_ERROR,
+    LOADER_WHATIF_ERROR,
+)
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
@@ -249,7 +253,9 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
     loader's error overstated its uncertainty. The recorded settings without
     alignment are the measured run itself (identity: no model error). A loader
     change combined with alignment has no re-runs of its own and takes the larger,
-    the loader's. Without workers the prefetch factor does not apply: any prefetch
+    the loader's. Fewer workers than recorded take the error measured on such
+    what-ifs (``LOADER_FEWER_ERROR``): the loader error was measured on more
+    workers only. Without workers the prefetch factor does not apply: any prefetch
     at 0 recorded workers is the recorded setting.
     """
     same = point.workers == measured.workers and (
@@ -259,6 +265,8 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
         return 0.0, "none"
     if same:
         return ALIGN_WHATIF_ERROR, "alignment"
+    if point.workers < measured.workers:
+        return LOADER_FEWER_ERROR, "fewer-workers"
     return LOADER_WHATIF_ERROR, "loader"
 
 
