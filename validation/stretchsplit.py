@@ -5,7 +5,8 @@ seconds per CPU second, SPEC §4.2). Split by class, the unaligned runs of the
 sweeps with 1-8 workers show the training processes' stretch flattening from
 4 workers while the workers' keeps growing (validation/README.md, "The node's
 CPU and the demand's period"). This prints, per regime and worker count of a
-sweep (means over repeats), both stretches; and for every pair of worker
+sweep (means over repeats), both stretches and the contention curve's
+coefficient a as each run calibrates it (SPEC §4.2); and for every pair of worker
 counts, a base run of the first replayed with the second's workers at the
 second's measured stretch, one for all against each class its own (the
 workers' to the fetches, the training processes' to the time after the last
@@ -63,18 +64,19 @@ def table(data: Path, only: str | None = None) -> str:
                 runs[(cell.regime, cell.workers)].append(base)
     lines = [
         "| regime | workers | runs | stretch of the workers' fetches | of the training processes "
-        "| one stretch (ρ_m) |",
-        "|---|---|---|---|---|---|",
+        "| one stretch (ρ_m) | the curve's coefficient a |",
+        "|---|---|---|---|---|---|---|",
     ]
     measured = {}
     for (regime, workers), bases in sorted(runs.items()):
         split = np.array([class_stretches(b) for b in bases])
         rho = float(np.mean([b.prepared.cpu.rho_measured for b in bases]))
         t = float(np.mean([b.prepared.cpu.measured_iteration_s for b in bases]))
+        a = float(np.mean([b.prepared.cpu.a for b in bases]))
         measured[(regime, workers)] = (split[:, 0].mean(), split[:, 1].mean(), rho, t)
         lines.append(
             f"| {regime} | {workers} | {len(bases)} | {split[:, 0].mean():.2f} "
-            f"| {split[:, 1].mean():.2f} | {rho:.2f} |"
+            f"| {split[:, 1].mean():.2f} | {rho:.2f} | {a:.3f} |"
         )
     if len(lines) == 2:
         return "(no unaligned run here logs CPU times and run-queue waits)"
