@@ -531,6 +531,28 @@ def test_the_node_cpu_table_shows_the_logs_account_for_the_node_and_t_m_is_long(
     )  # more workers, more stretch at the same demand
 
 
+def test_a_broken_node_samples_file_is_one_line_and_exit_3(tmp_path, capsys) -> None:
+    """validation.nodecpu on a run whose node_cpu.json is cut or of another shape: the file
+    and why, one line, exit 3; no traceback, no table made of it."""
+    import shutil
+
+    from validation import nodecpu
+
+    src = REPO / "validation" / "data-nodecpu"
+    data = tmp_path / "sweep"
+    shutil.copytree(src / "cpu_w1_p2_none_r1", data / "cpu_w1_p2_none_r1")
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["runs"] = {"cpu_w1_p2_none_r1": manifest["runs"]["cpu_w1_p2_none_r1"]}
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    samples = data / "cpu_w1_p2_none_r1" / "node_cpu.json"
+    for broken in ('{"rows": [[0, 1.0, 2.0', '{"rows": [[0, 1.0]]}', '{"cores": 2}'):
+        samples.write_text(broken)
+        assert nodecpu.main(["--data", str(data)]) == 3
+        err = capsys.readouterr().err
+        assert "node_cpu.json: not the harness's node samples" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_the_node_sampler_reads_the_counters_and_writes_one_row_per_call(tmp_path) -> None:
     """validation.machine.NodeSamples: busy and idle seconds from /proc/stat that only grow,
     written as node_cpu.json with the usable cores (Linux only: elsewhere nothing is written)."""

@@ -5,7 +5,7 @@ logs account for (each batch's builder, each worker's other threads, each
 training process) fills the cores, u = C / (K T) = 1. On the 2-core VM the
 saturated runs never got there: their accounted demand stays at 0.80-0.89
 from 1 to 8 workers while their stretch grows 2.5 -> 4.6 (validation/README.md,
-"The node's CPU the logs do not see"). This reads what the harness's rank 0
+"The node's CPU and the demand's period"). This reads what the harness's rank 0
 sampled (``validation.machine.NodeSamples``: the node's busy and idle CPU
 seconds at each batch's arrival) and prints, over each run's steady
 iterations (its first P·W and last P·W left out, as the model's T), the
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dsim.errors import InputError
 from dsim.replay.models import cpu_share
 from validation.cells import parse_run_name
 from validation.machine import NODE_CPU_FILE
@@ -48,6 +49,8 @@ def node_figures(trace_dir: Path, node: dict) -> dict[str, float] | None:
     n = prepared.inputs.fetch.shape[0]
     if len(rows) != n + 1:  # one sample per iteration and one at the end, or not usable
         return None
+    if len(prepared.inputs.segments) != 1:  # the steady window below is one segment's
+        return None
     c = prepared.calibration
     lo, hi = steady_rows(n, max(c.workers * c.prefetch, 1))
     wall = rows[hi, 1] - rows[lo, 1]
@@ -63,6 +66,17 @@ def node_figures(trace_dir: Path, node: dict) -> dict[str, float] | None:
         "t_model_ms": cpu.measured_iteration_s * 1e3,
         "u_model": cpu.demand_s / (cores * cpu.measured_iteration_s),
     }
+
+
+def read_samples(path: Path) -> dict:
+    """A run's node_cpu.json, or one line saying why it cannot be read (exit 3)."""
+    try:
+        node = json.loads(path.read_text())
+        rows = node["rows"]
+        np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path}: not the harness's node samples ({exc})") from None
+    return node
 
 
 def spread(runs: list[dict[str, float]], key: str, scale: float = 1.0, digits: int = 3) -> str:
@@ -81,7 +95,7 @@ def table(data: Path, only: str | None = None) -> str:
         with parsed_runs(data, sampled) as traces:
             for name in sampled:
                 cell = parse_run_name(name).cell
-                node = json.loads((data / name / NODE_CPU_FILE).read_text())
+                node = read_samples(data / name / NODE_CPU_FILE)
                 found = node_figures(traces / name, node)
                 if found is not None:
                     key = cell.align if cell.start is None else f"start {cell.start}"

@@ -168,7 +168,8 @@ def _fewer_workers(
     workers = rows[0].get("loader_workers")
     if not isinstance(measured, Mapping) or not _finite(workers):
         return False
-    return int(workers) < int(measured["workers"])
+    recorded = measured.get("workers")
+    return _finite(recorded) and int(workers) < int(recorded)
 
 
 def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
