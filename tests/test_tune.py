@@ -350,3 +350,65 @@ def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
     assert (doc["model_error"], doc["model_error_kind"]) == (ALIGN_WHATIF_ERROR, "alignment")
     text = "\n".join(lines(result))
     assert f"its band widened by the alignment error (±{ALIGN_WHATIF_ERROR:.1%})" in text
+
+
+def test_a_costlier_setting_whose_band_reaches_one_is_said_to_be_within_the_error(traces):
+    """Held-out 11's and 13's cpu regimes: tune said "use 2 workers" (1.05×, band 0.85-1.34×)
+    where 2 measured 7 % slower than the recorded 1. A recommendation that costs more than
+    the recorded run and whose speed-up band reaches 1.00× now says it may be no faster;
+    a cheaper one at about the same speed, or a clear gain, does not."""
+    from dataclasses import replace
+
+    from dsim.app.tune import _choice, is_a_cost
+    from dsim.render.tune import WITHIN_ERROR
+    from dsim.replay.params import LoaderSettings
+
+    recorded = LoaderSettings(workers=2, prefetch_factor=2)
+    assert is_a_cost(_point(4, 2, 1.0), recorded)
+    assert not is_a_cost(_point(1, 8, 1.0), recorded)  # fewer workers: cheaper whatever prefetch
+    assert is_a_cost(_point(2, 4, 1.0), recorded)
+    assert not is_a_cost(_point(2, 1, 1.0), recorded)
+    assert not is_a_cost(_point(2, 2, 1.0), recorded)  # the recorded run itself
+    aligned = Point(2, 2, ("min", "actual"), np.ones(5), np.zeros(5), np.ones(2))
+    assert is_a_cost(aligned, recorded)  # a loader change to make, for no more processes
+    assert not is_a_cost(_point(0, 4, 1.0), LoaderSettings(workers=0, prefetch_factor=2))
+
+    # The iteration times vary so that the bootstrap has a spread; the means are as named.
+    rng = np.random.default_rng(0)
+    jitter = rng.normal(0.0, 0.01, 200)
+
+    def point(workers: int, mean: float) -> Point:
+        return Point(workers, 2, ("actual", "actual"), mean + jitter, np.zeros(200), np.ones(2))
+
+    base = point(2, 1.0)
+    small = _choice(base, [base, point(4, 0.95)], [0, 1], recorded)  # 1.05×: band reaches 1
+    assert small.point.workers == 4 and small.bands["speedup"].low <= 1.0 and small.within_error
+    clear = _choice(base, [base, point(4, 0.5)], [0, 1], recorded)  # 2×: band well above 1
+    assert clear.point.workers == 4 and clear.bands["speedup"].low > 1.0
+    assert not clear.within_error
+    cheaper = _choice(base, [point(1, 1.005), base], [0, 1], recorded)  # within 2 %, cheaper
+    assert cheaper.point.workers == 1 and cheaper.bands["speedup"].low <= 1.0
+    assert not cheaper.within_error
+
+    result = dsim.tune(traces["loading"], workers="1-8", prefetch=[2], quiet=True)
+    assert not result.loader_only.within_error  # a clear gain: nothing added
+    text = "\n".join(lines(result))
+    assert WITHIN_ERROR not in text and document(result)["recommendation"]["within_error"] is False
+    flagged = replace(result, loader_only=replace(result.loader_only, within_error=True))
+    text = "\n".join(lines(flagged))
+    assert f"\n  {WITHIN_ERROR}\n" in text
+    assert document(flagged)["recommendation"]["within_error"] is True
+
+
+def test_the_cores_caveat_says_what_a_cpu_aware_model_still_misses():
+    from dsim.app.tune import BLIND_CORES, CPU_AWARE_CORES, caveats
+    from dsim.replay.params import LoaderSettings
+
+    recorded = LoaderSettings(workers=1, prefetch_factor=2)
+    blind = caveats(100, 2, 2, 4, 4, recorded)
+    aware = caveats(100, 2, 2, 4, 4, recorded, cpu_aware=True)
+    head = "2 workers per rank are 8 worker processes on a node whose run recorded 2 cores"
+    assert blind == [f"{head}: they cannot all run at once{BLIND_CORES}"]
+    assert aware == [f"{head}: they cannot all run at once{CPU_AWARE_CORES}"]
+    assert "does not know the cores" not in aware[0]
+    assert caveats(100, 1, 8, 4, 4, recorded, cpu_aware=True) == []  # 4 processes, 8 cores

@@ -23,6 +23,7 @@ from dsim.synth import SynthParams, synthesize
 from validation.cells import Stat, stat
 from validation.report import tune_section
 from validation.tunecheck import (
+    change_row,
     judge,
     knee,
     knee_field,
@@ -140,6 +141,15 @@ def test_fidelity_section_counts_and_target() -> None:
     old = tune.drop(columns=["measured_knees_within_noise", "knee_within_noise"])
     assert "| 2 w / 2 w ×2 | n/a |" in "\n".join(tune_section(old, frame))  # an older CSV
     assert "from every base run of every regime: met." in text
+    assert "Recommendations that cost more" not in text  # a CSV without the columns
+    noted = tune.assign(
+        costs_more=[True, False], within_error=[True, False], change_gain_pct=[-3.0, 0.0]
+    )
+    assert (
+        "Recommendations that cost more than the base run had (1), and tune's note that the "
+        "gain is within the model's error: with the note: 1, measured gain over the recorded "
+        "setting median -3.0 % (range -3.0 to -3.0 %), no faster in 1; without it: none."
+    ) in "\n".join(tune_section(noted, frame))
     bad = pd.DataFrame([_row("x", 1, 1, 95.0, GRID)])
     assert "regime: missed (x)." in "\n".join(tune_section(bad, frame))
     assert "not checked" in "\n".join(tune_section(pd.DataFrame(), frame))
@@ -160,6 +170,10 @@ def test_tune_rows_runs_dsim_tune_on_every_base_run(tmp_path) -> None:
     rows = tune_rows(tmp_path / "traces", names, {names[0]: 280.0, names[1]: 90.0}, {"lb": "x"}, 2)
     assert list(rows["base_run"]) == names
     assert set(rows["recommended_workers"]) == {4} and rows["is_best"].all()
+    # From 1 worker, 4 cost more and clearly gain (no note); from 4, the recorded setting.
+    assert list(rows["costs_more"]) == [True, False]
+    assert not rows["within_error"].any()
+    assert list(rows["change_gain_pct"]) == pytest.approx([100 * (280 / 90 - 1), 0.0])
     assert (rows["grid_workers"] == "1;4").all() and (rows["regime_kind"] == "x").all()
     # The same recommendation against a grid where 1 worker measured faster: not the best.
     flipped = tune_rows(tmp_path / "traces", names, {names[0]: 80.0, names[1]: 90.0}, {}, 2)
@@ -175,3 +189,11 @@ def test_tune_rows_runs_dsim_tune_on_every_base_run(tmp_path) -> None:
     # No factor measured at every worker count (4 w only at p4): nothing to judge, no error.
     ragged = {names[0]: 280.0, "lb_w4_p4_none_r1": 90.0}
     assert tune_rows(tmp_path / "traces", list(ragged), ragged, {}, 2).empty
+
+
+def test_a_changes_measured_gain_over_the_recorded_setting() -> None:
+    row = change_row(True, True, Stat(60.0, 1.0, 3), Stat(66.0, 1.0, 3))
+    assert row["costs_more"] and row["within_error"]
+    assert row["change_gain_pct"] == pytest.approx(100 * (60 / 66 - 1))  # measured slower
+    assert change_row(False, False, None, Stat(66.0, 1.0, 3))["change_gain_pct"] is None
+    assert change_row(True, False, Stat(math.nan, None, 1), GRID[(2, 2)])["change_gain_pct"] is None

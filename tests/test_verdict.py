@@ -323,15 +323,17 @@ def test_caveats_for_too_many_workers_and_too_few_iterations() -> None:
     v = verdict(rows_wi, trace=trace, model="pipeline")
     assert v.speedup_low is not None and v.speedup_low < v.speedup < v.speedup_high
     assert v.model_error == LOADER_WHATIF_ERROR  # a loader what-if: the loader cells' error
+    assert v.speedup_low <= 1.0  # 1.25× predicted, within the error and the few iterations
     assert (
         f"faster (95 % band {v.speedup_low:.2f}–{v.speedup_high:.2f}×: the model's error on "
         f"physical re-runs, ±{100 * LOADER_WHATIF_ERROR:.1f} %, and the interval of few "
-        "iterations)"
+        "iterations; the band reaches 1.00×, so the change may be no faster)"
     ) in v.text
     # The interval alone (the per-iteration model states no validated error) is narrower.
     alone = verdict(rows_wi, trace=trace)
     assert alone.model_error is None
     assert f"faster (95 % interval {alone.speedup_low:.2f}–{alone.speedup_high:.2f}×)" in alone.text
+    assert alone.speedup_low > 1.0 and "reaches 1.00×" not in alone.text
     assert v.speedup_low < alone.speedup_low < alone.speedup_high < v.speedup_high
     assert v.caveats == (
         "only 12 iterations selected (fewer than 30): read the interval, not the number",
@@ -351,6 +353,7 @@ def test_a_pipeline_alignment_verdict_states_the_models_error_on_re_runs() -> No
     assert v.model_error == e
     assert v.speedup_low == pytest.approx(v.speedup / (1 + e))
     assert v.speedup_high == pytest.approx(v.speedup / (1 - e))
+    assert v.speedup_low > 1.0  # a gain beyond the error: the band closes without a warning
     assert (
         f"faster (95 % band {v.speedup_low:.2f}–{v.speedup_high:.2f}×: the model's error on "
         f"physical re-runs, ±{100 * e:.1f} %)"

@@ -763,8 +763,8 @@ def tune_section(tune: pd.DataFrame | None, frame: pd.DataFrame) -> list[str]:
             f"{TARGET_PCT:g} % of the measured best, from every base run of every regime: "
             f"{verdict}.",
             f"Where the curve flattens: tune's predicted knee is one the measured curve's "
-            f"noise allows from {shape} base runs.", *_gaps_beyond_noise(tune, frame), "",
-            *tune_detail(tune)]  # fmt: skip
+            f"noise allows from {shape} base runs.", *_gaps_beyond_noise(tune, frame),
+            *_within_error_line(tune), "", *tune_detail(tune)]  # fmt: skip
 
 
 def _grid_stat(grid: dict[tuple[int, int], pd.Series], workers: object, prefetch: object):
@@ -811,6 +811,36 @@ def _gaps_beyond_noise(tune: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
     if unknown:
         text += f"; {unknown} not judged (one run in a cell: no SE)"
     return ["", text + "."]
+
+
+def _within_error_line(tune: pd.DataFrame) -> list[str]:
+    """Does tune's "within the model's error" note (SPEC §5.7) fall on the changes that
+    measured no gain? Over the recommendations that cost more than the base run had:
+    those with the note and those without, and how many of each measured no faster than
+    the recorded setting."""
+    if "costs_more" not in tune:
+        return []
+    costly = tune[tune["costs_more"].astype(bool)]
+    gains = pd.to_numeric(costly["change_gain_pct"], errors="coerce")
+    costly = costly[gains.notna()]
+    gains = gains.dropna()
+    if costly.empty:
+        return []
+    parts = []
+    for flagged, words in ((True, "with the note"), (False, "without it")):
+        g = gains[costly["within_error"].astype(bool) == flagged]
+        if g.empty:
+            parts.append(f"{words}: none")
+            continue
+        parts.append(
+            f"{words}: {len(g)}, measured gain over the recorded setting median "
+            f"{g.median():+.1f} % (range {g.min():+.1f} to {g.max():+.1f} %), "
+            f"no faster in {int((g <= 0).sum())}"
+        )
+    return ["", (
+        f"Recommendations that cost more than the base run had ({len(costly)}), and tune's "
+        f"note that the gain is within the model's error: {'; '.join(parts)}."
+    )]  # fmt: skip
 
 
 def tune_detail(tune: pd.DataFrame) -> list[str]:

@@ -94,6 +94,20 @@ def judge(
     return row
 
 
+def change_row(
+    costs_more: bool, within_error: bool, recorded: Stat | None, recommended: Stat | None
+) -> dict[str, object]:
+    """Whether the recommendation asks for more than the base run had, whether tune said
+    its gain is within the model's error (``Choice.within_error``), and what it measured:
+    ``change_gain_pct``, the recorded setting's measured mean over the recommended one's,
+    − 1, in % (positive: the change measured faster; None where either is unmeasured)."""
+    gain = None
+    known = [s for s in (recorded, recommended) if s is not None and s.n and math.isfinite(s.mean)]
+    if len(known) == 2 and recorded is not None and recommended is not None:
+        gain = 100.0 * (recorded.mean / recommended.mean - 1.0)
+    return {"costs_more": costs_more, "within_error": within_error, "change_gain_pct": gain}
+
+
 def knee(curve: Mapping[int, float], gain: float) -> int | None:
     """The first worker count whose next step gains less than ``gain`` (tune's rule).
 
@@ -180,7 +194,7 @@ def tune_rows(
     the loader alone (the grid has no aligned cells to compare with), and is
     judged against that product's measured times.
     """
-    from dsim.app.tune import tune_run
+    from dsim.app.tune import is_a_cost, tune_run
     from dsim.tuning import FLAT_GAIN
 
     grids = measured_grids(names, measured_ms)
@@ -219,6 +233,10 @@ def tune_rows(
                 "grid_prefetch": ";".join(map(str, prefetch)),
             }
             row.update(judge((point.workers, point.prefetch), point.mean_iteration_s * 1e3, grid))
+            row.update(change_row(
+                is_a_cost(point, result.measured), result.loader_only.within_error,
+                grid.get((cell.workers, cell.prefetch)), grid.get((point.workers, point.prefetch)),
+            ))  # fmt: skip
             row["predicted_knee_workers"] = result.loader_only.flat.workers
             row["predicted_knee_reason"] = result.loader_only.flat.reason
             row["measured_knee_workers"] = knee(measured_curve, FLAT_GAIN)

@@ -298,6 +298,11 @@ def _pct(value: float) -> str:
     return f"{value:.1f} %"
 
 
+#: Said inside a pipeline verdict's band when the band's low end is ≤ 1.00×: the model's
+#: error on re-runs is larger than the gain it predicts (SPEC §5.1).
+BAND_REACHES_ONE = "the band reaches 1.00×, so the change may be no faster"
+
+
 def verdict(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -364,7 +369,8 @@ def verdict(
             how_much += (
                 f" (95 % band {interval[0]:.2f}–{interval[1]:.2f}×: the model's error on "
                 f"physical re-runs, ±{100 * model_error:.1f} %"
-                + (", and the interval of few iterations)" if few else ")")
+                + (", and the interval of few iterations" if few else "")
+                + (f"; {BAND_REACHES_ONE})" if interval[0] <= 1.0 else ")")
             )
         elif interval is not None:
             how_much += f" (95 % interval {interval[0]:.2f}–{interval[1]:.2f}×)"

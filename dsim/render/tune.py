@@ -104,6 +104,14 @@ def band_origin(choice: Choice, *, short: bool = False) -> str:
     )
 
 
+#: Said under a recommendation that costs more than the recorded run and whose speed-up
+#: band reaches 1.00× (``Choice.within_error``, SPEC §5.7).
+WITHIN_ERROR = (
+    "within the model's error of the recorded settings: its band reaches 1.00×, so it may "
+    "be no faster; re-run with it before keeping the extra cost"
+)
+
+
 def recommendation_lines(result: TuneResult) -> list[str]:
     """The answer in words: settings, speed-up with its band, stall, cost."""
     choice = result.loader_only
@@ -117,6 +125,10 @@ def recommendation_lines(result: TuneResult) -> list[str]:
         f"{_ms(result.baseline.mean_iteration_s)}",
         f"  95 % band: bootstrap over {_count(result.iterations, 'iteration')}"
         f"{band_origin(choice)}",
+    ]
+    if choice.within_error:
+        lines.append(f"  {WITHIN_ERROR}")
+    lines += [
         cost_line(result, choice.point),
         f"  {choice.flat.text}",
     ]
@@ -126,6 +138,7 @@ def recommendation_lines(result: TuneResult) -> list[str]:
         lines.append(
             f"  with aligned loaders ({label}) as well: {_setting(combined.point)}, "
             f"{_speed(combined.bands['speedup'])}{band_origin(combined, short=True)}"
+            + ("; within the model's error of the recorded run" if combined.within_error else "")
         )
     lines += [f"  caveat: {c}" for c in result.caveats]
     return lines
@@ -190,6 +203,7 @@ def _choice_doc(result: TuneResult, choice: Choice) -> dict[str, Any]:
         "flattening": choice.flat.text,
         "model_error": choice.model_error,
         "model_error_kind": choice.error_kind,
+        "within_error": choice.within_error,
     }
 
 
