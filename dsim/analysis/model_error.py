@@ -17,11 +17,11 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (more workers, another prefetch): 253 cells of 19 sweeps, 2 and 16 cores,
-#: GPU runs included; 17.5 %, where the mean is 6.0 %. A mean error (4.4 % of one 2-core
+#: Loader what-ifs (more workers, another prefetch): 277 cells of 20 sweeps, 2 and 16 cores,
+#: GPU runs included; 17.0 %, where the mean is 5.7 %. A mean error (4.4 % of one 2-core
 #: sweep, until 2026-11-28) made bands of about ±10 % where tune's predictions missed the
 #: 16-core sweep's re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = 0.175
+LOADER_WHATIF_ERROR = 0.170
 #: Alignment what-ifs (fetch and start alignment): 182 cells of 16 sweeps; 10.6 %, where the
 #: mean is 4.1 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
@@ -33,19 +33,19 @@ ALIGN_WHATIF_ERROR = 0.106
 #: on 8 of 10 sweeps to -0.5 on average over 11; validation/README.md, "The busy worker's
 #: spread").
 ALIGN_SHARE_ERROR_PTS = 10.4
-#: ... of the loader cells: 43.4 points (253 cells). A loader change moves the fetches' overlap
+#: ... of the loader cells: 44.6 points (277 cells). A loader change moves the fetches' overlap
 #: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
 #: swings with both; the band says how little the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 43.4
+LOADER_SHARE_ERROR_PTS = 44.6
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 245 cells of 19 sweeps; 30.8 %, where the mean is 9.0 %: a run
+#: from every base run): 269 cells of 20 sweeps; 30.6 %, where the mean is 9.1 %: a run
 #: with 8 workers predicting 1 came out 20-34 % too slow on the 2-core sweeps, its drain and
 #: hand-over carried over from many workers. Measured since 2026-11-29; until then these
 #: what-ifs took the loader error above, measured only on more workers, and overstated how
 #: sure a recommendation of fewer workers was (validation/README.md, "Fewer workers").
-LOADER_FEWER_ERROR = 0.308
-#: ... their effective-delay share: 16.0 points (the same cells; the mean is 5.0).
-LOADER_FEWER_SHARE_ERROR_PTS = 16.0
+LOADER_FEWER_ERROR = 0.306
+#: ... their effective-delay share: 16.4 points (the same cells; the mean is 5.1).
+LOADER_FEWER_SHARE_ERROR_PTS = 16.4
 
 
 def loader_errors(fewer: bool) -> tuple[float, float]:
