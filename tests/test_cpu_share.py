@@ -538,3 +538,55 @@ def test_the_cpu_swap_scales_each_batchs_work_and_the_contention_with_it(tmp_pat
     np.testing.assert_allclose(more.inputs.fetch - prepared.inputs.fetch, 0.5 * (c + q))
     assert more.cpu.demand_s > 1.2 * prepared.cpu.demand_s
     assert _mean(model, more, 1, tail=2) > 1.1 * _mean(model, prepared, 1, tail=2)
+
+
+def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -> None:
+    """The fifteenth held-out sweep's mixed 8-worker run: workers 8.80, training processes
+    6.17, pooled 8.39. Solved at 2.13 for 1 worker, the pooled subtraction left a fetch of
+    85.9 ms (measured 63.3); each class's own excess, scaled alike, leaves 77.2 ms."""
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    assert cpu_share.class_delta(2.13, 8.39, None) == pytest.approx(2.13 - 8.39)
+    assert cpu_share.class_delta(8.39, 8.39, 8.80) == pytest.approx(0.0)  # identity
+    assert cpu_share.class_delta(2.0, 1.0, 3.0) == pytest.approx(1.0)  # no contention measured
+    got = 241.1 + 24.8 * cpu_share.class_delta(2.13, 8.39, 8.80)
+    assert got == pytest.approx(241.1 + 24.8 * (1 + 7.80 * 1.13 / 7.39 - 8.80))
+    assert round(got, 1) == 77.2 and round(241.1 + 24.8 * (2.13 - 8.39), 1) == 85.9
+    deltas = cpu_share.class_delta(np.array([1.0, 8.39, 12.0]), 8.39, 6.17)
+    np.testing.assert_allclose(deltas, [-5.17, 0.0, 5.17 * 3.61 / 7.39])
+
+    # the classes from the logs: 1 + wait / CPU each; none where a class has no CPU time
+    n, g = 4, 2
+    fetch_cpu, fetch_runq = np.full((n, g), 0.025), np.full((n, g), 0.195)
+    train_cpu, train_runq = np.full((n, g), 0.005), np.full((n, g), 0.026)
+    load = cpu_share.CpuLoad(fetch_cpu, fetch_runq, train_cpu, train_runq, 2, 2, False, True)
+    assert cpu_share.class_stretches(load) == pytest.approx((8.8, 6.2))
+    assert cpu_share.class_stretches(replace(load, runq_known=False)) is None
+    assert cpu_share.class_stretches(replace(load, train_cpu=np.zeros((n, g)))) is None
+
+    # the replay: a fetch moves by the workers' own delta, the training process's by ρ − ρ_m
+    ones = np.ones((n, g))
+    inputs = PipelineInputs(
+        np.array([[0, n]]), np.arange(n), ones, ones * 0.241, ones, ones, ones,
+        np.zeros((n, g), int),
+    )  # fmt: skip
+    calibration = Calibration(
+        8, 2, *(np.zeros((n, g)),) * 2, ones * 0.004, *(np.zeros((n, g)),) * 3
+    )
+    rho_m = cpu_share.measured_stretch(load)
+    pooled = CpuState(load, rho_m, 1.0, 0.5, 1.0)
+    own = replace(pooled, class_rho=cpu_share.class_stretches(load))
+    same = _stretched(PreparedPipeline(inputs, calibration, own), rho_m)
+    np.testing.assert_allclose(same.inputs.fetch, inputs.fetch)  # the run replays as itself
+    np.testing.assert_allclose(same.calibration.after, calibration.after)
+    low = _stretched(PreparedPipeline(inputs, calibration, own), 2.0)
+    low_pooled = _stretched(PreparedPipeline(inputs, calibration, pooled), 2.0)
+    w, t = own.class_rho
+    scale = (2.0 - 1.0) / (rho_m - 1.0)
+    np.testing.assert_allclose(low.inputs.fetch, 0.241 + 0.025 * (w - 1) * (scale - 1))
+    # the training processes keep the pooled stretch (their own moved aligned shares)
+    np.testing.assert_allclose(low.calibration.after, 0.005 * (2.0 - rho_m))
+    assert t < rho_m < w
+    np.testing.assert_allclose(low_pooled.inputs.fetch, 0.241 + 0.025 * (2.0 - rho_m))
+    assert (low.inputs.fetch < low_pooled.inputs.fetch).all()  # the workers waited more

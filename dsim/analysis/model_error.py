@@ -17,35 +17,35 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (more workers, another prefetch): 277 cells of 20 sweeps, 2 and 16 cores,
-#: GPU runs included; 17.0 %, where the mean is 5.7 %. A mean error (4.4 % of one 2-core
+#: Loader what-ifs (more workers, another prefetch): 295 cells of 21 sweeps, 2 and 16 cores,
+#: GPU runs included; 16.8 %, where the mean is 5.7 %. A mean error (4.4 % of one 2-core
 #: sweep, until 2026-11-28) made bands of about ±10 % where tune's predictions missed the
 #: 16-core sweep's re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = 0.170
+LOADER_WHATIF_ERROR = 0.168
 #: Alignment what-ifs (fetch and start alignment): 182 cells of 16 sweeps; 10.6 %, where the
 #: mean is 4.1 %. Most of it is the re-runs' own spread: the same work's CPU time moves by
 #: ±12 % between runs on the 2-core VM (validation/README.md, "The tenth held-out sweep").
 ALIGN_WHATIF_ERROR = 0.106
 
-#: The effective-delay share of the same alignment cells, in percentage points: 10.4, where the
-#: mean is 3.2 and the signed mean +1.0 (12.4 before the busy worker's hand-over by quantile,
+#: The effective-delay share of the same alignment cells, in percentage points: 10.5, where the
+#: mean is 3.2 and the signed mean +0.8 (12.4 before the busy worker's hand-over by quantile,
 #: 2026-11-29, which took the mixed regime's align mean at 2 workers from 10-16 points too low
 #: on 8 of 10 sweeps to -0.5 on average over 11; validation/README.md, "The busy worker's
 #: spread").
-ALIGN_SHARE_ERROR_PTS = 10.4
-#: ... of the loader cells: 44.6 points (277 cells). A loader change moves the fetches' overlap
+ALIGN_SHARE_ERROR_PTS = 10.5
+#: ... of the loader cells: 45.3 points (295 cells). A loader change moves the fetches' overlap
 #: and the stalls' spread together, and the share, a count of iterations over a 30 ms line,
 #: swings with both; the band says how little the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 44.6
+LOADER_SHARE_ERROR_PTS = 45.3
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 269 cells of 20 sweeps; 30.6 %, where the mean is 9.1 %: a run
+#: from every base run): 287 cells of 21 sweeps; 28.5 %, where the mean is 8.9 %: a run
 #: with 8 workers predicting 1 came out 20-34 % too slow on the 2-core sweeps, its drain and
 #: hand-over carried over from many workers. Measured since 2026-11-29; until then these
 #: what-ifs took the loader error above, measured only on more workers, and overstated how
 #: sure a recommendation of fewer workers was (validation/README.md, "Fewer workers").
-LOADER_FEWER_ERROR = 0.306
-#: ... their effective-delay share: 16.4 points (the same cells; the mean is 5.1).
-LOADER_FEWER_SHARE_ERROR_PTS = 16.4
+LOADER_FEWER_ERROR = 0.285
+#: ... their effective-delay share: 16.8 points (the same cells; the mean is 5.3).
+LOADER_FEWER_SHARE_ERROR_PTS = 16.8
 
 
 def loader_errors(fewer: bool) -> tuple[float, float]:

@@ -92,6 +92,41 @@ def measured_stretch(load: CpuLoad) -> float | None:
     return 1.0 + wait / cpu if cpu > 0 else 1.0
 
 
+def class_stretches(load: CpuLoad) -> tuple[float, float] | None:
+    """(ρ_w,m, ρ_t,m): the measured stretch of the workers' fetches and of the training
+    processes, each 1 + its run-queue wait / its CPU time; ``None`` where either class
+    logged no CPU time or the waits are unknown (the pooled ρ_m then serves both)."""
+    if not load.runq_known:
+        return None
+    fetch_cpu, train_cpu = float(load.fetch_cpu.sum()), float(load.train_cpu.sum())
+    if fetch_cpu <= 0 or train_cpu <= 0:
+        return None
+    return (
+        1.0 + float(load.fetch_runq.sum()) / fetch_cpu,
+        1.0 + float(load.train_runq.sum()) / train_cpu,
+    )
+
+
+def class_delta(rho: np.ndarray | float, rho_m: float, class_m: float | None) -> np.ndarray | float:
+    """The change of one class's stretch when the pooled one goes ρ_m → ``rho``.
+
+    Why per class: the logs give the workers' fetches and the training processes
+    each their own stretch, and at many workers they differ (a 4-rank, 8-worker
+    mixed run: workers 8.80, training processes 6.17, pooled 8.39). A fetch's
+    wall time holds its own class's waiting, so taking it back to fewer
+    workers with the pooled ρ_m left a fetch 86 ms long where the re-runs took
+    63 (validation/README.md, "The sixteenth held-out sweep"). The class's
+    excess scales with the pooled excess the fixed point solves, ρ_c − 1 =
+    (ρ_c,m − 1)(ρ − 1)/(ρ_m − 1), so at ρ = ρ_m the class keeps its measured
+    stretch and the measured run replays as itself. Without a class stretch
+    (``class_m`` None) or without contention (ρ_m ≤ 1) it is ρ − ρ_m. The
+    pipeline model applies it to the workers' fetches only.
+    """
+    if class_m is None or not rho_m > 1.0:
+        return rho - rho_m
+    return (class_m - 1.0) * ((rho - 1.0) / (rho_m - 1.0) - 1.0)
+
+
 def stretch(u: float, a: float) -> float:
     """ρ(u) = 1 + a u / (1 − u): wall seconds per CPU second at demand ``u``; ∞ at u ≥ 1."""
     if u >= 1.0:

@@ -100,6 +100,10 @@ class CpuState:
     a: float
     measured_iteration_s: float
     rho_given: float | None = None  # replay at this stretch instead of solving (term swaps)
+    #: (ρ_w,m, ρ_t,m): the workers' fetches' and the training processes' own measured
+    #: stretches (``cpu_share.class_stretches``); the fetches use the first. None: the
+    #: pooled ρ_m serves both.
+    class_rho: tuple[float, float] | None = None
     fetch_aligned: bool = False  # ``aligned_cpu`` has set the fetches: the kernel keeps them
 
 
@@ -186,9 +190,12 @@ def _stretched(
 ) -> PreparedPipeline:
     """The run with every CPU second taking ``rho`` wall seconds instead of ρ_m.
 
-    A fetch of wall time f and CPU time c becomes f + c (ρ − ρ_m) (never
-    negative); each rank's time after the last arrival grows by its training
-    process's CPU time c_t (ρ_t − ρ_m): it competes for the same cores.
+    A fetch of wall time f and CPU time c becomes f + c Δ_w (never negative),
+    Δ_w the workers' change of stretch (``cpu_share.class_delta``: their own
+    measured stretch, its excess scaled with the pooled one; ρ − ρ_m where the
+    logs give no class stretch); each rank's time after the last arrival grows
+    by its training process's CPU time c_t (ρ_t − ρ_m): it competes for the
+    same cores.
     ``trainer_rho`` ([N, G]) gives each iteration's ρ_t where the node's
     demand varies along the run (``trainer_stretches``); without it ρ_t = ρ.
     In the ``drain`` rows ([N] bool: each segment's last P·W) the hand-over
@@ -200,11 +207,15 @@ def _stretched(
     """
     cpu = prepared.cpu
     assert cpu is not None
-    delta = rho - cpu.rho_measured
+    fetch_m = cpu.class_rho[0] if cpu.class_rho is not None else None
+    fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, fetch_m)
     inputs = replace(
         prepared.inputs,
-        fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * delta, 0.0),
+        fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * fetch_delta, 0.0),
     )
+    # The training processes keep the pooled stretch: their own class's (tried with the
+    # fetches') moved the mixed regime's aligned shares at 1 worker by 3-12 points.
+    delta = rho - cpu.rho_measured
     trainer_delta = delta if trainer_rho is None else trainer_rho - cpu.rho_measured
     calibration = replace(
         prepared.calibration,
@@ -554,7 +565,9 @@ class PipelineModel(ReplayModel):
         a = cpu_share.coefficient(u_m, rho_m)
         if rho_m is None:  # no run-queue waits logged: the curve's own value at u_m
             rho_m = cpu_share.stretch(min(u_m, cpu_share.U_MAX_MEASURED), a)
-        state = CpuState(load, rho_m, demand, a, measured_t)
+        state = CpuState(
+            load, rho_m, demand, a, measured_t, class_rho=cpu_share.class_stretches(load)
+        )
         return PreparedPipeline(prepared.inputs, prepared.calibration, state)
 
     def supports(self, policy: Policy) -> bool:
