@@ -576,13 +576,13 @@ def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -
     )
     rho_m = cpu_share.measured_stretch(load)
     pooled = CpuState(load, rho_m, 1.0, 0.5, 1.0)
-    own = replace(pooled, class_rho=cpu_share.class_stretches(load))
+    w, t = cpu_share.class_stretches(load)
+    own = replace(pooled, fetch_rho=w)
     same = _stretched(PreparedPipeline(inputs, calibration, own), rho_m)
     np.testing.assert_allclose(same.inputs.fetch, inputs.fetch)  # the run replays as itself
     np.testing.assert_allclose(same.calibration.after, calibration.after)
     low = _stretched(PreparedPipeline(inputs, calibration, own), 2.0)
     low_pooled = _stretched(PreparedPipeline(inputs, calibration, pooled), 2.0)
-    w, t = own.class_rho
     scale = (2.0 - 1.0) / (rho_m - 1.0)
     np.testing.assert_allclose(low.inputs.fetch, 0.241 + 0.025 * (w - 1) * (scale - 1))
     # the training processes keep the pooled stretch (their own moved aligned shares)

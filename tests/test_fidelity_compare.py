@@ -587,9 +587,15 @@ def test_the_stretch_split_shows_the_trainers_stretch_flattening_at_eight_worker
     fetch = {w: float(r[4]) for w, r in rows.items()}
     train = {w: float(r[5]) for w, r in rows.items()}
     assert fetch[8] > fetch[4] + 0.3 and train[8] < train[4] + 0.1
-    (cells,) = [r.split("|") for r in replays.splitlines() if "| 1 → 8 |" in r]
-    one, own = (float(c.strip().rstrip(" %")) for c in cells[4:6])
-    assert one > 10.0 and abs(own) < 5.0  # +13.8 % and +2.0 % on these logs
+    published = {"1 → 8": (13.8, 2.0), "8 → 1": (-8.9, -10.7)}  # validation/README.md's table
+    for pair, numbers in published.items():
+        (cells,) = [r.split("|") for r in replays.splitlines() if f"| {pair} |" in r]
+        got = tuple(float(c.strip().rstrip(" %")) for c in cells[4:6])
+        # replayed at the measured stretches as given: the model's mapping of a pooled stretch
+        # onto the workers' class (CpuState.fetch_rho) would take 8 -> 1 to other numbers
+        assert got == pytest.approx(numbers, abs=0.05), (pair, got)
+    one, own = published["1 → 8"]
+    assert one > 10.0 and abs(own) < 5.0
 
 
 def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> None:

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from dsim.replay.models.pipeline import _mean_iteration, _stretched, rebodied
+from dsim.replay.models import cpu_share
+from dsim.replay.models.pipeline import PreparedPipeline, _mean_iteration, _stretched, rebodied
 from validation.cells import parse_run_name
 from validation.predict import PipelineBase, prepare_pipeline
 from validation.sweepparse import parsed_runs, run_names, table_main
@@ -35,18 +37,22 @@ ACTUAL = ("actual", "actual")
 def class_stretches(base: PipelineBase) -> tuple[float, float] | None:
     """(workers', training processes') stretch of one run: 1 + run-queue wait / CPU time."""
     cpu = base.prepared.cpu
-    if cpu is None or not cpu.load.runq_known:
-        return None
-    load = cpu.load
-    fetch, train = float(load.fetch_cpu.sum()), float(load.train_cpu.sum())
-    if fetch <= 0 or train <= 0:
-        return None
-    return 1.0 + float(load.fetch_runq.sum()) / fetch, 1.0 + float(load.train_runq.sum()) / train
+    return None if cpu is None else cpu_share.class_stretches(cpu.load)
 
 
 def replayed_at(base: PipelineBase, workers: int, fetch_rho: float, train_rho: float) -> float:
-    """The base run's steady mean iteration time (s) with ``workers`` at the given stretches."""
+    """The base run's steady mean iteration time (s) with ``workers`` at the given stretches.
+
+    The stretches given are measured ones, each its class's, so the fetches take
+    ``fetch_rho`` as it is: the model's mapping of a pooled stretch onto the
+    workers' class (``CpuState.fetch_rho``) is left out.
+    """
     prepared = rebodied(base.prepared, workers, None)
+    cpu = prepared.cpu
+    if cpu is not None:
+        prepared = PreparedPipeline(
+            prepared.inputs, prepared.calibration, replace(cpu, fetch_rho=None)
+        )
     n, g = prepared.inputs.fetch.shape
     trainer = np.full((n, g), float(train_rho))
     return _mean_iteration(_stretched(prepared, fetch_rho, trainer), ACTUAL, workers, None)

@@ -74,7 +74,7 @@ def judge(
         "is_best": recommended == best,
     }
     rec = grid.get(recommended)
-    if rec is None or not rec.n or not math.isfinite(rec.mean):
+    if rec is None or not _measured(rec):
         row.update(
             recommended_measured_ms=None, recommended_measured_sd=None, gap_pct=None,
             two_sigma_pct=None, within=None, within_target=None, predicted_err_pct=None,
@@ -94,6 +94,10 @@ def judge(
     return row
 
 
+def _measured(s: Stat | None) -> bool:
+    return s is not None and bool(s.n) and math.isfinite(s.mean)
+
+
 def change_row(
     costs_more: bool, within_error: bool, recorded: Stat | None, recommended: Stat | None
 ) -> dict[str, object]:
@@ -102,9 +106,8 @@ def change_row(
     ``change_gain_pct``, the recorded setting's measured mean over the recommended one's,
     − 1, in % (positive: the change measured faster; None where either is unmeasured)."""
     gain = None
-    known = [s for s in (recorded, recommended) if s is not None and s.n and math.isfinite(s.mean)]
-    if len(known) == 2 and recorded is not None and recommended is not None:
-        gain = 100.0 * (recorded.mean / recommended.mean - 1.0)
+    if _measured(recorded) and _measured(recommended):
+        gain = 100.0 * (recorded.mean / recommended.mean - 1.0)  # type: ignore[union-attr]
     return {"costs_more": costs_more, "within_error": within_error, "change_gain_pct": gain}
 
 

@@ -100,10 +100,9 @@ class CpuState:
     a: float
     measured_iteration_s: float
     rho_given: float | None = None  # replay at this stretch instead of solving (term swaps)
-    #: (ρ_w,m, ρ_t,m): the workers' fetches' and the training processes' own measured
-    #: stretches (``cpu_share.class_stretches``); the fetches use the first. None: the
-    #: pooled ρ_m serves both.
-    class_rho: tuple[float, float] | None = None
+    #: ρ_w,m: the workers' fetches' own measured stretch (``cpu_share.class_stretches``),
+    #: which a fetch takes back (``_stretched``); None: the pooled ρ_m serves.
+    fetch_rho: float | None = None
     fetch_aligned: bool = False  # ``aligned_cpu`` has set the fetches: the kernel keeps them
 
 
@@ -207,8 +206,7 @@ def _stretched(
     """
     cpu = prepared.cpu
     assert cpu is not None
-    fetch_m = cpu.class_rho[0] if cpu.class_rho is not None else None
-    fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, fetch_m)
+    fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, cpu.fetch_rho)
     inputs = replace(
         prepared.inputs,
         fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * fetch_delta, 0.0),
@@ -565,8 +563,9 @@ class PipelineModel(ReplayModel):
         a = cpu_share.coefficient(u_m, rho_m)
         if rho_m is None:  # no run-queue waits logged: the curve's own value at u_m
             rho_m = cpu_share.stretch(min(u_m, cpu_share.U_MAX_MEASURED), a)
+        classes = cpu_share.class_stretches(load)
         state = CpuState(
-            load, rho_m, demand, a, measured_t, class_rho=cpu_share.class_stretches(load)
+            load, rho_m, demand, a, measured_t, fetch_rho=None if classes is None else classes[0]
         )
         return PreparedPipeline(prepared.inputs, prepared.calibration, state)
 
