@@ -57,11 +57,14 @@ def test_the_build_frees_each_column_it_was_handed(tmp_path: Path) -> None:
     the arrays are those of the whole tables. Before, the tables were whole until the
     arrays were (84 + 44 bytes per GPU-iteration).
 
-    The tables are the run's as read, each column copied into buffers of its own: how the
-    Parquet reader lays out the buffers it decodes is the machine's, and on CI's (three
-    runs, 28-29 Nov 2026; never reproduced on the development VMs) the training table's
-    memory went back only with its last column, ``gpu``, which the plans keep. Measured in
-    a fresh interpreter: Arrow's allocation count is the whole process's."""
+    The tables are the run's as read, each column copied into buffers of its own, and
+    garbage collected before the count starts: on CI's machine (28-29 Nov 2026, the same
+    figures each time) the training table as read went back to Arrow only at a later
+    collection of Python's cyclic garbage, so its columns seemed never freed. That is
+    reproduced on an AVX-512 VM with ``ARROW_USER_SIMD_LEVEL=AVX2`` or ``NONE`` and moves
+    with the allocations made before it (a changed line elsewhere in the test hides it);
+    which cycle holds it was not found. Measured in a fresh interpreter: Arrow's
+    allocation count is the whole process's."""
     import subprocess
     import sys
 
@@ -117,8 +120,8 @@ def _build_frees(tmp_path: Path) -> None:
         # the first step may come before the first column is let go of (once in CI: held[0]
         # was the tables' size exactly), the fall after it may not
         assert held[0] <= size and held[-1] < size * 0.15, (held, size)
-    # with pyarrow 17 and numpy 1.26 (CI's floors) Arrow's memory fell only to ~63 % of
-    # the tables (1,155,000 of 1,827,000 bytes) on one machine (not on another)
+    # (before the copies and the collection, pyarrow 17 and 26 alike stopped at ~63 % of the
+    # tables, 1,155,000 of 1,827,000 bytes, on the machines described above)
     _same_arrays(arrays, expected)
 
 
