@@ -545,7 +545,6 @@ def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -
     6.17, pooled 8.39. Solved at 2.13 for 1 worker, the pooled subtraction left a fetch of
     85.9 ms (measured 63.3); each class's own excess, scaled alike, leaves 77.2 ms."""
     from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched
-    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
 
     assert cpu_share.class_delta(2.13, 8.39, None) == pytest.approx(2.13 - 8.39)
     assert cpu_share.class_delta(8.39, 8.39, 8.80) == pytest.approx(0.0)  # identity
@@ -566,14 +565,7 @@ def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -
     assert cpu_share.class_stretches(replace(load, train_cpu=np.zeros((n, g)))) is None
 
     # the replay: a fetch moves by the workers' own delta, the training process's by ρ − ρ_m
-    ones = np.ones((n, g))
-    inputs = PipelineInputs(
-        np.array([[0, n]]), np.arange(n), ones, ones * 0.241, ones, ones, ones,
-        np.zeros((n, g), int),
-    )  # fmt: skip
-    calibration = Calibration(
-        8, 2, *(np.zeros((n, g)),) * 2, ones * 0.004, *(np.zeros((n, g)),) * 3
-    )
+    inputs, calibration = _eight_worker_run(n, g)
     rho_m = cpu_share.measured_stretch(load)
     pooled = CpuState(load, rho_m, 1.0, 0.5, 1.0)
     w, t = cpu_share.class_stretches(load)
@@ -590,3 +582,63 @@ def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -
     assert t < rho_m < w
     np.testing.assert_allclose(low_pooled.inputs.fetch, 0.241 + 0.025 * (2.0 - rho_m))
     assert (low.inputs.fetch < low_pooled.inputs.fetch).all()  # the workers waited more
+
+
+def test_a_worker_what_if_scales_the_workers_excess_by_their_population() -> None:
+    """From 8 workers to 1, the workers' own excess stretch shrinks by ((1 + 1) / (8 + 1))^½
+    beside the pooled one's scaling; at the measured workers nothing moves (alignment and
+    prefetch what-ifs, the identity); the training processes keep the pooled stretch."""
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched, populated
+
+    assert cpu_share.POPULATION_EXPONENT == 0.5
+    assert cpu_share.population_factor(8, 8) == 1.0
+    assert cpu_share.population_factor(1, 8) == pytest.approx((2 / 9) ** 0.5)
+    assert cpu_share.population_factor(8, 1) == pytest.approx((9 / 2) ** 0.5)
+    assert cpu_share.population_factor(0, 1) == pytest.approx(0.5**0.5)  # loading in the loop
+    factors = [cpu_share.population_factor(w, 2) for w in (0, 1, 2, 4, 8, 16)]
+    assert factors == sorted(factors)
+    # the excess: (ρ_w,m − 1)(ρ − 1)/(ρ_m − 1) · factor; without a class stretch, ρ − ρ_m
+    f = cpu_share.population_factor(1, 8)
+    assert cpu_share.class_delta(2.13, 8.39, 8.80, f) == pytest.approx(
+        7.80 * 1.13 / 7.39 * f - 7.80
+    )
+    assert cpu_share.class_delta(8.39, 8.39, 8.80, 1.0) == 0.0
+    assert cpu_share.class_delta(2.13, 8.39, None, f) == pytest.approx(2.13 - 8.39)
+
+    n, g = 4, 2
+    ones = np.ones((n, g))
+    load = cpu_share.CpuLoad(
+        ones * 0.025, ones * 0.195, ones * 0.005, ones * 0.026, 2, 2, False, True
+    )
+    inputs, calibration = _eight_worker_run(n, g)
+    rho_m = cpu_share.measured_stretch(load)
+    w, _ = cpu_share.class_stretches(load)
+    run = PreparedPipeline(inputs, calibration, CpuState(load, rho_m, 1.0, 0.5, 1.0, fetch_rho=w))
+    assert populated(run, None) is run and populated(run, 8) is run
+    assert populated(run, 16) is run  # more workers: as measured (the cores' bound)
+    fewer = populated(run, 1)
+    assert fewer.cpu is not None and fewer.cpu.fetch_population == pytest.approx(f)
+    assert populated(fewer, 1).cpu == fewer.cpu  # set, not compounded
+    low = _stretched(fewer, 2.0)
+    scale = (2.0 - 1.0) / (rho_m - 1.0)
+    np.testing.assert_allclose(low.inputs.fetch, 0.241 + 0.025 * (w - 1) * (scale * f - 1))
+    np.testing.assert_allclose(low.calibration.after, 0.005 * (2.0 - rho_m))
+    assert (low.inputs.fetch < _stretched(run, 2.0).inputs.fetch).all()
+    same = _stretched(populated(run, 8), rho_m)
+    np.testing.assert_allclose(same.inputs.fetch, inputs.fetch)  # the run replays as itself
+
+
+def _eight_worker_run(n: int, g: int):
+    """A segment of ``n`` rows of a run measured at 8 workers, prefetch 2: each fetch 241 ms,
+    4 ms after its last arrival; the inputs and calibration the stretched replay moves."""
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    ones = np.ones((n, g))
+    inputs = PipelineInputs(
+        np.array([[0, n]]), np.arange(n), ones, ones * 0.241, ones, ones, ones,
+        np.zeros((n, g), int),
+    )  # fmt: skip
+    calibration = Calibration(
+        8, 2, *(np.zeros((n, g)),) * 2, ones * 0.004, *(np.zeros((n, g)),) * 3
+    )
+    return inputs, calibration

@@ -30,6 +30,10 @@ import numpy as np
 U_MAX_MEASURED = 0.99  # a measured demand at or above 1 (clock noise) is read as this
 PS_COEFFICIENT = 1.0  # a of M/M/1 processor sharing: used when run-queue waits are unknown
 MAX_STEPS = 60  # bisection steps (the bracket shrinks 2^-60: far below float noise in T)
+#: β of ``population_factor``: fitted on the committed sweeps (0: the fewer-worker cells'
+#: bias; 1: tune's picks), then judged on a held-out sweep (validation/README.md, "The
+#: eighteenth held-out sweep: the workers' population")
+POPULATION_EXPONENT = 0.5
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,28 @@ def class_stretches(load: CpuLoad) -> tuple[float, float] | None:
     )
 
 
-def class_delta(rho: np.ndarray | float, rho_m: float, class_m: float | None) -> np.ndarray | float:
+def population_factor(workers: int, measured_workers: int) -> float:
+    """((W + 1) / (W_m + 1))^β: how a what-if of W workers per rank, from a run of W_m,
+    scales the workers' own excess stretch (``class_delta``); the pipeline model applies it
+    to fewer workers only (``pipeline.populated``).
+
+    Why: at one node demand the workers' stretch grows with the workers (4 ranks on 2
+    cores, loading as CPU work: 2.4-2.6 at 1 worker, 4.8-6.5 at 8, at a demand of
+    0.79-0.91 for both), which the contention curve, a function of the demand alone,
+    cannot give: from 8 workers to 1 it kept ~4.0 where the re-runs measured ~2.5, and
+    predicted fewer workers 9 % too slow on average. A rank's workers and its training
+    process are the processes that can want a core at once; β < 1 because not all of
+    them do at every moment. The training processes' stretch flattens with the workers,
+    so the pooled curve is not scaled (tried: tune's picks got worse).
+    """
+    return ((max(int(workers), 0) + 1) / (max(int(measured_workers), 0) + 1)) ** (
+        POPULATION_EXPONENT
+    )
+
+
+def class_delta(
+    rho: np.ndarray | float, rho_m: float, class_m: float | None, population: float = 1.0
+) -> np.ndarray | float:
     """The change of one class's stretch when the pooled one goes ρ_m → ``rho``.
 
     Why per class: the logs give the workers' fetches and the training processes
@@ -118,13 +143,15 @@ def class_delta(rho: np.ndarray | float, rho_m: float, class_m: float | None) ->
     63 (validation/README.md, "The sixteenth held-out sweep"). The class's
     excess scales with the pooled excess the fixed point solves, ρ_c − 1 =
     (ρ_c,m − 1)(ρ − 1)/(ρ_m − 1), so at ρ = ρ_m the class keeps its measured
-    stretch and the measured run replays as itself. Without a class stretch
-    (``class_m`` None) or without contention (ρ_m ≤ 1) it is ρ − ρ_m. The
-    pipeline model applies it to the workers' fetches only.
+    stretch and the measured run replays as itself. A what-if with other
+    workers scales that excess by ``population`` (``population_factor``; 1 at
+    the measured workers). Without a class stretch (``class_m`` None) or
+    without contention (ρ_m ≤ 1) it is ρ − ρ_m. The pipeline model applies it
+    to the workers' fetches only.
     """
     if class_m is None or not rho_m > 1.0:
         return rho - rho_m
-    return (class_m - 1.0) * ((rho - 1.0) / (rho_m - 1.0) - 1.0)
+    return (class_m - 1.0) * ((rho - 1.0) / (rho_m - 1.0) * population - 1.0)
 
 
 def stretch(u: float, a: float) -> float:

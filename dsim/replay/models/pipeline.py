@@ -104,6 +104,8 @@ class CpuState:
     #: which a fetch takes back (``_stretched``); None: the pooled ρ_m serves.
     fetch_rho: float | None = None
     fetch_aligned: bool = False  # ``aligned_cpu`` has set the fetches: the kernel keeps them
+    #: the what-if's ``cpu_share.population_factor`` on the workers' excess (``populated``)
+    fetch_population: float = 1.0
 
 
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
@@ -191,8 +193,9 @@ def _stretched(
 
     A fetch of wall time f and CPU time c becomes f + c Δ_w (never negative),
     Δ_w the workers' change of stretch (``cpu_share.class_delta``: their own
-    measured stretch, its excess scaled with the pooled one; ρ − ρ_m where the
-    logs give no class stretch); each rank's time after the last arrival grows
+    measured stretch, its excess scaled with the pooled one and, for fewer
+    workers, by their population, ``populated``; ρ − ρ_m where the logs give
+    no class stretch); each rank's time after the last arrival grows
     by its training process's CPU time c_t (ρ_t − ρ_m): it competes for the
     same cores.
     ``trainer_rho`` ([N, G]) gives each iteration's ρ_t where the node's
@@ -206,7 +209,7 @@ def _stretched(
     """
     cpu = prepared.cpu
     assert cpu is not None
-    fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, cpu.fetch_rho)
+    fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, cpu.fetch_rho, cpu.fetch_population)
     inputs = replace(
         prepared.inputs,
         fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * fetch_delta, 0.0),
@@ -668,10 +671,30 @@ def _mean_iteration(
     return float(np.mean(times[steady] if steady.any() else times))
 
 
+def populated(prepared: PreparedPipeline, workers: int | None) -> PreparedPipeline:
+    """The run with its workers' excess stretch scaled for a what-if of fewer ``workers`` per
+    rank than measured (``cpu_share.population_factor``; None, the measured count or more:
+    as measured).
+
+    Why fewer only: scaled up for more workers, the workers' stretch rose while the pooled
+    one the fixed point solves fell, and the training processes with it: a CPU-bound
+    loader's 4-worker what-if came out 7 % faster than its 1-worker run and below the
+    cores' bound C / K (tests/test_cpu_share.py). Scaled down, both fall together, as
+    the 1-worker re-runs measure (validation/README.md, "The eighteenth held-out sweep").
+    """
+    cpu = prepared.cpu
+    measured = prepared.calibration.workers
+    if cpu is None or workers is None or int(workers) >= measured:
+        return prepared
+    factor = cpu_share.population_factor(int(workers), measured)
+    return replace(prepared, cpu=replace(cpu, fetch_population=factor))
+
+
 def solve_contention(
     prepared: PreparedPipeline, policy: Policy, workers: int | None, prefetch: int | None
 ) -> cpu_share.Solution:
     """The stretch ρ at which the replay's iteration time and the node's CPU demand agree."""
+    prepared = populated(prepared, workers)
     cpu = prepared.cpu
     assert cpu is not None
     replayed = kernel_policy(prepared, policy)
@@ -693,7 +716,7 @@ def contended(
     stretch); the trainers' stretch follows the node's demand per iteration
     (``trainer_stretches``).
     """
-    prepared = aligned_cpu(rebodied(prepared, workers, prefetch), policy[0])
+    prepared = populated(aligned_cpu(rebodied(prepared, workers, prefetch), policy[0]), workers)
     cpu = prepared.cpu
     assert cpu is not None
     if cpu.rho_given is not None:
