@@ -585,16 +585,15 @@ def test_the_fetches_keep_the_workers_own_stretch_scaled_with_the_pooled_one() -
 
 
 def test_a_worker_what_if_scales_the_workers_excess_by_their_population() -> None:
-    """From 8 workers to 1, the workers' own excess stretch shrinks by ((1 + 1) / (8 + 1))^½
+    """From 8 workers to 1, the workers' own excess stretch shrinks by (1 + 1) / (8 + 1)
     beside the pooled one's scaling; at the measured workers nothing moves (alignment and
     prefetch what-ifs, the identity); the training processes keep the pooled stretch."""
     from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched, populated
 
-    assert cpu_share.POPULATION_EXPONENT == 0.5
     assert cpu_share.population_factor(8, 8) == 1.0
-    assert cpu_share.population_factor(1, 8) == pytest.approx((2 / 9) ** 0.5)
-    assert cpu_share.population_factor(8, 1) == pytest.approx((9 / 2) ** 0.5)
-    assert cpu_share.population_factor(0, 1) == pytest.approx(0.5**0.5)  # loading in the loop
+    assert cpu_share.population_factor(1, 8) == pytest.approx(2 / 9)
+    assert cpu_share.population_factor(8, 1) == pytest.approx(9 / 2)
+    assert cpu_share.population_factor(0, 1) == pytest.approx(0.5)  # loading in the loop
     factors = [cpu_share.population_factor(w, 2) for w in (0, 1, 2, 4, 8, 16)]
     assert factors == sorted(factors)
     # the excess: (ρ_w,m − 1)(ρ − 1)/(ρ_m − 1) · factor; without a class stretch, ρ − ρ_m

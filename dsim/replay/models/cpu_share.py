@@ -30,10 +30,6 @@ import numpy as np
 U_MAX_MEASURED = 0.99  # a measured demand at or above 1 (clock noise) is read as this
 PS_COEFFICIENT = 1.0  # a of M/M/1 processor sharing: used when run-queue waits are unknown
 MAX_STEPS = 60  # bisection steps (the bracket shrinks 2^-60: far below float noise in T)
-#: β of ``population_factor``: fitted on the committed sweeps (0: the fewer-worker cells'
-#: bias; 1: tune's picks), then judged on a held-out sweep (validation/README.md, "The
-#: eighteenth held-out sweep: the workers' population")
-POPULATION_EXPONENT = 0.5
 
 
 @dataclass(frozen=True)
@@ -112,22 +108,23 @@ def class_stretches(load: CpuLoad) -> tuple[float, float] | None:
 
 
 def population_factor(workers: int, measured_workers: int) -> float:
-    """((W + 1) / (W_m + 1))^β: how a what-if of W workers per rank, from a run of W_m,
-    scales the workers' own excess stretch (``class_delta``); the pipeline model applies it
-    to fewer workers only (``pipeline.populated``).
+    """(W + 1) / (W_m + 1): how a what-if of W workers per rank, from a run of W_m, scales
+    the workers' own excess stretch (``class_delta``); the pipeline model applies it to
+    fewer workers only (``pipeline.populated``).
 
     Why: at one node demand the workers' stretch grows with the workers (4 ranks on 2
     cores, loading as CPU work: 2.4-2.6 at 1 worker, 4.8-6.5 at 8, at a demand of
     0.79-0.91 for both), which the contention curve, a function of the demand alone,
     cannot give: from 8 workers to 1 it kept ~4.0 where the re-runs measured ~2.5, and
     predicted fewer workers 9 % too slow on average. A rank's workers and its training
-    process are the processes that can want a core at once; β < 1 because not all of
-    them do at every moment. The training processes' stretch flattens with the workers,
-    so the pooled curve is not scaled (tried: tune's picks got worse).
+    process are the processes that can want a core at once, and under processor sharing
+    the wait per CPU second grows with their number. The square root of the ratio was
+    shipped first; the ratio whole fits the fewer-worker re-runs better with the same
+    tune picks (validation/README.md, "The twentieth held-out sweep"). The training
+    processes' stretch flattens with the workers, so the pooled curve is not scaled
+    (tried: tune's picks got worse).
     """
-    return ((max(int(workers), 0) + 1) / (max(int(measured_workers), 0) + 1)) ** (
-        POPULATION_EXPONENT
-    )
+    return (max(int(workers), 0) + 1) / (max(int(measured_workers), 0) + 1)
 
 
 def class_delta(
