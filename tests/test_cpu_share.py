@@ -617,7 +617,8 @@ def test_a_worker_what_if_scales_the_workers_excess_by_their_population() -> Non
     assert populated(run, 16) is run  # more workers: as measured (the cores' bound)
     fewer = populated(run, 1)
     assert fewer.cpu is not None and fewer.cpu.fetch_population == pytest.approx(f)
-    assert populated(fewer, 1).cpu == fewer.cpu  # set, not compounded
+    again = populated(fewer, 1).cpu
+    assert again is not None and again.fetch_population == pytest.approx(f)  # set, not compounded
     low = _stretched(fewer, 2.0)
     scale = (2.0 - 1.0) / (rho_m - 1.0)
     np.testing.assert_allclose(low.inputs.fetch, 0.241 + 0.025 * (w - 1) * (scale * f - 1))
