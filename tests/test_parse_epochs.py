@@ -287,3 +287,27 @@ def test_batches_prefetched_before_a_resumed_epoch_go_to_that_epoch(tmp_path):
     assert parsed.tables.info.epochs_present == (0, 2)
     assert parsed.report["incomplete_iterations"]["count"] == 0
     assert parsed.report["skipped"] == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=3).flatmap(
+        lambda spans: st.tuples(
+            st.just(spans),
+            st.integers(0, 400),
+            st.integers(-5, 5),
+            st.integers(0, 2**32 - 1),
+        )
+    )
+)
+def test_lexsort_order_is_numpys_lexsort_on_every_path(case):
+    """Keys spanning up to 16 bits (the radix path), more (the packed argsort) or past 2^62
+    (np.lexsort itself): one order, ties by row."""
+    spans, n, offset, seed = case
+    from dsim.sources.rawlog.epochs import lexsort_order
+
+    rng = np.random.default_rng(seed)
+    keys = [rng.integers(0, span, n).astype(np.int64) + offset for span in spans]
+    assert np.array_equal(lexsort_order(keys), np.lexsort(keys[::-1]))
+    wide = [*keys, rng.integers(0, 2**40, n)]  # too wide to pack with the row number
+    assert np.array_equal(lexsort_order(wide), np.lexsort(wide[::-1]))

