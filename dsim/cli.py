@@ -9,6 +9,7 @@ tracebacks are shown only with ``--debug`` (or ``DSIM_DEBUG=1``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ from dsim.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    EXIT_OUTPUT,
     EXIT_USAGE,
     DsimError,
 )
@@ -167,16 +169,38 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-def _flush_stdout() -> bool:
-    """Flush stdout now, where a closed pipe can still be answered; False if it was closed."""
+#: errno values of a write that cannot succeed until the user acts: a full disk or quota, a
+#: read-only file system, a file too large for it.
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+def _stdout_fails() -> bool:
+    """After a failed write: whether stdout is what fails (then silenced, so that its
+    buffer cannot fail again at exit)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
+        return True
+    return False
+
+
+def _flush_stdout() -> int | None:
+    """Flush stdout now, where a failure can still be answered: the exit code it calls for
+    (141 when the reader has gone, 4 when stdout is a full or read-only device), else None.
+    """
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
-        return False
-    except (OSError, ValueError):  # stdout closed or not a stream: nothing to flush into
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:  # stdout closed or not a stream: nothing to flush into
+        if exc.errno in _OUTPUT_ERRNOS:
+            _silence_stdout()  # the interpreter's last flush must not fail again
+            return EXIT_OUTPUT
+    except ValueError:
         pass
-    return True
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,8 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # a signal while an error was being reported, or set up
         code, signum = EXIT_FAILURE, signal.SIGINT
     processes.ignore_further()  # from here on the process is leaving: nothing to interrupt
-    if not _flush_stdout():
-        code = EXIT_BROKEN_PIPE
+    flushed = _flush_stdout()
+    if flushed == EXIT_BROKEN_PIPE:
+        code = flushed
+    elif flushed == EXIT_OUTPUT and code in (0, None):  # output lost after the command's end
+        typer.echo("dsim: error: cannot write standard output: the device is full", err=True)
+        code = flushed
     signum = processes.received() or signum  # the signal itself beats what it turned into
     if signum is not None:
         typer.echo("dsim: interrupted", err=True)
@@ -247,6 +275,16 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
                 raise
             typer.echo(f"dsim: error: {exc}", err=True)
         code = exc.exit_code
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS or _debugging(argv):
+            raise
+        # A full disk or a read-only file system met where no code named the file (stdout
+        # to a full device, a library's own write): the user's to act on, not a bug (SPEC §9).
+        stdout = _stdout_fails()
+        if processes.received() is None:
+            where = exc.filename or ("standard output" if stdout else "standard output or a file")
+            typer.echo(f"dsim: error: cannot write {where}: {os.strerror(exc.errno)}", err=True)
+        code = EXIT_OUTPUT
     except Exception as exc:
         if processes.received() is None:
             if _debugging(argv):

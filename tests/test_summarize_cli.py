@@ -179,3 +179,28 @@ def test_a_reader_that_closes_stdout_early_ends_it_quietly(results, extra):
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141, err
     assert err == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--format", "csv", "--out", "-")])
+def test_stdout_on_a_full_device_is_an_output_error(results, extra):
+    """stdout on a full device (`> /dev/full`) was an internal error (exit 1, "a bug in
+    dsim"): it is the user's to act on, one line and exit 4 (SPEC §9)."""
+    import os
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("DSIM_DEBUG", None)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "dsim", "summarize", str(results), *extra],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dsim: error: cannot write"), proc.stderr
+    assert "No space left on device" in lines[0]

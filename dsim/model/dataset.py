@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dsim.errors import OutputError
 from dsim.io import parquetio
 from dsim.io.atomic import atomic_path
 from dsim.model.columns import METRIC_COLUMNS
@@ -350,11 +352,22 @@ class DatasetWriter:
             self._write(gpu_writer, piece)
 
     def _write(self, writer: pq.ParquetWriter, table: pa.Table) -> None:
-        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        try:
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        except OSError as exc:  # a full disk: the user's to act on, naming the file (exit 4)
+            raise self._cannot_write(writer, exc) from exc
 
     def _close(self) -> None:
         for writer in self._writers:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as exc:
+                raise self._cannot_write(writer, exc) from exc
+
+    def _cannot_write(self, writer: pq.ParquetWriter, exc: OSError) -> OutputError:
+        path = self.paths[self._writers.index(writer)]
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        return OutputError(f"cannot write {path}: {reason}")
 
     def commit(self) -> list[Path]:
         """Close both files and move them into place."""
