@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise UsageError(
             f"config {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from exc
+    except ValueError:  # an integer past Python's limit on digits (4300)
+        raise UsageError(
+            f"config {path} holds a number with more than {sys.get_int_max_str_digits()} "
+            "digits: not a dsim config"
+        ) from None
     except RecursionError:  # the depth check makes this unreachable; kept as a last guard
         raise UsageError(f"config {path} nests too deeply: not a dsim config") from None
     if not isinstance(raw, dict):
@@ -379,6 +385,18 @@ def _guess(available: list[str]):
         return f"{missing} (did you mean {' or '.join(best)}?)" if best else missing
 
     return shown
+
+
+def _raise_unreadable(unreadable: list[InputError]) -> None:
+    """A parsed run whose ``run.json`` cannot be read is bad input (exit 3), not a bad
+    command line: it is raised after the command line's and config's own problems."""
+    if len(unreadable) == 1:
+        raise unreadable[0]
+    if unreadable:
+        raise InputError(
+            f"{len(unreadable)} parsed runs cannot be read: "
+            + "; ".join(str(exc) for exc in unreadable)
+        )
 
 
 def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> list[str]:
@@ -655,15 +673,17 @@ def validate_config(
 
     runs = _resolve_runs(names, paths["traces"], problems) if names else []
     run_infos: dict[str, RunInfo] = {}
+    unreadable: list[InputError] = []
     for name in runs:
         try:
             run_infos[name] = read_info(paths["traces"] / name)
         except InputError as exc:
-            problems.add(f"run {name}: {exc}")
+            unreadable.append(exc)
     _check_epochs(epochs, run_infos, problems)
 
     where = f"invalid config {source}" if source is not None else "invalid run settings"
     problems.raise_if_any(where)
+    _raise_unreadable(unreadable)
     return SimConfig(
         runs=tuple(runs),
         run_dirs=tuple(paths["traces"] / name for name in runs),

@@ -10,7 +10,7 @@ from tracegen import ORIGINAL_CONFIG as ORIGINAL
 from tracegen import write_synthetic
 
 from dsim.config import LEGACY_KEYS, REJECTED_KEYS, Overrides, load_config
-from dsim.errors import UsageError
+from dsim.errors import InputError, UsageError
 from dsim.options import parse_epochs_option
 from dsim.replay.policies import BASELINE
 
@@ -234,10 +234,18 @@ def test_epoch_not_in_trace_lists_available_epochs(workdir: Path) -> None:
     assert "epoch(s) 5 not in run" in message
 
 
-def test_unreadable_run_is_reported(workdir: Path) -> None:
-    (workdir / "traces" / "other_run" / "run.json").write_text("{broken", encoding="utf-8")
-    message = _error(_write(workdir / "c.json", {"FILE": "other_run"}))
-    assert "run other_run:" in message and "unreadable run description" in message
+def test_unreadable_run_is_bad_input_naming_its_file(workdir: Path) -> None:
+    """A damaged run.json is the input's fault (exit 3), not the command line's (it was
+    reported among the config's problems, exit 2); the config's own problems come first."""
+    run_json = workdir / "traces" / "other_run" / "run.json"
+    run_json.write_text("{broken", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        load_config(_write(workdir / "c.json", {"FILE": "other_run"}))
+    assert info.value.path.resolve() == run_json.resolve()
+    assert "unreadable run description" in str(info.value)
+    assert "\n" not in str(info.value)
+    message = _error(_write(workdir / "c.json", {"FILE": "other_run", "warmup": -1}))
+    assert "warmup" in message
 
 
 @pytest.mark.parametrize(

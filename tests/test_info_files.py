@@ -100,3 +100,33 @@ def test_summarize_names_the_file_of_a_newer_format(workdir: Path, tmp_path: Pat
         "result.json: result description written by a newer dsim "
         f"(format_version 7; this dsim reads {RESULTS_FORMAT_VERSION}): upgrade dsim"
     )
+
+
+@pytest.mark.parametrize("name", ["run.json", "result.json"])
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"format_version": ' + "9" * 4401 + "}", "a number with more than 4300 digits"),
+        ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    ],
+)
+def test_a_number_too_long_or_nesting_too_deep_is_bad_input(
+    tmp_path: Path, name: str, text: str, reason: str
+) -> None:
+    """Both were internal errors (ValueError from Python's limit on digits, RecursionError)
+    in `dsim run`, `tune`, `summarize`, `report` and `compare`."""
+    (tmp_path / name).write_text(text)
+    loader = RunInfo if name == "run.json" else ResultInfo
+    with pytest.raises(InputError, match=reason) as info:
+        loader.load(tmp_path)
+    assert info.value.path == tmp_path / name
+
+
+def test_a_config_number_too_long_is_a_usage_error(tmp_path: Path) -> None:
+    from dsim.config import load_config
+    from dsim.errors import UsageError
+
+    conf = tmp_path / "c.json"
+    conf.write_text('{"FILE": "x", "warmup": ' + "9" * 5000 + "}")
+    with pytest.raises(UsageError, match="a number with more than 4300 digits"):
+        load_config(conf)

@@ -202,7 +202,7 @@ def vouched_directories(out: Path, name: str, inputs: str | None) -> list[str] |
 def _read_memo(out: Path, name: str, inputs: str) -> dict[str, Any] | None:
     try:
         memo = json.loads(memo_path(out, name).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(memo, dict) or memo.get("format") != MEMO_FORMAT:
         return None

@@ -63,7 +63,7 @@ def built_from(path: Path) -> dict[str, Any] | None:
     try:
         raw = (pq.read_schema(path).metadata or {}).get(b"dsim")
         meta = json.loads(raw) if raw else None
-    except (OSError, pa.ArrowException, ValueError):
+    except (OSError, pa.ArrowException, ValueError, RecursionError):
         return None
     meta = meta if isinstance(meta, dict) else None
     if len(_BUILT_FROM) >= _BUILT_FROM_MAX:

@@ -24,7 +24,7 @@ from typing import Any
 from dsim.errors import InputError
 from dsim.io.atomic import write_json
 from dsim.model.runinfo import FORMAT_VERSION as RUN_FORMAT_VERSION
-from dsim.model.runinfo import RunInfo, check_version
+from dsim.model.runinfo import RunInfo, check_version, json_problem
 
 #: ``result.json``'s format. 2: the replay files of a run may be stubs whose rows are in
 #: the tidy dataset (§7.1), so a dsim that knows only 1 must refuse such a directory
@@ -201,8 +201,12 @@ class ResultInfo:
         path = Path(directory) / RESULT_FILE
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except OSError as exc:
             raise InputError(f"unreadable result description: {exc}", path) from exc
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError among them
+            raise InputError(f"unreadable result description: {json_problem(exc)}", path) from exc
+        except RecursionError:
+            raise InputError("unreadable result description: nested too deeply", path) from None
         return cls.from_document(document, path)
 
     def save(self, directory: str | Path) -> Path:

@@ -174,7 +174,7 @@ def replay_metadata(
         raise InputError("not a dsim replay table (no dsim metadata)", path)
     try:
         meta = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         meta = None
     if not isinstance(meta, dict):
         raise InputError("not a dsim replay table (unreadable dsim metadata)", path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,15 @@ _KEYS = (
     "consistency",
     "digest",
 )
+
+
+def json_problem(exc: ValueError) -> str:
+    """What is wrong with a JSON document ``json.loads`` refused, in words: a number of
+    more digits than Python converts (4300) is no ``JSONDecodeError`` and its message
+    names a Python setting, not the file."""
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        return str(exc)
+    return f"a number with more than {sys.get_int_max_str_digits()} digits"
 
 
 def check_version(
@@ -320,8 +330,10 @@ class RunInfo:
         """A ``run.json`` from its bytes (a snapshot reader has them already)."""
         try:
             document = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"unreadable run description: {exc}", path) from exc
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InputError(f"unreadable run description: {json_problem(exc)}", path) from exc
+        except RecursionError:
+            raise InputError("unreadable run description: nested too deeply", path) from None
         return cls.from_document(document, path)
 
     def save(self, directory: str | Path) -> Path:
