@@ -27,6 +27,7 @@ from dsim.sources.kineto import (
     OVERLAPPING_LOADER,
     OVERLAPPING_STEP,
     REPEATED_STEP,
+    STEP_TOO_LARGE,
     find_traces,
     read_profiled_run,
     read_trace,
@@ -144,6 +145,25 @@ def test_bad_spans_are_rejected_and_counted_exactly(tmp_path):
     assert t[(t["gpu"] == 0) & (t["iteration"] == 19)]["stall_s"].item() == pytest.approx(0.0025)
     assert run.report["steps_with_several_dataloader_spans"] == 1
     assert run.report["incomplete_iterations"]["count"] == 19 - 11
+
+
+@pytest.mark.parametrize("number", ["2147483648", "9" * 20, "1" + "0" * 5000])
+def test_a_step_number_past_the_int32_iteration_is_rejected(tmp_path, number):
+    """``ProfilerStep#99999999999999999999999`` was an internal error (OverflowError into
+    int64), and 2^31 .. 2^63 wrapped silently in the int32 iteration column."""
+    events = [*_steps(1, 4), _event(f"ProfilerStep#{number}", 1e9 + 9 * 20_000, 10_000)]
+    path = _write(tmp_path / "rank0.pt.trace.json", events)
+    _write(tmp_path / "rank1.pt.trace.json", _steps(1, 4), rank=1)
+    run = read_profiled_run([tmp_path])
+    assert run.report["skipped"] == {STEP_TOO_LARGE: 1}
+    (row,) = [r for r in run.rejects.to_pylist() if r["file"] == str(path)]
+    assert row["reason"] == STEP_TOO_LARGE
+    assert sorted(run.train.to_pandas()["iteration"].unique()) == [1, 2, 3, 4]
+    zeros = _steps(1, 5)
+    zeros[-3]["name"] = "ProfilerStep#" + "0" * 30 + "5"  # step 5: the number, padded
+    _write(tmp_path / "rank0.pt.trace.json", zeros)
+    _write(tmp_path / "rank1.pt.trace.json", _steps(1, 5), rank=1)
+    assert 5 in set(read_profiled_run([tmp_path]).train.to_pandas()["iteration"])
 
 
 def test_ranks_with_different_step_ranges_are_reported(tmp_path):

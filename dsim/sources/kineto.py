@@ -63,6 +63,8 @@ NO_DUR = "span without dur"
 NO_TS = "span without ts"
 NEGATIVE_DUR = "span with a negative dur"
 BAD_STEP_NAME = "ProfilerStep name without a step number"
+STEP_TOO_LARGE = "ProfilerStep number past 2147483647 (the tables' int32 iteration)"
+_MAX_STEP = 2**31 - 1
 REPEATED_STEP = "repeated profiler step (same number twice on one rank)"
 OVERLAPPING_STEP = "overlapping profiler steps (every one rejected)"
 NO_LOADER = "profiler step without a DataLoader span"
@@ -273,7 +275,14 @@ def read_trace(path: Path) -> RankTrace:
             )
             if reason is None and is_step:
                 match = _STEP_NUMBER.fullmatch(name)
-                reason = None if match else BAD_STEP_NAME
+                reason = (
+                    BAD_STEP_NAME
+                    if not match
+                    # a longer number would wrap in the int32 iteration column, or not fit int64
+                    else STEP_TOO_LARGE
+                    if len(match[1].lstrip("0")) > 10 or int(match[1]) > _MAX_STEP
+                    else None
+                )
             if reason is not None:
                 rejects.append((index, reason, name))
             elif is_step:
