@@ -387,6 +387,14 @@ def _guess(available: list[str]):
     return shown
 
 
+def _same_directory(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one directory (through links and ``..``)."""
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a link loop: not a directory dsim can use anyway
+        return False
+
+
 def _raise_unreadable(unreadable: list[InputError]) -> None:
     """A parsed run whose ``run.json`` cannot be read is bad input (exit 3), not a bad
     command line: it is raised after the command line's and config's own problems."""
@@ -628,6 +636,13 @@ def validate_config(
         else:
             problems.add(f"{key} must be a path string, got {value!r}")
             paths[key] = default
+    if _same_directory(paths["traces"], paths["out"]):
+        # the results' run directories would be the parsed runs' own, and the next
+        # `dsim parse` into that directory would replace them, results and all
+        problems.add(
+            f"the results directory {paths['out']} is the traces directory: "
+            "choose another --out (results/ by default)"
+        )
 
     if overrides.epochs is not None:
         epochs = overrides.epochs

@@ -117,6 +117,22 @@ def test_parse_replaces_only_its_own_run_directories(tmp_path):
         dsim.api.parse(log, out=traces, name="empty")
 
 
+def test_results_in_the_traces_directory_are_refused_and_never_replaced(tmp_path):
+    """`dsim run --out T --traces T` put result.json and the replays inside the parsed run
+    directories, and the next `dsim parse --out T` replaced them without a word."""
+    log = _log(tmp_path / "logs" / "run1" / "output.log")
+    traces = tmp_path / "traces"
+    dsim.api.parse(log, out=traces, name="run1")
+    proc = run_dsim("run", "run1", "--traces", traces, "--out", traces, "--executor", "local")
+    assert proc.returncode == 2 and "is the traces directory" in proc.stderr, proc.stderr
+    assert not (traces / "run1" / "result.json").exists()
+    (traces / "run1" / "result.json").write_text("{}")  # as an older dsim left it
+    before = _tree(tmp_path)
+    with pytest.raises(OutputError, match=r"holds dsim results \(result.json\)"):
+        dsim.api.parse(log, out=traces, name="run1")
+    assert _tree(tmp_path) == before
+
+
 def test_symlink_at_lock_path_is_refused_and_its_target_kept(tmp_path):
     results = tmp_path / "results"
     results.mkdir()

@@ -139,6 +139,11 @@ def check_run_directory(directory: Path) -> None:
             "--name or --out"
         )
     refuse_newer(version, FORMAT_VERSION, path)
+    if (directory / "result.json").exists():  # dsim run wrote there: --out was the traces
+        raise OutputError(
+            f"{directory} holds dsim results (result.json) beside its parsed run; "
+            "dsim parse does not replace them: move them away or choose another --out"
+        )
 
 
 def file_digest(data: bytes) -> dict[str, Any]:
