@@ -56,12 +56,66 @@ def _plain_flags(command: click_core.Command, ctx: click_core.Context) -> None:
             param.metavar = ""
 
 
+def _single_values(command: click_core.Command, ctx: click_core.Context) -> dict[str, str]:
+    """Each spelling (``--jobs``, ``-j``) of the command's options that take one value, to
+    the option's first spelling."""
+    single: dict[str, str] = {}
+    for param in command.get_params(ctx):
+        if param.param_type_name == "option" and not (
+            param.multiple or getattr(param, "is_flag", False) or getattr(param, "count", False)
+        ):
+            for spelling in (*param.opts, *param.secondary_opts):
+                single[spelling] = param.opts[0]
+    return single
+
+
+def refuse_repeated_options(
+    command: click_core.Command, ctx: click_core.Context, args: list[str]
+) -> None:
+    """Refuse an option of one value given twice (``--name a --name b``).
+
+    Why: click keeps the last silently, so the command would do something the
+    user did not ask for alone (issue #19: never last-wins). Options that take
+    several values (``--policy``, ``--workers``) are the commands' own to take.
+    """
+    from dsim.errors import UsageError
+
+    single = _single_values(command, ctx)
+    seen: dict[str, list[str]] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            break
+        if token.startswith("--"):
+            spelling, eq, value = token.partition("=")
+        elif token.startswith("-") and len(token) > 1:
+            spelling, value = token[:2], token[2:]
+            eq = "=" if value else ""
+        else:
+            continue
+        if spelling not in single:
+            continue
+        if not eq:
+            value = next(tokens, "")
+        seen.setdefault(single[spelling], []).append(value)
+    for option, values in seen.items():
+        if len(values) > 1:
+            raise UsageError(
+                f"{option} given {len(values)} times ({', '.join(values)}): give it once"
+            )
+
+
 class _Command(TyperCommand):
-    """A command whose help shows flags as flags (see ``_plain_flags``)."""
+    """A command whose help shows flags as flags (see ``_plain_flags``) and that refuses an
+    option of one value given twice (``refuse_repeated_options``)."""
 
     def format_help(self, ctx: click_core.Context, formatter: click_core.HelpFormatter) -> None:
         _plain_flags(self, ctx)
         super().format_help(ctx, formatter)
+
+    def parse_args(self, ctx: click_core.Context, args: list[str]) -> list[str]:
+        refuse_repeated_options(self, ctx, args)
+        return super().parse_args(ctx, args)
 
 
 class _Group(TyperGroup):

@@ -50,7 +50,9 @@ def command(
     out: Path = typer.Option(Path("traces"), "--out", "-o", help="Where run directories go."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record."),
     name: str | None = typer.Option(None, "--name", help="Name of the run (one run only)."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Runs parsed at once (0: one per core)."),
+    jobs: int = typer.Option(
+        0, "--jobs", "-j", min=0, help="Runs parsed at once (0: one per core)."
+    ),
     quiet: Quiet = False,
     as_json: bool = typer.Option(
         False,

@@ -41,24 +41,27 @@ def command(
         Path, typer.Option("--out", "-o", help="Results directory; the table goes to OUT/tune/.")
     ] = Path("results"),
     workers: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--workers",
             metavar="LIST",
-            help="num_workers to try: 1,2,4,8 or 1-8 (default: 0,1,2,4,... past the cores).",
+            help="num_workers to try: 1,2,4,8 or 1-8, or repeated (default: 0,1,2,4,... past "
+            "the cores).",
         ),
     ] = None,
     prefetch: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
-            "--prefetch", metavar="LIST", help="prefetch_factor to try: 1,2,4 (default) or 1-4."
+            "--prefetch",
+            metavar="LIST",
+            help="prefetch_factor to try: 1,2,4 (default) or 1-4, or repeated.",
         ),
     ] = None,
     epochs: Annotated[
         str | None, typer.Option("--epochs", help="Epochs: 1,2 or 'all' (default: all but 0).")
     ] = None,
     warmup: Annotated[
-        int | None, typer.Option("--warmup", help="Skip iterations <= N (default 10).")
+        int | None, typer.Option("--warmup", min=0, help="Skip iterations <= N (default 10).")
     ] = None,
     no_alignment: Annotated[
         bool, typer.Option("--no-alignment", help="Sweep the loader alone, no alignment.")
@@ -72,7 +75,8 @@ def command(
     from dsim.options import parse_epochs_option
     from dsim.render import tune as render
 
-    grid_w, grid_p = loader_grids(workers, prefetch)
+    # a repeated option adds its values to the grid (issue #19: never last-wins)
+    grid_w, grid_p = loader_grids(_joined(workers), _joined(prefetch))
     chosen = parse_epochs_option(epochs)
     dirs = [resolve_run(run, traces) for run in runs]
     results = [
@@ -99,6 +103,10 @@ def command(
             typer.echo("")
         typer.echo("\n".join(render.lines(result)))
         typer.echo(f"wrote {', '.join(str(f) for f in result.files)}")
+
+
+def _joined(values: list[str] | None) -> str | None:
+    return ",".join(values) if values else None
 
 
 command.__doc__ = HELP
