@@ -251,3 +251,28 @@ def test_run_with_a_gpu_lacking_training_lines_names_it(tmp_path):
         "no complete iteration to replay: 0 iterations lack a fetch record for some GPU, "
         "3 lack a training record; GPU 1 has no training records" in result.stderr
     )
+
+
+@pytest.mark.parametrize("entry", ["broken link", "link loop", "fifo"])
+def test_a_log_named_entry_that_cannot_be_read_is_an_error_not_a_missing_rank(tmp_path, entry):
+    """A directory run skipped such entries without a word: the run lost that rank's logs
+    and parsed as fewer GPUs (found by an adversarial check of the CLI)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.log").write_text("\n".join(one_epoch(gpus=(0,), iters=3)) + "\n")
+    bad = run / "rank1.log"
+    if entry == "broken link":
+        bad.symlink_to(tmp_path / "nowhere.log")
+    elif entry == "link loop":
+        bad.symlink_to(run / "rank2.log")
+        (run / "rank2.log").symlink_to(bad)
+    else:
+        os.mkfifo(bad)
+    with pytest.raises(InputError, match="cannot read") as caught:
+        discover_runs([run])
+    assert caught.value.path in (bad, run / "rank2.log")
+    with pytest.raises(InputError, match="cannot read"):
+        discover_runs([tmp_path])  # found below a directory too
+    proc = run_dsim("parse", run, "--out", tmp_path / "traces")
+    assert proc.returncode == 3 and "cannot read" in proc.stderr, proc.stderr
+    assert not (tmp_path / "traces").exists() or not any((tmp_path / "traces").iterdir())

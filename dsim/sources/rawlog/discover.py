@@ -134,7 +134,30 @@ def _file_run_name(path: Path) -> str:
 
 
 def _logs_in(directory: Path) -> tuple[Path, ...]:
-    return log_files([p for p in directory.iterdir() if _is_log_name(p.name) and p.is_file()])
+    """The log files of a directory run; an entry named like a log that is no file to read
+    (a broken or looping link, a named pipe) is an input error naming it, not skipped: the
+    run would silently lack that rank."""
+    logs = []
+    for path in directory.iterdir():
+        if not _is_log_name(path.name) or path.is_dir():
+            continue
+        if not path.is_file():
+            raise InputError(_not_a_file(path), path)
+        logs.append(path)
+    return log_files(logs)
+
+
+def _not_a_file(path: Path) -> str:
+    if path.is_symlink():
+        return "cannot read: a symbolic link to nothing (broken, or a loop)"
+    if path.is_fifo():
+        return "cannot read: a named pipe among a directory's logs (give it as a path of its own)"
+    return "cannot read: not a regular file"
+
+
+def _log_entry(path: Path) -> bool:
+    """Named like a log and no directory: a log file, or an entry ``_logs_in`` refuses."""
+    return _is_log_name(path.name) and not path.is_dir()
 
 
 def _extras_in(directory: Path) -> tuple[Path, ...]:
@@ -168,7 +191,7 @@ def discover_runs(paths: list[Path], name: str | None = None) -> list[RunSource]
         if logs:
             runs.append(RunSource(_directory_run_name(path), logs, _extras_in(path), path))
             continue
-        leaves = sorted({p.parent for p in path.rglob("*") if _is_log_name(p.name) and p.is_file()})
+        leaves = sorted({p.parent for p in path.rglob("*") if _log_entry(p)})
         if not leaves:
             raise InputError(
                 f"no log files ({LOG_GLOB}, or rotated or compressed: *.log.1, "
