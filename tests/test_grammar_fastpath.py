@@ -8,6 +8,8 @@ same rejects, for canonical lines and for lines one edit away from canonical.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 from hypothesis import HealthCheck, example, given, settings
@@ -309,6 +311,22 @@ def test_loader_line_node_fields_are_optional() -> None:
     for zero in (" cores 0 local_world_size 4", " cores 2 local_world_size 0"):
         _, rejects = _parse(_block([base + zero], "\n"), fast=True)
         assert rejects.column("reason").to_pylist() == [grammar.MALFORMED_LOADER], zero
+
+
+def test_impossible_loader_settings_are_rejected_not_taken_as_measured() -> None:
+    """`num_workers 2 prefetch_factor 0` (no DataLoader runs so) was taken as the run's
+    measured settings, and the pipeline model calibrated with prefetch 0."""
+    line = (
+        "2021-09-01 19:48:54.841 GPU: 1 LOADER num_workers {w} prefetch_factor {p} batch_size {b}"
+        " persistent_workers 0 pin_memory 1"
+    )
+    for (w, p, b), fast in itertools.product(((2, 0, 8), (1, 2, 0), (0, "none", 0)), (1, 0)):
+        records, rejects = _parse(_block([line.format(w=w, p=p, b=b)], "\n"), fast=bool(fast))
+        assert rejects.column("reason").to_pylist() == [grammar.IMPOSSIBLE_LOADER], (w, p, b)
+        assert records.loader == []
+    for w, p, b in ((0, "none", 8), (0, 2, 8), (2, 1, "none")):  # 0 workers, old PyTorch: 2
+        records, rejects = _parse(_block([line.format(w=w, p=p, b=b)], "\n"), fast=True)
+        assert rejects.num_rows == 0 and len(records.loader) == 1, (w, p, b)
 
 
 def test_loader_line_batch_bytes_is_optional_and_the_largest_is_kept() -> None:

@@ -99,6 +99,7 @@ LOADER_MARK = " LOADER "
 MALFORMED_FETCH = "malformed fetch line"
 MALFORMED_TRAIN = "malformed training line"
 MALFORMED_LOADER = "malformed loader line"
+IMPOSSIBLE_LOADER = "impossible loader settings (prefetch_factor 0 with workers, or batch_size 0)"
 TRUNCATED = "truncated last line (no line end)"
 BINARY = "binary data (not UTF-8 text)"
 BAD_TIMESTAMP = "invalid timestamp"
@@ -410,6 +411,9 @@ def _loader_records(
         for name in LOADER_FIELDS:
             text = parts.field(name)[row].as_py()
             record[name] = None if text == "none" else int(text)
+        if _impossible(record):  # no DataLoader runs so: taken as measured, it would mislead
+            rejects.add(numbers[row : row + 1], IMPOSSIBLE_LOADER, lines.slice(row, 1))
+            continue
         if parts.field("cores")[row].as_py():  # an unmatched optional group gives ""
             for name in NODE_FIELDS:
                 text = parts.field(name)[row].as_py()
@@ -418,6 +422,13 @@ def _loader_records(
             record["batch_bytes"] = int(parts.field("batch_bytes")[row].as_py())
         out.append(record)
     return out
+
+
+def _impossible(record: dict[str, int | None]) -> bool:
+    """Settings PyTorch's DataLoader refuses: workers with a prefetch_factor of 0, a
+    batch_size of 0."""
+    workers, prefetch = record["num_workers"], record["prefetch_factor"]
+    return bool(workers and prefetch == 0) or record["batch_size"] == 0
 
 
 def _np(mask: pa.Array) -> np.ndarray:
