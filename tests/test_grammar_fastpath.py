@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -379,3 +380,20 @@ def test_proc_suffix_parses_the_same_on_both_paths_and_only_after_cpu() -> None:
     canonical = _block(lines[1:5], "\n")
     _, _, rest = fast_records(grammar.lines_of(canonical), np.arange(4), grammar.MAX_DURATION_S)
     assert len(rest) == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"DEBUG:\x00\t", b"DE\x00BUG:", b"DEBUG:\xff\t", b"DEBUG:\t\xc3"],
+)
+def test_binary_data_anywhere_in_a_record_rejects_the_line(bad: bytes) -> None:
+    """A NUL or invalid UTF-8 after a record's `DEBUG:` was accepted as a record (the
+    patterns' free text took it): SPEC §1.3 rejects any line with such bytes."""
+    line = "2021-09-01 19:48:54.841 DEBUG:\tGPU: 0 worker_id: 0, END FETCH at_time 0.5 data idx3"
+    text = line.encode().replace(b"DEBUG:\t", bad) + b"\n"
+    for fast in (True, False):
+        records, rejects = _parse(text, fast=fast)
+        assert len(records.fetch["line"]) == 0
+        assert rejects.column("reason").to_pylist() == [grammar.BINARY], (bad, fast)
+    records, rejects = _parse(line.encode() + b"\n", fast=False)
+    assert len(records.fetch["line"]) == 1 and rejects.num_rows == 0

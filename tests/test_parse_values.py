@@ -37,6 +37,12 @@ def _skipped(tmp_path, extra: list[str], **kwargs) -> dict[str, int]:
         train_line("20.0", 0, 0, 3, n=20, time="1e999"),
         train_line("20.0", 0, 0, 4, n=20, time="2", data="1e400"),
         train_line("20.0", 0, 0, 5, n=20, tp="1e999"),
+        # as Python prints them (they were "non-numeric", which SPEC §1.3 does not say)
+        fetch_line("20.0", 0, 0, "nan", 3),
+        fetch_line("20.0", 0, 0, "inf", 3),
+        fetch_line("20.0", 0, 0, "-Infinity", 3),
+        train_line("20.0", 0, 0, 3, n=20, time="inf"),
+        train_line("20.0", 0, 0, 4, n=20, time="2", data="NaN"),
     ],
 )
 def test_non_finite_values_are_rejected(tmp_path, line):

@@ -74,6 +74,7 @@ TRAIN_PATTERN = (
     r"(?:\s+[A-Za-z][^\s()]*\s+" + _NUM + r"\s+\([^)]*\))*\s*$"
 )
 NUMBER = r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$"
+NON_FINITE_NUMBER = r"^[+-]?(?i:inf|infinity|nan)$"
 # The loader's settings, once per rank and epoch (dsim.instrument.lines.loader_line).
 LOADER_FIELDS = ("num_workers", "prefetch_factor", "batch_size", "persistent_workers", "pin_memory")
 LOADER_PATTERN = (
@@ -188,13 +189,18 @@ def lines_of(block: bytes | memoryview, newlines: np.ndarray | None = None) -> p
 
 
 def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Parse decimal strings; returns (values, ok) with NaN where not a number."""
+    """Parse decimal strings; returns (values, ok) with NaN where not a number.
+
+    ``inf`` and ``nan`` (as Python prints them) are numbers, NaN here, so that the
+    caller's finiteness check rejects them as non-finite values, not as non-numeric.
+    """
     ok = pc.fill_null(pc.match_substring_regex(values, NUMBER), False)
     out = np.full(len(values), np.nan)
     if pc.any(ok).as_py():
         okn = ok.to_numpy(zero_copy_only=False)
         out[okn] = pc.cast(values.filter(ok), pa.float64()).to_numpy(zero_copy_only=False)
-    return out, ok.to_numpy(zero_copy_only=False)
+    special = pc.fill_null(pc.match_substring_regex(values, NON_FINITE_NUMBER), False)
+    return out, _np(pc.or_(ok, special))
 
 
 def _ranks(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -363,9 +369,12 @@ def _general_records(
     """The full grammar (RE2 over every line): any spelling, every reject reason."""
     counts = {"lines": len(lines)}
 
-    is_fetch = pc.match_substring_regex(lines, FETCH_PATTERN)
+    # Binary data anywhere in a line, a record's too (a NUL after its `DEBUG:`): the
+    # fast path leaves such lines here, and the patterns' free text would take them.
+    binary_any = pc.or_(pc.match_substring(lines, "\ufffd"), pc.match_substring(lines, "\x00"))
+    is_fetch = pc.and_not(pc.match_substring_regex(lines, FETCH_PATTERN), binary_any)
     rest = pc.invert(is_fetch)
-    is_train = pc.and_(rest, pc.match_substring_regex(lines, TRAIN_PATTERN))
+    is_train = pc.and_(rest, pc.and_not(pc.match_substring_regex(lines, TRAIN_PATTERN), binary_any))
     other = pc.and_not(rest, is_train)
 
     fetch = _fetch_records(lines.filter(is_fetch), numbers[_np(is_fetch)], rejects, max_duration)
