@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from dsim import processes
 from dsim.analysis.checks import Condition
 from dsim.analysis.sanity import check_threshold, recorded_selections, selection_changes
 from dsim.analysis.summary import summary_rows, summary_table
@@ -312,8 +313,13 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
         config.out, {Path(str(r["results"])) for r in rows}, rows, summary
     )
     answer = directory_answer(level)
-    written.extend(write_answer_files(answer, config.out, ["parquet", "csv"], SUMMARY_STEM))
-    written.extend(write_directory_attributions(config.out))
+    # The directory's summary and attribution files are one set: an interrupt meanwhile is
+    # acted on once all are written (it had left summary.parquet beside an older .csv).
+    with processes.deferred_signals():
+        written.extend(write_answer_files(answer, config.out, ["parquet", "csv"], SUMMARY_STEM))
+        written.extend(write_directory_attributions(config.out))
+    if processes.received() is not None:
+        raise KeyboardInterrupt
     skipped = [f"skipped run {r.name}: {r.skipped.reason}" for r in reports if r.skipped]
     computed = sum(report.computed for report in replayed)
     return RunOutcome(
