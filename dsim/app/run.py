@@ -321,6 +321,7 @@ def _gather(config: SimConfig, reports: list[RunReport], executor: str) -> RunOu
     if processes.received() is not None:
         raise KeyboardInterrupt
     skipped = [f"skipped run {r.name}: {r.skipped.reason}" for r in reports if r.skipped]
+    skipped += [note for report in replayed for note in report.notes]
     computed = sum(report.computed for report in replayed)
     return RunOutcome(
         summary=summary,

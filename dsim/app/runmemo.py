@@ -36,6 +36,7 @@ from dsim.app.attribution import run_table_path
 from dsim.config import SimConfig
 from dsim.errors import DsimError
 from dsim.io.atomic import write_text
+from dsim.model.datasetfiles import identities
 from dsim.model.resultinfo import KEY_FORMAT_VERSION, RESULT_FILE, RESULTS_FORMAT_VERSION
 from dsim.model.runinfo import RunInfo
 from dsim.model.tables import read_version
@@ -161,6 +162,21 @@ def _outputs(out: Path, directory: str) -> dict[str, str | None]:
     }
 
 
+def dataset_changed(out: Path, name: str, directory: str) -> bool:
+    """Whether a dataset file of ``directory`` was modified after run ``name``'s memo was
+    written: dsim writes the memo last, so such a file changed since dsim wrote it (a full
+    run then checks its pages, ``datasetfiles.intact``). False without a memo.
+
+    Why times, not hashes: hashing the dataset would cost every cached run a read of its
+    data, and the memo's bytes must stay the same on every machine (both executors
+    write the same files)."""
+    try:
+        written = memo_path(out, name).stat().st_mtime_ns
+    except OSError:
+        return False
+    return any(found is not None and found[1] > written for found in identities(out, directory))
+
+
 def write_memo(out: Path, name: str, inputs: str, directories: list[str]) -> Path:
     """Record that ``directories``' ``result.json`` and attribution tables, as they are
     now, are what ``inputs`` give (called once they are all written)."""
@@ -195,6 +211,8 @@ def vouched_directories(out: Path, name: str, inputs: str | None) -> list[str] |
         directory = recorded.pop("directory")
         if recorded.get("result") is None or _outputs(out, directory) != recorded:
             return None
+        if dataset_changed(out, name, directory):
+            return None  # the full way checks the file (``runplan.dataset_damaged``)
         directories.append(directory)
     return directories
 

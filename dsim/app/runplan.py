@@ -18,11 +18,12 @@ from typing import Any
 from dsim.analysis.summary import DEFAULT_THRESHOLD_S, DEFAULT_WARMUP, selected_iterations
 from dsim.analysis.throughput import batch_from_throughput, trace_batch_size
 from dsim.app.attribution import attribution_inputs
-from dsim.app.runmemo import inputs_digest
+from dsim.app.runmemo import dataset_changed, inputs_digest
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
 from dsim.io.memory import release_freed
+from dsim.model.datasetfiles import intact
 from dsim.model.resultinfo import Selection
 from dsim.model.results import ResultInfo, read_replay_key, replay_path
 from dsim.model.runinfo import RunInfo
@@ -71,6 +72,7 @@ class RunPlan:
     # ``dsim.app.runmemo.inputs_digest`` of the snapshot and options planned (None: tables
     # built in memory, no memo)
     inputs: str | None = None
+    notes: list[str] = field(default_factory=list)  # for the user, with the outcome's
 
     def __post_init__(self) -> None:
         self.directory = self.directory or self.name
@@ -326,12 +328,28 @@ def _batch(tables: Any) -> dict[str, Any] | None:
 
 
 def pending_policies(plan: RunPlan, out: Path, force: bool) -> list[Policy]:
-    """The policies without a finished replay of the same key (all of them with ``force``)."""
+    """The policies without a finished replay of the same key (all of them with ``force``,
+    or when the run directory's dataset files changed since dsim wrote them and no longer
+    decode: their stubs' numbers are lost, ``dataset_damaged``)."""
+    if force:
+        return list(plan.keys)
+    if dataset_damaged(out, plan.name, plan.directory):
+        plan.notes.append(
+            f"the dataset files of {plan.directory} changed since dsim wrote them and fail "
+            f"their checksums: its {counted(len(plan.keys), 'replay')} were computed again"
+        )
+        return list(plan.keys)
     return [
         policy
         for policy, key in plan.keys.items()
-        if force or read_replay_key(replay_path(out, plan.directory, policy)) != key
+        if read_replay_key(replay_path(out, plan.directory, policy)) != key
     ]
+
+
+def dataset_damaged(out: Path, name: str, directory: str) -> bool:
+    """Whether ``directory``'s dataset files changed since run ``name``'s memo recorded them
+    and fail to decode (checked only then: decoding them whole costs a read of the data)."""
+    return dataset_changed(out, name, directory) and not intact(out, directory)
 
 
 def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:

@@ -91,6 +91,7 @@ class RunReport:
     dropped: dict[str, int] = field(default_factory=dict)
     replayed_rows: int = 0  # iteration-policies computed (progress)
     skipped: DsimError | None = None  # the run cannot be replayed as asked (mixed selections)
+    notes: list[str] = field(default_factory=list)  # for the user (``RunPlan.notes``)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def finish_run(
     once the run is cancelled, so that an interrupt stops the run there, unwinding it
     through the same ``finally`` blocks as a ``KeyboardInterrupt`` would."""
     report = RunReport(plans[0].name, dropped=dict(plans[0].arrays.dropped))
+    report.notes.extend(note for plan in plans for note in plan.notes)
     on_chunk = _checked(on_rows, checkpoint)
     report_rows = [
         _finish_plan(plan, config, chunk_rows, on_chunk, report, checkpoint) for plan in plans

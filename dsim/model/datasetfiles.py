@@ -72,6 +72,40 @@ def built_from(path: Path) -> dict[str, Any] | None:
     return meta
 
 
+def identities(out: str | Path, directory: str) -> list[list[int] | None]:
+    """(size, mtime in ns) of both dataset files of ``directory`` (None: absent): what a
+    run's memo records, so that a file changed since dsim wrote it is noticed."""
+    found: list[list[int] | None] = []
+    for table in TABLES:
+        try:
+            st = dataset_path(out, table, directory).stat()
+        except OSError:
+            found.append(None)
+        else:
+            found.append([st.st_size, st.st_mtime_ns])
+    return found
+
+
+def intact(out: str | Path, directory: str) -> bool:
+    """Whether both dataset files of ``directory`` (those present) decode whole with every
+    page checksum verified: one record batch at a time, so memory stays a batch's.
+
+    Why: the replay files are stubs and the numbers live only here; a file damaged
+    after dsim wrote it was reported by nothing until a reader decoded its pages.
+    """
+    for table in TABLES:
+        path = dataset_path(out, table, directory)
+        if not path.exists():
+            continue
+        try:
+            with pq.ParquetFile(path, page_checksum_verification=True) as handle:
+                for _ in handle.iter_batches(batch_size=1 << 16):
+                    pass
+        except (OSError, pa.ArrowException, ValueError):
+            return False
+    return True
+
+
 def holds(out: str | Path, directory: str, label: str, key: str) -> bool:
     """Whether both dataset files of ``directory`` hold the rows of replay ``key`` of
     policy ``label`` (their ``policies`` list it): a stub is usable only then."""
