@@ -181,3 +181,22 @@ def test_run_never_downgrades_a_newer_result_json(tmp_path):
     assert "upgrade dsim or choose another --out" in result.stderr
     assert json.loads((run_dir / "result.json").read_text()) == newer
     assert sorted(p.name for p in run_dir.iterdir()) == ["result.json"]
+
+
+@pytest.mark.parametrize("case", ["parse into it", "parse below it", "summarize below it"])
+def test_a_file_in_the_way_of_an_output_directory_is_named(tmp_path, case):
+    """These said "cannot write ...: File exists" (mkdir's words), where `report` said
+    which path is a file; now every command names it."""
+    block = tmp_path / "block"
+    block.write_text("in the way")
+    if case.startswith("parse"):
+        out = block if case == "parse into it" else block / "sub"
+        proc = run_dsim("parse", _log(tmp_path / "logs" / "run1" / "output.log"), "--out", out)
+    else:
+        traces, results = tmp_path / "traces", tmp_path / "results"
+        write_synthetic(traces, "run1", iterations=40)
+        assert run_dsim("run", "run1", "--traces", traces, "--out", results).returncode == 0
+        proc = run_dsim("summarize", results, "--out", block / "x")
+    assert proc.returncode == 4, proc.stderr
+    assert f"{block} is a file, not a directory" in proc.stderr, proc.stderr
+    assert block.read_text() == "in the way"

@@ -140,7 +140,7 @@ def test_two_runs_appended_to_one_log_are_refused_naming_the_lines(tmp_path):
     assert f"later ones at output.log:{split + 1}" not in message  # the first line is a fetch
     later = int(message.split("later ones at output.log:")[1].split("-")[0])
     assert split < later < split + 20
-    assert "GPUs 1 likewise): two jobs, or one started again, in one run" in message
+    assert "GPU 1 likewise): two jobs, or one started again, in one run" in message
 
 
 def test_a_few_conflicting_lines_are_no_second_job(tmp_path):

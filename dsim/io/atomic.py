@@ -62,6 +62,20 @@ def _make_temp(target: Path, *, directory: bool = False) -> Path:
     raise FileExistsError(errno.EEXIST, "no unused temporary name", str(target))
 
 
+def cannot_write(target: Path, exc: OSError) -> OutputError:
+    """``cannot write TARGET: why`` for an ``OSError`` met making ``target`` or its parents;
+    a file where a directory must be is named (mkdir says only "File exists")."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        for parent in (target, *target.parents):
+            if parent.exists() and not parent.is_dir():
+                if parent != target:
+                    return OutputError(
+                        f"cannot write {target}: {parent} is a file, not a directory"
+                    )
+                break
+    return OutputError(f"cannot write {target}: {exc.strerror or exc}")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; move it onto ``target`` on success."""
@@ -70,12 +84,12 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = _make_temp(target)
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise cannot_write(target, exc) from exc
     try:
         yield tmp
         os.replace(tmp, target)
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise cannot_write(target, exc) from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -122,7 +136,7 @@ def check_replaceable(target: Path, check_existing: CheckExisting) -> None:
     try:
         empty = not any(os.scandir(target))
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise cannot_write(target, exc) from exc
     if not empty:
         check_existing(target)
 
@@ -146,7 +160,7 @@ def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = _make_temp(target, directory=True)
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise cannot_write(target, exc) from exc
     try:
         yield tmp
         check_replaceable(target, check_existing)
@@ -160,7 +174,7 @@ def atomic_dir(target: str | Path, *, check_existing: CheckExisting) -> Iterator
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
-        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise cannot_write(target, exc) from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

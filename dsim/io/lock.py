@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dsim.errors import OutputError
+from dsim.io.atomic import cannot_write
 
 LOCK_FILE = ".dsim.lock"
 
@@ -116,7 +117,9 @@ def exclusive(directory: str | Path, notify: Notify | None = None) -> Iterator[N
     except ForeignLockFile:
         raise
     except OSError as exc:
-        raise OutputError(f"cannot write {directory}: {exc.strerror or exc}") from exc
+        if directory.exists() and not directory.is_dir():
+            raise OutputError(f"cannot write {directory}: it is a file, not a directory") from None
+        raise cannot_write(directory, exc) from exc
     try:
 
         def waiting(pid: int | None) -> str:

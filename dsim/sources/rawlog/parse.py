@@ -463,9 +463,9 @@ def _refuse_repeated_sessions(train, files) -> np.ndarray:
     rows = rows[np.lexsort((train["line"][rows], train["file"][rows], key[rows]))]
     first = np.ones(len(rows), dtype=bool)
     first[1:] = key[rows][1:] != key[rows][:-1]  # the first copy of each key in file order
-    others = f"; GPUs {_ranges(np.array([o[0] for o in offenders[1:]]))} likewise" * (
-        len(offenders) > 1
-    )
+    rest = [o[0] for o in offenders[1:]]
+    noun = "GPU" if len(rest) == 1 else "GPUs"
+    others = f"; {noun} {_ranges(np.array(rest))} likewise" * (len(offenders) > 1)
     raise InputError(
         f"GPU {g} logs {repeated} of its {counted(total, 'iteration')} more than once (first "
         f"copies at "
