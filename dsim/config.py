@@ -668,8 +668,12 @@ def validate_config(
     grow_min = _number(raw, "stall_grow_min_s", problems, STALL_GROW_MIN_RANGE_S)
 
     executor = overrides.executor or raw.get("executor", "auto")
-    if executor not in EXECUTORS:
-        problems.add(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    # the config's own value is checked even where --executor overrides it: a typo there
+    # would otherwise surface only on the next run without the option
+    overridden = [raw["executor"]] if overrides.executor and "executor" in raw else []
+    for value in [executor, *overridden]:
+        if not isinstance(value, str) or value not in EXECUTORS:
+            problems.add(f"executor must be one of {', '.join(EXECUTORS)}, got {value!r}")
     num_cpus = overrides.num_cpus
     if num_cpus is None and "num_cpus" in raw:
         num_cpus = raw["num_cpus"]

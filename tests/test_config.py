@@ -372,3 +372,13 @@ def test_run_names_in_a_config_follow_the_name_rule(workdir: Path, name: str) ->
         assert f"run(s) {name!r} given as paths outside the traces directory" in message
     else:
         assert f"run {name!r} is not a valid run name" in message
+
+
+@pytest.mark.parametrize("value", ["gpu", ["local"], 3])
+def test_a_bad_executor_in_the_config_is_reported_even_when_overridden(
+    workdir: Path, value: object
+) -> None:
+    path = _write(workdir / "c.json", {"FILE": RUN, "executor": value})
+    for overrides in (None, Overrides(executor="local")):
+        message = _error(path, overrides)
+        assert "executor must be one of" in message and repr(value) in message
