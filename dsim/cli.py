@@ -192,6 +192,15 @@ help_app.command("spec", cls=_Command)(help_cmd.spec)
 app.add_typer(help_app, name="help")
 
 
+def _one_line(exc: click_exceptions.ClickException) -> str:
+    """A command-line error as every other error reads, ``dsim: error: ...`` on one line,
+    pointing at the command's help (click prints a three-line usage block)."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    return f"dsim: error: {message}{where}"
+
+
 def _debugging(argv: list[str]) -> bool:
     return os.environ.get("DSIM_DEBUG", "") not in ("", "0") or "--debug" in argv
 
@@ -308,7 +317,7 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
     except (typer.Abort, KeyboardInterrupt):
         signum = signal.SIGINT
     except click_exceptions.ClickException as exc:
-        exc.show()
+        typer.echo(_one_line(exc), err=True)
         code = exc.exit_code if exc.exit_code else EXIT_USAGE
     except SystemExit as exc:
         if _stdout_closed(exc):

@@ -67,3 +67,21 @@ def test_parse_of_a_real_log_does_not_warn(tmp_path: Path) -> None:
     proc = run_dsim("parse", sample, "--out", tmp_path / "traces")
     assert proc.returncode == 0, proc.stderr
     assert "non-blank lines" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["tune", "x", "--warmup", "-1"], "Invalid value for '--warmup'"),
+        (["run", "--bogus"], "No such option: --bogus"),
+        (["parse"], "Missing argument"),
+        (["bogus"], "No such command 'bogus'"),
+    ],
+)
+def test_command_line_errors_are_one_line_like_every_error(args: list[str], words: str) -> None:
+    """Click printed a three-line "Usage: ... / Try ... / Error: ..." block where every
+    other error is one `dsim: error:` line (SPEC §9)."""
+    proc = run_dsim(*args)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("dsim: error: ") and words in line and "--help" in line, line
