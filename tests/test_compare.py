@@ -92,6 +92,15 @@ def test_compare_json_and_csv(runs) -> None:
     assert row["policy"] == "min/min" and row["realised_pct"] == 50.0
 
 
+def test_compare_of_a_run_with_itself_says_so(runs) -> None:
+    """Every change is zero, which read as "no effect" without a word."""
+    old = runs[0]
+    proc = run_dsim("compare", old, old.parent / "." / old.name, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = json.loads(proc.stdout)["warnings"]
+    assert warning.startswith("BEFORE and AFTER are the same run directory")
+
+
 def test_compare_refuses_what_it_cannot_answer(runs, tmp_path: Path) -> None:
     proc = run_dsim_in_process("compare", str(runs[0].parent), str(runs[1]))
     assert proc.returncode == 2 and "holds 2 runs" in proc.stderr

@@ -36,6 +36,12 @@ def compare_runs(before: Path, after: Path, policy: Policy | None = None) -> Com
         sides = [one_run(Path(p), s) for p, s in ((before, "BEFORE"), (after, "AFTER"))]
         rows = [summarize_results([run]).to_dict("records") for run in sides]
     try:
-        return compare(rows[0], rows[1], policy)
+        result = compare(rows[0], rows[1], policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if sides[0].directory.resolve() == sides[1].directory.resolve():
+        result.warnings.append(
+            f"BEFORE and AFTER are the same run directory ({sides[0].directory}): "
+            "every change is zero; name the run before the change and the run after it"
+        )
+    return result
