@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_dsim, run_dsim_in_process
-from loglines import fetch_line, one_epoch, run_of, timed_lines
+from loglines import T0, fetch_line, one_epoch, run_of, timed_lines
 
 from dsim.errors import InputError
 from dsim.sources.rawlog.discover import RunSource, discover_runs
@@ -276,3 +276,22 @@ def test_a_log_named_entry_that_cannot_be_read_is_an_error_not_a_missing_rank(tm
     proc = run_dsim("parse", run, "--out", tmp_path / "traces")
     assert proc.returncode == 3 and "cannot read" in proc.stderr, proc.stderr
     assert not (tmp_path / "traces").exists() or not any((tmp_path / "traces").iterdir())
+
+
+@pytest.mark.parametrize(("logged", "warned"), [(0, True), (1, True), (2, False), (4, False)])
+def test_loader_lines_that_count_fewer_workers_than_the_fetch_lines_show_are_warned(
+    tmp_path, logged, warned
+):
+    """`num_workers 0` beside fetch lines from workers 0 and 1 was taken as measured
+    without a word (found by an adversarial check of the CLI)."""
+    prefetch = "none" if logged == 0 else "2"
+    loader = [
+        f"{T0}09.0 GPU: {g} LOADER num_workers {logged} prefetch_factor {prefetch} batch_size 8 "
+        "persistent_workers 0 pin_memory 0"
+        for g in (0, 1)
+    ]
+    parsed = parse_run(run_of(tmp_path, {"output.log": loader + one_epoch(iters=4)}))
+    found = [w for w in parsed.report.get("warnings", []) if "the loader lines say" in w]
+    assert bool(found) == warned, parsed.report.get("warnings")
+    if warned:
+        assert f"num_workers {logged}, but GPU 0's fetch lines come from 2 workers" in found[0]

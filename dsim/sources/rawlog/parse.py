@@ -326,6 +326,9 @@ def parse_run(
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
+    contradiction = loader_contradiction(settings, fetch_table)
+    if contradiction:
+        report.setdefault("warnings", []).append(contradiction)
     info = _info(source, train, fetch_table, train_table, sources, report).with_loader(settings)
     tables = RunTables(source.name, fetch_table, train_table, info)
     return ParsedRun(tables, rejected, report, lines)
@@ -559,6 +562,26 @@ def stream_fetches(fetch: pa.Table) -> int:
         return 0
     column = fetch.column("stream")
     return len(column) - column.null_count
+
+
+def loader_contradiction(settings: dict[str, Any] | None, fetch: pa.Table) -> str | None:
+    """A warning when the loader lines' ``num_workers`` is fewer than the workers a rank's
+    fetch lines show (distinct worker ids; one process with 0 workers): the settings
+    the pipeline model takes as measured do not describe the loader that ran."""
+    if not settings or settings.get("num_workers") is None or fetch.num_rows == 0:
+        return None
+    logged = int(settings["num_workers"])
+    pairs = _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
+    ranks, counts = np.unique(pairs[0], return_counts=True)
+    worst = int(np.argmax(counts))
+    seen = int(counts[worst])
+    if seen <= max(logged, 1):
+        return None
+    return (
+        f"the loader lines say num_workers {logged}, but GPU {int(ranks[worst])}'s fetch lines "
+        f"come from {counted(seen, 'worker')}; the pipeline model takes the loader lines' "
+        "settings as measured: check how the loader lines were written"
+    )
 
 
 def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
