@@ -204,3 +204,18 @@ def test_stdout_on_a_full_device_is_an_output_error(results, extra):
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dsim: error: cannot write"), proc.stderr
     assert "No space left on device" in lines[0]
+
+
+def test_epochs_of_iteration_0_alone_do_not_ask_for_a_smaller_warmup() -> None:
+    """The hint said "a smaller --warmup" at --warmup 0, where iteration 0 is always
+    skipped (iterations > N are kept): no warm-up can select anything there."""
+    from dsim.analysis.summary import selected_iterations
+    from dsim.errors import UsageError
+
+    epoch, iteration = np.array([0, 1, 2]), np.zeros(3, dtype=np.int64)
+    with pytest.raises(UsageError) as caught:
+        selected_iterations(epoch, iteration, "all", 0, "r")
+    assert "smaller --warmup" not in str(caught.value)
+    assert "hold only iteration 0" in str(caught.value)
+    with pytest.raises(UsageError, match="a smaller --warmup"):
+        selected_iterations(epoch, np.array([0, 3, 5]), "all", 10, "r")

@@ -222,10 +222,20 @@ def selected_iterations(
     selected = resolve_epochs(distinct(epoch).tolist(), epochs, run=run)
     mask = selection_mask(epoch, iteration, selected, warmup)
     if not mask.any():
+        chosen = np.isin(epoch, selected)
+        last = int(iteration[chosen].max()) if chosen.any() else None
+        # with epochs of iteration 0 alone no warm-up leaves anything: say so, not "smaller"
+        hint = (
+            "choose other --epochs or a smaller --warmup"
+            if warmup > 0 and last is not None and last > 0
+            else "choose other --epochs"
+            if last is not None and last > 0
+            else "choose other --epochs (the chosen epochs hold only iteration 0, which the "
+            "warm-up always skips: iterations > N are kept)"
+        )
         raise UsageError(
             f"run {run}: no iterations selected (epochs "
-            f"{','.join(map(str, selected)) or 'none'}, iterations > {warmup}); "
-            "choose other --epochs or a smaller --warmup"
+            f"{','.join(map(str, selected)) or 'none'}, iterations > {warmup}); {hint}"
         )
     return selected, mask
 
