@@ -32,6 +32,9 @@ def test_threshold_of_a_second_or_more_is_refused_naming_the_unit() -> None:
     assert "use 0.030 for 30 ms" in text and "--force" in text
     with pytest.raises(UsageError):
         check_threshold(1.0, force=False)
+    with pytest.raises(UsageError) as info:  # it printed the 306 digits of 1e308 / 1000
+        check_threshold(1e308, force=False)
+    assert "use 1e+305 for 1e+308 ms" in str(info.value) and len(str(info.value)) < 300
 
 
 def test_run_refuses_before_writing_anything(project: Path) -> None:

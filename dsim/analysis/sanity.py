@@ -25,6 +25,12 @@ from dsim.model.resultinfo import ResultInfo
 THRESHOLD_MAX_S = 1.0
 
 
+def _seconds_of_ms(value: float) -> str:
+    """``value`` ms in seconds as a user would type it: 0.030, and 1e+305 rather than a
+    306-digit number for an absurd one."""
+    return f"{value / 1000:.3f}" if value < 1e12 else f"{value / 1000:g}"
+
+
 def check_threshold(value: float | None, *, force: bool, source: str = "--threshold") -> None:
     """Refuse a threshold of ``THRESHOLD_MAX_S`` or more (a value in ms typed as s)."""
     if value is None or force or value < THRESHOLD_MAX_S:
@@ -32,7 +38,7 @@ def check_threshold(value: float | None, *, force: bool, source: str = "--thresh
     raise UsageError(
         f"{source} {value:g}: the threshold is in seconds; {value:g} s is longer than any "
         f"iteration is likely to be, so no delay would count as effective — use "
-        f"{value / 1000:.3f} for {value:g} ms (or add --force to keep {value:g} s)"
+        f"{_seconds_of_ms(value)} for {value:g} ms (or add --force to keep {value:g} s)"
     )
 
 
