@@ -180,6 +180,11 @@ def test_rank_from_the_file_name_or_an_error_naming_the_file(tmp_path):
     assert (trace.rank, trace.rank_from) == (3, "file name")
     run = read_profiled_run([good])
     assert "no distributedInfo; rank 3 from the file name" in run.report["warnings"][0]
+    (tmp_path / "more").mkdir()
+    named = _write(tmp_path / "more" / "rank3.pt.trace.json", _steps(1, 3), rank="zero")
+    (warning,) = [w for w in read_profiled_run([named]).report["warnings"] if "rank 3" in w]
+    # it said "no distributedInfo", though the block is there
+    assert "distributedInfo.rank 'zero' is not an integer; rank 3 from the file name" in warning
     bad = _write(tmp_path / "host_123.pt.trace.json", _steps(1, 3), rank=None)
     with pytest.raises(InputError, match="no rank") as err:
         read_trace(bad)

@@ -100,6 +100,8 @@ class RankTrace:
     steps: dict[str, np.ndarray]
     loader: dict[str, np.ndarray]
     rejects: list[tuple[int, str, str]] = field(default_factory=list)
+    # why the file name gave the rank (the warning's words): "no distributedInfo", ...
+    rank_note: str = "no distributedInfo"
 
 
 @dataclass
@@ -245,6 +247,14 @@ def read_trace(path: Path) -> RankTrace:
     if not header.get("traceEvents"):
         raise InputError("no traceEvents: not a profiler trace", path)
     rank, rank_from, world = _rank(path, header)
+    info = header.get("distributedInfo")
+    rank_note = (
+        "no distributedInfo"
+        if not isinstance(info, dict)
+        else f"distributedInfo.rank {info['rank']!r} is not an integer"
+        if info.get("rank") is not None
+        else "no distributedInfo.rank"
+    )
     base = header.get("baseTimeNanoseconds")
     base_ns = int(base) if isinstance(base, int | float) and not isinstance(base, bool) else None
     steps: list[tuple[int, int, float, float]] = []
@@ -313,6 +323,7 @@ def read_trace(path: Path) -> RankTrace:
         steps=_columns(steps, ("event", "step", "ts", "dur"), (np.int64, np.int64, float, float)),
         loader=_columns(loader, ("event", "ts", "dur"), (np.int64, float, float)),
         rejects=rejects,
+        rank_note=rank_note,
     )
 
 
@@ -418,7 +429,7 @@ def build_train(traces: Iterable[RankTrace]) -> ProfiledRun:
     warnings: list[str] = []
     for t in traces:
         if t.rank_from != "distributedInfo":
-            warnings.append(f"{t.path.name}: no distributedInfo; rank {t.rank} from the file name")
+            warnings.append(f"{t.path.name}: {t.rank_note}; rank {t.rank} from the file name")
         if t.base_ns is None:
             warnings.append(f"{t.path.name}: no baseTimeNanoseconds; start times are relative")
     worlds = {t.world_size for t in traces if t.world_size is not None}
