@@ -454,7 +454,11 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
             f"config's traces){example}"
         )
     if missing:
-        if not traces.is_dir():
+        if traces.exists() and not traces.is_dir():
+            hint = (
+                f"traces directory {traces} is a file, not a directory (the --out of `dsim parse`)"
+            )
+        elif not traces.is_dir():
             hint = f"traces directory {traces} does not exist (run `dsim parse` or set traces)"
         elif available:
             hint = f"available in {traces}: {_listing(available)}"

@@ -382,3 +382,10 @@ def test_a_bad_executor_in_the_config_is_reported_even_when_overridden(
     for overrides in (None, Overrides(executor="local")):
         message = _error(path, overrides)
         assert "executor must be one of" in message and repr(value) in message
+
+
+def test_a_traces_path_that_is_a_file_is_named_as_one(workdir: Path) -> None:
+    """It said the directory "does not exist"."""
+    (workdir / "afile").write_text("x")
+    message = _error(_write(workdir / "c.json", {"FILE": RUN, "traces": "afile"}))
+    assert f"traces directory {workdir / 'afile'} is a file" in message
