@@ -192,6 +192,14 @@ help_app.command("spec", cls=_Command)(help_cmd.spec)
 app.add_typer(help_app, name="help")
 
 
+def _one_line_text(message: str) -> str:
+    """``message`` with line breaks and other control characters escaped (``\\n``): a path
+    may hold them, and an error is one line (SPEC §9)."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 def _one_line(exc: click_exceptions.ClickException) -> str:
     """A command-line error as every other error reads, ``dsim: error: ...`` on one line,
     pointing at the command's help (click prints a three-line usage block)."""
@@ -336,7 +344,7 @@ def _main(argv: list[str]) -> tuple[object, int | None]:
         if processes.received() is None:
             if _debugging(argv):
                 raise
-            typer.echo(f"dsim: error: {exc}", err=True)
+            typer.echo(f"dsim: error: {_one_line_text(str(exc))}", err=True)
         code = exc.exit_code
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS or _debugging(argv):

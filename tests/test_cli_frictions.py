@@ -85,3 +85,13 @@ def test_command_line_errors_are_one_line_like_every_error(args: list[str], word
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("dsim: error: ") and words in line and "--help" in line, line
+
+
+def test_an_error_naming_a_path_with_a_line_break_stays_one_line(tmp_path: Path) -> None:
+    """A path may hold a newline; printed raw, the error spanned two lines."""
+    odd = tmp_path / "nl\ndir"
+    odd.mkdir()
+    proc = run_dsim("parse", odd, "--out", tmp_path / "traces")
+    assert proc.returncode == 3
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("dsim: error: ") and "nl\\ndir: no log files" in line, line
