@@ -577,3 +577,23 @@ def test_profiler_trace_run_says_why_there_is_no_attribution(tmp_path: Path) -> 
     page = read_report(out)
     assert "fig-attr" not in page and "<p class='say'>" in page
     assert page.count("its trace has no fetch records (a profiler trace has none)") == 2
+
+
+def test_a_reader_that_leaves_after_part_of_the_report_ends_it_with_141(results: Path) -> None:
+    """`dsim report --out - | head -c 10` exited 0: CPython's buffered stdout dropped the
+    rest of the large write without an error once the reader had gone (SPEC §9)."""
+    import os
+    import sys
+
+    env = {**os.environ}
+    env.pop("DSIM_DEBUG", None)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "dsim", "report", str(results), "--out", "-", "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert writer.stdout.read(10) == b"<!DOCTYPE "
+    writer.stdout.close()  # the reader leaves with most of the page unread
+    assert writer.wait(timeout=300) == 141, writer.stderr.read()
+    assert writer.stderr.read() == b""

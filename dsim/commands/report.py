@@ -15,6 +15,7 @@ import typer
 
 from dsim.commands.common import Quiet
 from dsim.errors import UsageError
+from dsim.io.stdout import write_stdout
 
 IMAGE_FORMATS = ("png", "svg")
 
@@ -165,7 +166,7 @@ def command(
             force=force,
         ),
         say,
-        sink=sys.stdout.write if to_stdout else None,
+        sink=write_stdout if to_stdout else None,
     )
     for note in outcome.notes:
         say(f"note: {note}")

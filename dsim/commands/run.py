@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.io.stdout import write_stdout
 from dsim.words import counted
 
 HELP = """Replay parsed runs under every FETCH_ALIGN x START_ALIGN policy.
@@ -250,8 +251,7 @@ def command(
     if as_json:
         from dsim.render.machine import answer_document, dumps
 
-        sys.stdout.write(dumps(answer_document(answer)))
-        sys.stdout.flush()
+        write_stdout(dumps(answer_document(answer)))
         if quiet:
             answer.raise_if_held()
             return

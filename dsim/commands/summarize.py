@@ -7,12 +7,12 @@ Thin: parses options, asks the application for the answer
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
 from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.io.stdout import write_stdout
 
 HELP = """Summarise replay results written by `dsim run`, without replaying anything.
 
@@ -130,13 +130,11 @@ def command(
     for note in answer.notes:
         say(f"note: {note}")
     if to_stdout:
-        sys.stdout.buffer.write(answer_bytes(answer, format_names[0]))
-        sys.stdout.flush()
+        write_stdout(answer_bytes(answer, format_names[0]))
     elif as_json:
         from dsim.render.machine import answer_document, dumps
 
-        sys.stdout.write(dumps(answer_document(answer)))
-        sys.stdout.flush()
+        write_stdout(dumps(answer_document(answer)))
     elif not quiet:
         from dsim.render.terminal import print_answer
 
