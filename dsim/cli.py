@@ -256,19 +256,19 @@ def _stdout_fails() -> bool:
     return False
 
 
-def _flush_stdout() -> int | None:
+def _flush_stdout() -> tuple[int, str] | None:
     """Flush stdout now, where a failure can still be answered: the exit code it calls for
-    (141 when the reader has gone, 4 when stdout is a full or read-only device), else None.
-    """
+    and why (141 when the reader has gone, 4 when stdout is a full or read-only device),
+    else None."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
-        return EXIT_BROKEN_PIPE
+        return EXIT_BROKEN_PIPE, ""
     except OSError as exc:  # stdout closed or not a stream: nothing to flush into
         if exc.errno in _OUTPUT_ERRNOS:
             _silence_stdout()  # the interpreter's last flush must not fail again
-            return EXIT_OUTPUT
+            return EXIT_OUTPUT, os.strerror(exc.errno)
     except ValueError:
         pass
     return None
@@ -292,11 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         code, signum = EXIT_FAILURE, signal.SIGINT
     processes.ignore_further()  # from here on the process is leaving: nothing to interrupt
     flushed = _flush_stdout()
-    if flushed == EXIT_BROKEN_PIPE:
-        code = flushed
-    elif flushed == EXIT_OUTPUT and code in (0, None):  # output lost after the command's end
-        typer.echo("dsim: error: cannot write standard output: the device is full", err=True)
-        code = flushed
+    if flushed is not None and flushed[0] == EXIT_BROKEN_PIPE:
+        code = EXIT_BROKEN_PIPE
+    elif flushed is not None and code in (0, None):  # output lost after the command's end
+        typer.echo(f"dsim: error: cannot write standard output: {flushed[1]}", err=True)
+        code = flushed[0]
     signum = processes.received() or signum  # the signal itself beats what it turned into
     if signum is not None:
         typer.echo("dsim: interrupted", err=True)

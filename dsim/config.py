@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from dsim.errors import InputError, UsageError
 from dsim.execute.address import ENV_VAR, FROM_CONFIG, FROM_ENV, FROM_OPTION, parse_ray_address
 from dsim.io.names import RULE as NAME_RULE
 from dsim.io.names import name_problem
-from dsim.model.runinfo import RUN_FILE, RunInfo
+from dsim.model.runinfo import RUN_FILE, RunInfo, json_problem
 from dsim.model.selection import resolve_epochs
 from dsim.model.tables import read_info
 from dsim.replay.models import DEFAULT_MODEL, MODELS
@@ -236,11 +235,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise UsageError(
             f"config {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from exc
-    except ValueError:  # an integer past Python's limit on digits (4300)
-        raise UsageError(
-            f"config {path} holds a number with more than {sys.get_int_max_str_digits()} "
-            "digits: not a dsim config"
-        ) from None
+    except ValueError as exc:  # an integer past Python's limit on digits (4300)
+        raise UsageError(f"config {path} holds {json_problem(exc)}: not a dsim config") from None
     except RecursionError:  # the depth check makes this unreachable; kept as a last guard
         raise UsageError(f"config {path} nests too deeply: not a dsim config") from None
     if not isinstance(raw, dict):

@@ -36,7 +36,7 @@ from dsim.app.attribution import run_table_path
 from dsim.config import SimConfig
 from dsim.errors import DsimError
 from dsim.io.atomic import write_text
-from dsim.model.datasetfiles import identities
+from dsim.model.datasetfiles import modified_ns
 from dsim.model.resultinfo import KEY_FORMAT_VERSION, RESULT_FILE, RESULTS_FORMAT_VERSION
 from dsim.model.runinfo import RunInfo
 from dsim.model.tables import read_version
@@ -174,7 +174,7 @@ def dataset_changed(out: Path, name: str, directory: str) -> bool:
         written = memo_path(out, name).stat().st_mtime_ns
     except OSError:
         return False
-    return any(found is not None and found[1] > written for found in identities(out, directory))
+    return any(modified > written for modified in modified_ns(out, directory))
 
 
 def write_memo(out: Path, name: str, inputs: str, directories: list[str]) -> Path:

@@ -72,17 +72,15 @@ def built_from(path: Path) -> dict[str, Any] | None:
     return meta
 
 
-def identities(out: str | Path, directory: str) -> list[list[int] | None]:
-    """(size, mtime in ns) of both dataset files of ``directory`` (None: absent): what a
-    run's memo records, so that a file changed since dsim wrote it is noticed."""
-    found: list[list[int] | None] = []
+def modified_ns(out: str | Path, directory: str) -> list[int]:
+    """The modification times (ns) of the dataset files of ``directory`` that exist: set
+    against the run's memo, they say whether a file changed since dsim wrote it."""
+    found = []
     for table in TABLES:
         try:
-            st = dataset_path(out, table, directory).stat()
+            found.append(dataset_path(out, table, directory).stat().st_mtime_ns)
         except OSError:
-            found.append(None)
-        else:
-            found.append([st.st_size, st.st_mtime_ns])
+            continue
     return found
 
 

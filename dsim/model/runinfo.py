@@ -58,7 +58,7 @@ def json_problem(exc: ValueError) -> str:
     """What is wrong with a JSON document ``json.loads`` refused, in words: a number of
     more digits than Python converts (4300) is no ``JSONDecodeError`` and its message
     names a Python setting, not the file."""
-    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) or "digits" not in str(exc):
         return str(exc)
     return f"a number with more than {sys.get_int_max_str_digits()} digits"
 
@@ -139,7 +139,9 @@ def check_run_directory(directory: Path) -> None:
             "--name or --out"
         )
     refuse_newer(version, FORMAT_VERSION, path)
-    if (directory / "result.json").exists():  # dsim run wrote there: --out was the traces
+    from dsim.model.resultinfo import RESULT_FILE  # (resultinfo imports this module)
+
+    if (directory / RESULT_FILE).exists():  # dsim run wrote there: --out was the traces
         raise OutputError(
             f"{directory} holds dsim results (result.json) beside its parsed run; "
             "dsim parse does not replace them: move them away or choose another --out"

@@ -101,7 +101,7 @@ class RankTrace:
     loader: dict[str, np.ndarray]
     rejects: list[tuple[int, str, str]] = field(default_factory=list)
     # why the file name gave the rank (the warning's words): "no distributedInfo", ...
-    rank_note: str = "no distributedInfo"
+    rank_note: str = ""
 
 
 @dataclass
@@ -212,7 +212,8 @@ def _events(path: Path) -> Iterator[Any]:
         yield from ijson.items(handle, "traceEvents.item", use_float=True, buf_size=_READ_BYTES)
 
 
-def _rank(path: Path, header: dict[str, Any]) -> tuple[int, str, int | None]:
+def _rank(path: Path, header: dict[str, Any]) -> tuple[int, str, int | None, str]:
+    """(rank, where it came from, world size, why the file name gave it) of one trace."""
     info = header.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
     if isinstance(rank, int) and not isinstance(rank, bool):
@@ -221,12 +222,19 @@ def _rank(path: Path, header: dict[str, Any]) -> tuple[int, str, int | None]:
         if not rank_ok(rank):
             raise InputError(f"distributedInfo.rank {rank}: {BAD_RANK}", path)
         world = info.get("world_size")
-        return rank, "distributedInfo", world if isinstance(world, int) else None
+        return rank, "distributedInfo", world if isinstance(world, int) else None, ""
     from_name = rank_from_file_name(Path(path.name.split(".")[0]))
     if from_name is not None:
         if not rank_ok(from_name):
             raise InputError(f"rank {from_name} in the file name: {BAD_RANK}", path)
-        return from_name, "file name", None
+        note = (
+            "no distributedInfo"
+            if not isinstance(info, dict)
+            else "no distributedInfo.rank"
+            if rank is None
+            else f"distributedInfo.rank {rank!r} is not an integer"
+        )
+        return from_name, "file name", None, note
     raise InputError(
         "no rank: the trace has no distributedInfo.rank and the file name no rank<N> "
         "(name the files rank<N>..., e.g. tensorboard_trace_handler(dir, worker_name='rank0'))",
@@ -246,15 +254,7 @@ def read_trace(path: Path) -> RankTrace:
     header = _header(path)
     if not header.get("traceEvents"):
         raise InputError("no traceEvents: not a profiler trace", path)
-    rank, rank_from, world = _rank(path, header)
-    info = header.get("distributedInfo")
-    rank_note = (
-        "no distributedInfo"
-        if not isinstance(info, dict)
-        else f"distributedInfo.rank {info['rank']!r} is not an integer"
-        if info.get("rank") is not None
-        else "no distributedInfo.rank"
-    )
+    rank, rank_from, world, rank_note = _rank(path, header)
     base = header.get("baseTimeNanoseconds")
     base_ns = int(base) if isinstance(base, int | float) and not isinstance(base, bool) else None
     steps: list[tuple[int, int, float, float]] = []

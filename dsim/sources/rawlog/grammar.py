@@ -384,7 +384,7 @@ def _general_records(
     other_np = _np(other)
     text = lines.filter(other)
     nums = numbers[other_np]
-    binary = _np(pc.or_(pc.match_substring(text, "\ufffd"), pc.match_substring(text, "\x00")))
+    binary = _np(binary_any.filter(other))
     rejects.add(nums[binary], BINARY, text.filter(binary))
     bad_fetch = ~binary & _np(pc.match_substring(text, FETCH_MARK))
     rejects.add(nums[bad_fetch], MALFORMED_FETCH, text.filter(bad_fetch))

@@ -319,14 +319,15 @@ def parse_run(
     streamed = stream_fetches(fetch_table)
     if streamed:
         report["stream_fetches"] = streamed
-    sparse = sparse_worker_ids(fetch_table)
+    pairs = worker_pairs(fetch_table)  # one sort of the fetch records, for both checks
+    sparse = sparse_worker_ids(fetch_table, pairs)
     if sparse:
         report["sparse_worker_ids"] = sparse
         report.setdefault("warnings", []).append(_sparse_warning(sparse))
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
-    contradiction = loader_contradiction(settings, fetch_table)
+    contradiction = loader_contradiction(settings, fetch_table, pairs)
     if contradiction:
         report.setdefault("warnings", []).append(contradiction)
     info = _info(source, train, fetch_table, train_table, sources, report).with_loader(settings)
@@ -564,14 +565,23 @@ def stream_fetches(fetch: pa.Table) -> int:
     return len(column) - column.null_count
 
 
-def loader_contradiction(settings: dict[str, Any] | None, fetch: pa.Table) -> str | None:
+def worker_pairs(fetch: pa.Table) -> np.ndarray:
+    """The distinct (rank, worker id) pairs of the fetch records (``_distinct_pairs``)."""
+    if fetch.num_rows == 0:
+        return np.zeros((2, 0), dtype=np.int64)
+    return _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
+
+
+def loader_contradiction(
+    settings: dict[str, Any] | None, fetch: pa.Table, pairs: np.ndarray | None = None
+) -> str | None:
     """A warning when the loader lines' ``num_workers`` is fewer than the workers a rank's
     fetch lines show (distinct worker ids; one process with 0 workers): the settings
     the pipeline model takes as measured do not describe the loader that ran."""
     if not settings or settings.get("num_workers") is None or fetch.num_rows == 0:
         return None
     logged = int(settings["num_workers"])
-    pairs = _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
+    pairs = worker_pairs(fetch) if pairs is None else pairs
     ranks, counts = np.unique(pairs[0], return_counts=True)
     worst = int(np.argmax(counts))
     seen = int(counts[worst])
@@ -584,7 +594,7 @@ def loader_contradiction(settings: dict[str, Any] | None, fetch: pa.Table) -> st
     )
 
 
-def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
+def sparse_worker_ids(fetch: pa.Table, pairs: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Ranks whose worker ids are not 0..k-1, as ``{gpu, workers, ids}`` (the first 10 ids).
 
     PyTorch numbers a loader's workers 0..num_workers-1; other ids come from a custom
@@ -593,7 +603,7 @@ def sparse_worker_ids(fetch: pa.Table) -> list[dict[str, Any]]:
     """
     if fetch.num_rows == 0:
         return []
-    pairs = _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
+    pairs = worker_pairs(fetch) if pairs is None else pairs
     out = []
     for g in np.unique(pairs[0]):
         ids = pairs[1][pairs[0] == g]
