@@ -139,9 +139,8 @@ def check_run_directory(directory: Path) -> None:
             "--name or --out"
         )
     refuse_newer(version, FORMAT_VERSION, path)
-    from dsim.model.resultinfo import RESULT_FILE  # (resultinfo imports this module)
-
-    if (directory / RESULT_FILE).exists():  # dsim run wrote there: --out was the traces
+    # resultinfo's RESULT_FILE, spelled here: the layers keep runinfo below resultinfo
+    if (directory / "result.json").exists():  # dsim run wrote there: --out was the traces
         raise OutputError(
             f"{directory} holds dsim results (result.json) beside its parsed run; "
             "dsim parse does not replace them: move them away or choose another --out"
