@@ -37,6 +37,37 @@ def test_threshold_of_a_second_or_more_is_refused_naming_the_unit() -> None:
     assert "use 1e+305 for 1e+308 ms" in str(info.value) and len(str(info.value)) < 300
 
 
+def test_a_threshold_that_is_no_number_of_seconds_is_named() -> None:
+    for value, reason in ((float("nan"), "not a finite number"), (-0.5, "negative")):
+        with pytest.raises(UsageError) as info:  # nan passed as if it were < 1 s
+            check_threshold(value, force=True)
+        assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "reason"),
+    [
+        ("summarize", "--threshold", "nan", "nan is not a number"),
+        ("summarize", "--threshold", "1e400", "inf is not a finite number"),
+        ("run", "--threshold", "-inf", "-inf is not a finite number"),
+        ("report", "--threshold", "-1", "-1 is below 0"),
+        ("watch", "--interval", "nan", "nan is not a number"),
+        ("watch", "--interval", "0.05", "0.05 is below 0.1"),
+    ],
+)
+def test_the_cli_names_a_number_option_that_is_nan_or_infinite(
+    project: Path, command: str, option: str, value: str, reason: str
+) -> None:
+    # A range check let nan through as "should be ≥ 0" and inf to a message on units.
+    target = {"run": "synth_run", "watch": "traces"}.get(command, "results")
+    proc = run_dsim_in_process(command, target, option, value, cwd=project)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"dsim: error: Invalid value for '{option}': {reason} (see `dsim {command} --help`)"
+    )
+    assert not (project / "results").exists()
+
+
 def test_run_refuses_before_writing_anything(project: Path) -> None:
     proc = run_dsim_in_process("run", "synth_run", "--threshold", "30", cwd=project)
     assert proc.returncode == 2

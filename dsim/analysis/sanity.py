@@ -15,6 +15,7 @@ such change so that ``dsim run`` says it out loud.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,14 @@ def _seconds_of_ms(value: float) -> str:
 
 
 def check_threshold(value: float | None, *, force: bool, source: str = "--threshold") -> None:
-    """Refuse a threshold of ``THRESHOLD_MAX_S`` or more (a value in ms typed as s)."""
-    if value is None or force or value < THRESHOLD_MAX_S:
+    """Refuse a threshold that is not a number of seconds ≥ 0, or of ``THRESHOLD_MAX_S``
+    or more (a value in ms typed as s)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0:
+        what = "not a finite number" if not math.isfinite(value) else "negative"
+        raise UsageError(f"{source} {value:g}: {what}; give the threshold in seconds, ≥ 0")
+    if force or value < THRESHOLD_MAX_S:
         return
     raise UsageError(
         f"{source} {value:g}: the threshold is in seconds; {value:g} s is longer than any "

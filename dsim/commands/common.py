@@ -34,3 +34,25 @@ Full = Annotated[
         "--full", help="Every run's table, also when an overview of many runs is printed."
     ),
 ]
+
+
+def finite_at_least(bound: float):
+    """A callback that takes a finite number ≥ ``bound`` (or no value).
+
+    Why not the option's ``min=``: that range check says "should be ≥ 0" of
+    ``nan`` (it compares false with every bound), and lets ``inf`` through to
+    a message about units (``--threshold inf``); neither says what is wrong.
+    """
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if value != value:
+            raise typer.BadParameter(f"{value} is not a number")
+        if value in (float("inf"), float("-inf")):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if value < bound:
+            raise typer.BadParameter(f"{value:g} is below {bound:g}")
+        return value
+
+    return check

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsim.commands.common import Quiet
+from dsim.commands.common import Quiet, finite_at_least
 from dsim.errors import UsageError
 from dsim.io.stdout import write_stdout
 
@@ -94,7 +94,7 @@ def command(
         float | None,
         typer.Option(
             "--threshold",
-            min=0.0,
+            callback=finite_at_least(0.0),
             help="Effective-delay threshold in seconds (default: recorded, else 0.030).",
         ),
     ] = None,

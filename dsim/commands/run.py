@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.commands.common import FailIf, Full, Json, Quiet, finite_at_least
 from dsim.io.stdout import write_stdout
 from dsim.words import counted
 
@@ -125,7 +125,10 @@ def command(
         None, "--warmup", min=0, help="Skip iterations <= N of each epoch (default 10)."
     ),
     threshold: float | None = typer.Option(
-        None, "--threshold", min=0.0, help="Effective-delay threshold in seconds (default 0.030)."
+        None,
+        "--threshold",
+        callback=finite_at_least(0.0),
+        help="Effective-delay threshold in seconds (default 0.030).",
     ),
     executor: str | None = typer.Option(
         None,

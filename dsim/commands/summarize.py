@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from dsim.commands.common import FailIf, Full, Json, Quiet
+from dsim.commands.common import FailIf, Full, Json, Quiet, finite_at_least
 from dsim.io.stdout import write_stdout
 
 HELP = """Summarise replay results written by `dsim run`, without replaying anything.
@@ -78,7 +78,7 @@ def command(
     threshold: float | None = typer.Option(
         None,
         "--threshold",
-        min=0.0,
+        callback=finite_at_least(0.0),
         help="Effective-delay threshold in seconds (default: as recorded).",
     ),
     force: bool = typer.Option(

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from dsim.commands.common import finite_at_least
+
 HELP = """Follow a running job's raw logs and show its last window of iterations, live.
 
 Reads LOGDIR's logs as the job writes them (read-only, no locks: the job
@@ -45,14 +47,20 @@ def command(
     ] = 100,
     interval: Annotated[
         float,
-        typer.Option("--interval", min=0.1, help="Seconds between refreshes."),
+        typer.Option(
+            "--interval", callback=finite_at_least(0.1), help="Seconds between refreshes."
+        ),
     ] = 2.0,
     warmup: Annotated[
         int, typer.Option("--warmup", min=0, help="Skip iterations <= N of each epoch.")
     ] = 10,
     threshold: Annotated[
         float,
-        typer.Option("--threshold", min=0.0, help="Effective-delay threshold in seconds."),
+        typer.Option(
+            "--threshold",
+            callback=finite_at_least(0.0),
+            help="Effective-delay threshold in seconds.",
+        ),
     ] = 0.030,
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
     as_json: Annotated[
