@@ -19,6 +19,8 @@ import pytest
 from conftest import REPO, run_dsim, run_dsim_in_process
 from loglines import T0, fetch_line, one_epoch, run_of, timed_lines
 
+from dsim.analysis.verdict import loader_calibration
+from dsim.app.runplan import logged_loader
 from dsim.errors import InputError
 from dsim.sources.rawlog.discover import RunSource, discover_runs
 from dsim.sources.rawlog.parse import STRAY_RANK, parse_run
@@ -293,5 +295,15 @@ def test_loader_lines_that_count_fewer_workers_than_the_fetch_lines_show_are_war
     parsed = parse_run(run_of(tmp_path, {"output.log": loader + one_epoch(iters=4)}))
     found = [w for w in parsed.report.get("warnings", []) if "the loader lines say" in w]
     assert bool(found) == warned, parsed.report.get("warnings")
+    settings = logged_loader(parsed.tables.info)
     if warned:
         assert f"num_workers {logged}, but GPU 0's fetch lines come from 2 workers" in found[0]
+        assert "the pipeline model calibrates with 2 (the fetch lines')" in found[0]
+        # ... and does: it replayed the loader lines' count as measured (1 worker where 2 ran)
+        assert parsed.tables.info.loader["fetch_workers"] == 2
+        assert (settings.workers, settings.source) == (2, "log+ids")
+        measured = {"measured": settings.document()}
+        assert "counted from the fetch lines' worker ids" in loader_calibration(measured)
+    else:
+        assert "fetch_workers" not in parsed.tables.info.loader
+        assert (settings.workers, settings.source) == (logged, "log")

@@ -179,6 +179,12 @@ def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
     if not isinstance(measured, Mapping):
         return None
     workers, prefetch = int(measured["workers"]), int(measured["prefetch_factor"])
+    if measured.get("source") == "log+ids":
+        return (
+            f"Calibrated with {counted(workers, 'DataLoader worker')} (counted from the fetch "
+            "lines' worker ids: the run's LOADER lines say fewer) and prefetch "
+            f"{prefetch} (measured: the LOADER lines)."
+        )
     if measured.get("source") == "implied":
         return (
             f"Calibrated with {counted(workers, 'DataLoader worker')} (inferred from worker "

@@ -93,12 +93,15 @@ def logged_loader(info: RunInfo) -> LoaderSettings | None:
     if not isinstance(loader, dict) or loader.get("num_workers") is None:
         return None
     workers = int(loader["num_workers"])
+    # parse records the fetch lines' count where it contradicts the loader lines' (SPEC §1.2)
+    seen = loader.get("fetch_workers")
+    source = "log" if seen is None or int(seen) <= workers else "log+ids"
     prefetch = loader.get("prefetch_factor")
     cores, ranks = loader.get("cores"), loader.get("local_world_size")
     return LoaderSettings(
-        workers,
+        workers if source == "log" else int(seen),
         int(prefetch) if prefetch is not None else 2,
-        "log",
+        source,
         None if cores is None else int(cores),
         None if ranks is None else int(ranks),
     )

@@ -398,6 +398,11 @@ def caveats(
             )
             tail = CPU_AWARE_CORES if cpu_aware else BLIND_CORES
             notes.append(head + tail)
+    if measured.source == "log+ids":
+        notes.append(
+            "the run's LOADER lines say fewer workers than its fetch lines come from: taken as "
+            f"{counted(measured.workers, 'worker')} (from worker ids)"
+        )
     if measured.source == "implied":
         notes.append(
             "the run's loader settings were not logged: taken as "

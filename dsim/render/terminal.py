@@ -146,6 +146,8 @@ def _loader_origin(row: dict[str, Any]) -> str:
         return " (workers inferred from worker ids, prefetch PyTorch's default: assumed)"
     if source == "log":
         return " (as logged: LOADER lines)"
+    if source == "log+ids":
+        return " (workers from worker ids, more than the LOADER lines say; prefetch as logged)"
     return " (as measured)"  # results written before dsim recorded the source
 
 

@@ -59,9 +59,11 @@ TORCH_DEFAULT_PREFETCH = 2
 class LoaderSettings:
     """A run's DataLoader settings, and where dsim learnt them.
 
-    ``source`` is ``"log"`` (the instrumentation's loader lines) or
+    ``source`` is ``"log"`` (the instrumentation's loader lines),
     ``"implied"`` (workers from the fetch lines' worker ids, prefetch factor
-    PyTorch's default), so that a replay can say how sure it is.
+    PyTorch's default) or ``"log+ids"`` (the loader lines, but the workers
+    counted from the fetch lines' ids, which are more than the lines say), so
+    that a replay can say how sure it is.
     """
 
     workers: int

@@ -327,9 +327,10 @@ def parse_run(
     settings, loader_warning = loader_settings(loader)
     if loader_warning:
         report.setdefault("warnings", []).append(loader_warning)
-    contradiction = loader_contradiction(settings, fetch_table, pairs)
-    if contradiction:
-        report.setdefault("warnings", []).append(contradiction)
+    seen = fetch_workers(settings, fetch_table, pairs)
+    if seen is not None:
+        report.setdefault("warnings", []).append(loader_contradiction(settings, *seen))
+        settings = {**settings, "fetch_workers": seen[1]}
     info = _info(source, train, fetch_table, train_table, sources, report).with_loader(settings)
     tables = RunTables(source.name, fetch_table, train_table, info)
     return ParsedRun(tables, rejected, report, lines)
@@ -572,25 +573,33 @@ def worker_pairs(fetch: pa.Table) -> np.ndarray:
     return _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
 
 
-def loader_contradiction(
+def fetch_workers(
     settings: dict[str, Any] | None, fetch: pa.Table, pairs: np.ndarray | None = None
-) -> str | None:
-    """A warning when the loader lines' ``num_workers`` is fewer than the workers a rank's
-    fetch lines show (distinct worker ids; one process with 0 workers): the settings
-    the pipeline model takes as measured do not describe the loader that ran."""
+) -> tuple[int, int] | None:
+    """(rank, workers) of the rank whose fetch lines come from the most workers, when
+    that is more than the loader lines' ``num_workers`` (one process with 0 workers
+    logs one worker id); ``None`` when they agree.
+
+    Why: the pipeline model calibrates with the loader lines' settings as measured;
+    a count the fetch lines contradict would replay fewer workers than ran.
+    """
     if not settings or settings.get("num_workers") is None or fetch.num_rows == 0:
         return None
-    logged = int(settings["num_workers"])
     pairs = worker_pairs(fetch) if pairs is None else pairs
     ranks, counts = np.unique(pairs[0], return_counts=True)
     worst = int(np.argmax(counts))
-    seen = int(counts[worst])
-    if seen <= max(logged, 1):
+    if int(counts[worst]) <= max(int(settings["num_workers"]), 1):
         return None
+    return int(ranks[worst]), int(counts[worst])
+
+
+def loader_contradiction(settings: dict[str, Any], rank: int, seen: int) -> str:
+    """The warning for ``fetch_workers``' finding, saying what the model replays instead."""
     return (
-        f"the loader lines say num_workers {logged}, but GPU {int(ranks[worst])}'s fetch lines "
-        f"come from {counted(seen, 'worker')}; the pipeline model takes the loader lines' "
-        "settings as measured: check how the loader lines were written"
+        f"the loader lines say num_workers {int(settings['num_workers'])}, but GPU {rank}'s "
+        f"fetch lines come from {counted(seen, 'worker')}; the pipeline model calibrates "
+        f"with {seen} (the fetch lines') and the loader lines' other settings: check how "
+        "the loader lines were written"
     )
 
 
