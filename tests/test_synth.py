@@ -15,6 +15,8 @@ from dsim.errors import UsageError
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import read_run
 from dsim.synth import SynthParams, simulate, synthesize
+from dsim.synth.writer import estimated_bytes
+from dsim.words import byte_size
 
 TS = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})"
 NUM = r"(\d+\.\d{6})"
@@ -333,3 +335,33 @@ def test_replaces_its_own_output_but_never_other_files(tmp_path):
     assert result.returncode == 2 and "dsim synth did not write" in result.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "run"]  # no temporary leftovers
+
+
+@pytest.mark.parametrize(
+    ("gpus", "iterations", "epochs"), [(1, 1, 1), (3, 40, 2), (70, 120, 1), (2, 1200, 1)]
+)
+def test_the_size_estimate_is_within_a_few_percent_below_the_bytes_written(
+    tmp_path, gpus, iterations, epochs
+):
+    params = SynthParams(**{**SMALL.__dict__, "gpus": gpus, "iterations": iterations,
+                            "epochs": epochs})  # fmt: skip
+    written = (synthesize(params, tmp_path) / "output.log").stat().st_size
+    assert 0.9 * written <= estimated_bytes(params) <= written
+
+
+def test_a_run_that_cannot_fit_the_free_space_is_refused_before_writing(tmp_path, monkeypatch):
+    """`--gpus 1024 --iterations 300000` wrote for five minutes until the disk was full."""
+    import shutil
+
+    free = estimated_bytes(SynthParams(gpus=3, iterations=40, epochs=2, workers=2)) - 1
+    usage = shutil.disk_usage(tmp_path)._replace(free=free)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+    args = ["synth", "--gpus", "3", "--iterations", "40", "--epochs", "2", "--workers", "2"]
+    proc = run_dsim_in_process(*args, "--out", "out/deeper", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "480 lines (3 GPUs × 40 iterations × 2 epochs × 2) take about" in proc.stderr
+    assert f"and {tmp_path} has {byte_size(free)} free" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free + 1))
+    proc = run_dsim_in_process(*args, "--out", "out", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import run_dsim
 
-from dsim.words import counted, plural
+from dsim.words import byte_size, counted, plural
 
 
 @pytest.mark.parametrize(
@@ -18,6 +18,7 @@ from dsim.words import counted, plural
         (1, "DataLoader worker", "1 DataLoader worker"),
         (4, "worker process", "4 worker processes"),
         (2, "batch", "2 batches"),
+        (2, "epoch", "2 epochs"),  # a hard "ch": it read "2 epoches"
         (3, "policy", "3 policies"),
         (2, "day", "2 days"),
         (1.0, "iteration", "1 iteration"),
@@ -32,6 +33,8 @@ def test_counted_separators_and_irregular_plurals() -> None:
     assert counted(12000, "line", sep=",") == "12,000 lines"
     assert counted(2, "index", "indices") == "2 indices"
     assert plural("box") == "boxes"
+    assert byte_size(512) == "512 B" and byte_size(1536) == "1.5 KiB"
+    assert byte_size(63.2 * 2**30) == "63.2 GiB" and byte_size(2**60) == "1024.0 PiB"
 
 
 def test_parse_of_a_one_gpu_run_speaks_in_the_singular(tmp_path) -> None:

@@ -93,8 +93,12 @@ def command(
     else:
         from rich.progress import Progress
 
+        from dsim.synth.writer import estimated_bytes
+        from dsim.words import byte_size
+
         with Progress(transient=True) as bar:
-            task = bar.add_task("synthesizing", total=params.iterations * params.epochs)
+            size = byte_size(estimated_bytes(params))
+            task = bar.add_task(f"synthesizing ~{size}", total=params.iterations * params.epochs)
             path = synthesize(
                 params, out, progress=lambda done, total: bar.update(task, completed=done)
             )

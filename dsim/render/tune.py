@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dsim.tuning import Band
-from dsim.words import counted
+from dsim.words import byte_size, counted
 
 if TYPE_CHECKING:
     from dsim.app.tune import Choice, TuneResult
@@ -33,14 +33,6 @@ def _setting(point: Point) -> str:
     if point.workers == 0:
         return "num_workers=0 (loading in the training process)"
     return f"num_workers={point.workers}, prefetch_factor={point.prefetch}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
 _count = counted  # ``1 batch``, ``16 batches``, ``4 worker processes``
@@ -77,11 +69,11 @@ def memory_text(result: TuneResult, point: Point) -> str:
     node = (
         ""
         if result.ranks_on_node is None
-        else f", {_bytes(per_rank * result.ranks_on_node)} on the node"
+        else f", {byte_size(per_rank * result.ranks_on_node)} on the node"
     )
     return (
-        f"pinned memory: {_bytes(per_rank)} per rank{node} "
-        f"({batches} × {_bytes(result.batch_bytes)})"
+        f"pinned memory: {byte_size(per_rank)} per rank{node} "
+        f"({batches} × {byte_size(result.batch_bytes)})"
     )
 
 

@@ -9,7 +9,9 @@ the model produces them, so memory stays bounded whatever the number of lines.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from dsim.errors import OutputError, UsageError
@@ -18,6 +20,7 @@ from dsim.io.names import run_path
 from dsim.synth.events import ordered_events, released_iterations
 from dsim.synth.lines import render_lines
 from dsim.synth.params import SynthParams
+from dsim.words import byte_size, counted
 
 SINGLE_FILE = "output.log"
 _RANK_FILE = re.compile(r"^rank\d+\.log$")
@@ -50,7 +53,45 @@ def check_output(params: SynthParams, out_dir: str | Path) -> Path:
         raise UsageError(f"--out {out_dir} exists and is not a directory")
     target = run_path(out_dir, params.run_name)  # inside --out, not through a link
     _check_target(target)
+    _check_space(params, out_dir)
     return target
+
+
+def estimated_bytes(params: SynthParams) -> int:
+    """About how many bytes the run's logs take: its lines times the mean line of a
+    4-GPU, 4-iteration run of the same parameters, whose numbers are no longer than
+    the run's own (more ranks and iterations only print more digits)."""
+    small = replace(
+        params, gpus=min(params.gpus, 4), iterations=min(params.iterations, 4), epochs=1
+    )
+    written = sum(
+        int(render_lines(fetch, train, small.iterations)[1].sum())
+        for fetch, train in ordered_events(small)
+    )
+    return params.lines * written // small.lines
+
+
+def _check_space(params: SynthParams, out_dir: Path) -> None:
+    """Refuse a run whose logs cannot fit the free space where they would be written.
+
+    Why: ``--gpus 1024 --iterations 300000`` wrote for five minutes until the disk
+    was full, and left nothing (the run is written atomically).
+    """
+    need = estimated_bytes(params)
+    where = out_dir.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # nothing to compare with; the write says what fails
+    if need > free:
+        raise UsageError(
+            f"{params.lines:,} lines ({counted(params.gpus, 'GPU')} × "
+            f"{counted(params.iterations, 'iteration')} × {counted(params.epochs, 'epoch')} × 2) "
+            f"take about {byte_size(need)}, and {where} has "
+            f"{byte_size(free)} free: choose a smaller run or another --out"
+        )
 
 
 def synthesize(
