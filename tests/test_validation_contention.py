@@ -80,3 +80,29 @@ def test_not_a_sweep_directory_or_no_repeats_is_one_line(tmp_path) -> None:
         )  # fmt: skip
         assert done.returncode == code, done.stderr
         assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_in_flight_is_the_others_overlap_over_each_interval() -> None:
+    from validation.cpugrowth import in_flight
+
+    start, end = np.array([0.0, 0.5, 3.0, 4.0]), np.array([1.0, 1.5, 3.0, 6.0])
+    # the first two overlap by 0.5 s each; the third has no length; the fourth is alone
+    np.testing.assert_allclose(in_flight(start, end), [0.5, 0.5, 0.0, 0.0])
+    inside = in_flight(np.array([0.0, 1.0]), np.array([4.0, 2.0]))
+    np.testing.assert_allclose(inside, [0.25, 1.0])  # a short one wholly inside a long one
+
+
+def test_cpu_growth_table_on_the_committed_logs() -> None:
+    """The decode regime's CPU time per batch on the first sweep: more with more workers."""
+    done = subprocess.run(
+        [sys.executable, "-m", "validation.cpugrowth", "--data", "validation/data-cpu",
+         "--only", "^decode_w(1|2)_p2_none_r(1|2)$"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines()[2:]]
+    assert [(r[0].strip(), r[1].strip(), r[2].strip()) for r in rows] == [
+        ("decode", "1", "2"),
+        ("decode", "2", "2"),
+    ]
+    assert float(rows[0][4]) == 1.0 and float(rows[1][4]) > 1.0
