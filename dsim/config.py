@@ -333,6 +333,24 @@ def _epochs(value: object, problems: _Problems, what: str) -> list[int] | str | 
     return None
 
 
+def nothing_to_run(traces: Path, command: str) -> str:
+    """The message for a command given no run: with the runs ``traces`` holds, the command
+    to type. Why: ``dsim run --traces DIR`` alone said only "give --conf or run names",
+    leaving the user to look up the parsed run's long name."""
+    names = available_runs(Path(traces))
+    conf = " --conf sim_conf.json or" if command == "run" else ""
+    head = f"nothing to run: give{conf} run names (dsim {command} RUN)"
+    if not names:
+        return head
+    flag = "" if Path(traces) == DEFAULT_TRACES else f" --traces {traces}"
+    if len(names) == 1:
+        return f"{head}; {traces} holds one parsed run: dsim {command}{flag} {names[0]}"
+    listed = f"{head}; {traces} holds {len(names)} parsed runs ({_listing(names)})"
+    if command == "run":  # its names may be globs (config FILE)
+        return f"{listed}: dsim run{flag} '*' takes them all"
+    return f"{listed}: name one or more (dsim {command}{flag} {names[0]} …)"
+
+
 def available_runs(traces: Path) -> list[str]:
     """Names of the parsed runs under a traces directory (sub-directories holding run.json)."""
     if not traces.is_dir():
@@ -732,9 +750,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> SimCon
     overrides = overrides or Overrides()
     if path is None:
         if not overrides.runs:
-            raise UsageError(
-                "nothing to run: give --conf sim_conf.json or run names (dsim run RUN)"
-            )
+            raise UsageError(nothing_to_run(overrides.traces or DEFAULT_TRACES, "run"))
         return validate_config({}, base=Path.cwd(), overrides=overrides)
     raw = read_config_file(path)
     return validate_config(raw, base=path.parent, overrides=overrides, source=path)

@@ -219,6 +219,14 @@ def test_bad_options_exit_2(project: Path) -> None:
     assert proc.returncode == 2 and "config file not found" in proc.stderr
     proc = run_dsim_in_process("run", cwd=project)
     assert proc.returncode == 2 and "nothing to run" in proc.stderr
+    # ... naming the run there is to type (it said only "give --conf or run names")
+    assert proc.stderr.strip().endswith(f"traces holds one parsed run: dsim run {RUN}")
+    write_synthetic(project / "more", "b", iterations=30)
+    write_synthetic(project / "more", "a", iterations=30)
+    proc = run_dsim_in_process("run", "--traces", "more", cwd=project)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "more holds 2 parsed runs (a, b): dsim run --traces more '*' takes them all"
+    )
     assert not (project / "results").exists()
 
 

@@ -205,6 +205,19 @@ def test_cli_json_and_bad_grid(traces, tmp_path, dsim_cli):
     ]
 
 
+def test_tune_without_a_run_names_the_runs_there_are(traces, tmp_path, dsim_cli):
+    """A missing RUN was click's "Missing argument 'RUN...'", naming none of the runs."""
+    parent = traces["compute"].parent
+    done = dsim_cli("tune", "--traces", parent, "--out", tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "dsim: error: nothing to run: give run names (dsim tune RUN); "
+        f"{parent} holds 2 parsed runs (computebound, loadbound): name one or more "
+        f"(dsim tune --traces {parent} computebound …)"
+    )
+    assert not (tmp_path / "tune").exists()
+
+
 def test_the_report_shows_the_tune_heatmap(traces, tmp_path):
     from dsim.app.report import ReportRequest, read_report_input
     from dsim.render.html import render_report

@@ -33,7 +33,10 @@ Examples:
 
 
 def command(
-    runs: Annotated[list[str], typer.Argument(metavar="RUN...", help="Run names or directories.")],
+    runs: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="RUN", help="Run names or directories.", show_default=False),
+    ] = None,
     traces: Annotated[
         Path, typer.Option("--traces", help="Directory of parsed runs (dsim parse --out).")
     ] = Path("traces"),
@@ -72,9 +75,13 @@ def command(
     quiet: Quiet = False,
 ) -> None:
     from dsim.app.tune import loader_grids, resolve_run, tune_run
+    from dsim.config import nothing_to_run
+    from dsim.errors import UsageError
     from dsim.options import parse_epochs_option
     from dsim.render import tune as render
 
+    if not runs:  # optional for click, so that the message can name the runs there are
+        raise UsageError(nothing_to_run(traces, "tune"))
     # a repeated option adds its values to the grid (issue #19: never last-wins)
     grid_w, grid_p = loader_grids(_joined(workers), _joined(prefetch))
     chosen = parse_epochs_option(epochs)
