@@ -462,3 +462,17 @@ def test_training_lines_sorted_in_place_are_the_sorted_copy() -> None:
         sort, sorted_key = _sorted_lines(key.copy(), train)
         np.testing.assert_array_equal(sort, expected)
         np.testing.assert_array_equal(sorted_key, key[expected])
+
+
+def test_small_runs_skip_the_releases_between_their_steps(monkeypatch) -> None:
+    """``malloc_trim`` costs ~0.3 ms a call: 18 calls were ~3 % of a 10,000 × 8 run."""
+    from dsim.io import memory
+
+    calls: list[int] = []
+    monkeypatch.setattr(memory, "release_freed", lambda: calls.append(1))
+    memory.release_freed_for(memory.RELEASE_MIN_GPU_ITERATIONS - 1)
+    memory.releaser(80_000)()
+    assert calls == []
+    memory.release_freed_for(memory.RELEASE_MIN_GPU_ITERATIONS)
+    memory.releaser(4_000_000)()
+    assert calls == [1, 1]

@@ -22,7 +22,7 @@ from dsim.app.runmemo import dataset_changed, inputs_digest
 from dsim.config import SimConfig
 from dsim.errors import DsimError, InputError, UsageError
 from dsim.execute.cache import params_document, replay_key, snapshot_fingerprint
-from dsim.io.memory import release_freed
+from dsim.io.memory import releaser
 from dsim.model.datasetfiles import intact
 from dsim.model.resultinfo import Selection
 from dsim.model.results import ResultInfo, read_replay_key, replay_path
@@ -220,7 +220,10 @@ def plan_run(
         # with arrays attribution can use, the build takes the columns it reads over
         fetch, train = hand_over(tables, model.needs_fetch == has_fetch)
         arrays = build_iteration_arrays(
-            fetch, train, require_fetch=model.needs_fetch, release=release_freed
+            fetch,
+            train,
+            require_fetch=model.needs_fetch,
+            release=releaser(tables.train.num_rows),
         )
         del fetch, train
         if arrays.n_iterations == 0:

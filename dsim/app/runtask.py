@@ -54,7 +54,7 @@ from dsim.execute.cache import params_document
 from dsim.execute.local import run_local
 from dsim.execute.threads import Checkpoint, never_cancelled
 from dsim.io.atomic import write_parquet
-from dsim.io.memory import release_freed
+from dsim.io.memory import release_freed_for
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
 from dsim.model.resultinfo import RESULT_FILE
 from dsim.model.results import (
@@ -120,7 +120,7 @@ def run_task(task: RunTask) -> RunReport:
             return RunReport(task.name, skipped=refused)
         plans = plan_runs_of(task.name, task.run_dir, task.config, tables)
         del tables  # the plans keep what attribution reads of them
-        release_freed()
+        release_freed_for(plans[0].arrays.stall.size)
         for plan in plans:
             check_results_directory(task.config.out, plan.directory)
         for plan in plans:
@@ -165,7 +165,7 @@ def finish_run(
     ]
     # the replays' and the dataset's freed buffers (Arrow's pool, the C heap), before
     # attribution's matrices are made: held, they were ~60 bytes per GPU-iteration
-    release_freed()
+    release_freed_for(plans[0].arrays.stall.size)
     # paired by directory: the scan sorts them, and a what-if's plan comes before its
     # baseline's though its directory (RUN@MODEL-wW-pP) sorts after (RUN@MODEL)
     made_by = {plan.directory: (plan, made) for plan, made in zip(plans, report_rows, strict=True)}
@@ -291,7 +291,7 @@ def _finish_plan(
         for policy in sorted(plan.keys, key=policy_label):
             table = None  # the previous policy's replay is let go of before the next one
             checkpoint()
-            release_freed()  # and what it and its dataset rows freed, handed back
+            release_freed_for(plan.arrays.stall.size)  # what it and its rows freed, back
             if policy in plan.todo:
                 table = _replay(plan, prepared, policy, chunk_rows, on_rows)
                 if writer is None:  # no dataset to hold its rows (not so today): whole

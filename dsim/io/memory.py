@@ -11,6 +11,14 @@ disk"). ``release_freed`` asks the pool to return what it holds unused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+#: Runs of fewer GPU-iterations skip the releases between their steps
+#: (``release_freed_for``): ``malloc_trim`` walks the heap (about 0.3 ms a call on the
+#: 2-core VM) and a 10,000 × 8 run's 18 calls were ~3 % of its ``dsim run`` to hand back
+#: a few MB; from here up a step frees tens of MB (BENCHMARKS.md, "Memory and disk").
+RELEASE_MIN_GPU_ITERATIONS = 1 << 20
+
 
 def release_freed() -> None:
     """Return Arrow's pooled and the C heap's free memory to the system (cheap; safe at
@@ -38,3 +46,14 @@ def _trim_c_heap() -> None:
 
 
 _MALLOC_TRIM = None
+
+
+def release_freed_for(gpu_iterations: int) -> None:
+    """``release_freed`` between the steps of a run of ``gpu_iterations``, where it pays."""
+    if gpu_iterations >= RELEASE_MIN_GPU_ITERATIONS:
+        release_freed()
+
+
+def releaser(gpu_iterations: int) -> Callable[[], None]:
+    """``release_freed_for`` of a run's size, as the callback the array build takes."""
+    return lambda: release_freed_for(gpu_iterations)
