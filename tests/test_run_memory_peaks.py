@@ -465,7 +465,8 @@ def test_training_lines_sorted_in_place_are_the_sorted_copy() -> None:
 
 
 def test_small_runs_skip_the_releases_between_their_steps(monkeypatch) -> None:
-    """``malloc_trim`` costs ~0.3 ms a call: 18 calls were ~3 % of a 10,000 × 8 run."""
+    """Releasing between the steps of 20 runs of 10,000 × 8 cost them ~0.6 s of system
+    time (BENCHMARKS.md): small runs skip it, large ones release."""
     from dsim.io import memory
 
     calls: list[int] = []

@@ -14,7 +14,7 @@ from typing import Any
 
 from dsim.errors import InputError
 from dsim.io.atomic import check_replaceable
-from dsim.io.memory import release_freed
+from dsim.io.memory import release_freed_for
 from dsim.io.names import check_run_name, run_path
 from dsim.model.consistency import clock_offsets, consistency, train_arrays
 from dsim.model.rankclocks import shift_ranks
@@ -55,7 +55,8 @@ def parse_and_write(
         kwargs["progress"] = progress
     try:
         parsed = get_source(fmt).parse(run, strict=strict, **kwargs)
-        release_freed()  # the parse's own buffers, before the checks' arrays are made
+        size = parsed.tables.train.num_rows
+        release_freed_for(size)  # the parse's own buffers, before the checks' arrays
         train = parsed.tables.train
         # both checks read the same arrays of the train table: made once (a shifted table's
         # are made again)
@@ -68,7 +69,7 @@ def parse_and_write(
         figures = consistency(tables.train, arrays)
         del arrays
         tables = replace(tables, info=tables.info.with_consistency(figures))
-        release_freed()  # the checks' arrays, before the Parquet writer's buffers
+        release_freed_for(size)  # the checks' arrays, before the Parquet writer's buffers
         info = write_run_info(tables, target, parsed.rejects)  # with the version written
     except MemoryError:
         # A run too large for this machine is a fact about the input, not a bug: one line

@@ -137,9 +137,11 @@ def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
     fetch = TableColumns.of(tables.fetch, "fetch")
     train = TableColumns.of(tables.train, "training")
     del tables
-    arrays = build_iteration_arrays(fetch, train, order="C", release=memory.release_freed)
+    size = train.num_rows
+    arrays = build_iteration_arrays(fetch, train, order="C", release=memory.releaser(size))
     del fetch, train
-    release_freed()  # the tables' memory, before the pipeline model's arrays are made
+    if memory.worth_releasing(size):
+        release_freed()  # the tables' memory, before the pipeline model's arrays are made
     if arrays.n_iterations == 0:
         raise InputError(f"run {name}: no iteration has every rank's fetch and train record")
     return replace(arrays, loader=logged_loader(info))

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 #: Runs of fewer GPU-iterations skip the releases between their steps
-#: (``release_freed_for``): ``malloc_trim`` walks the heap (about 0.3 ms a call on the
-#: 2-core VM) and a 10,000 × 8 run's 18 calls were ~3 % of its ``dsim run`` to hand back
-#: a few MB; from here up a step frees tens of MB (BENCHMARKS.md, "Memory and disk").
-RELEASE_MIN_GPU_ITERATIONS = 1 << 20
+#: (``release_freed_for``). A release hands pages back that the next step faults in
+#: again: on the 2-core VM, 20 runs of 10,000 × 8 spent 1.05 s of system time against
+#: 0.46 s without them, 2.78 s of wall time against 2.33 (medians of 6 interleaved
+#: pairs, BENCHMARKS.md), to keep a few MB off the peak. From 2^19 up (the memory
+#: benchmarks' 10^6 and 4×10^6 runs) a step frees tens of MB or more, and releases.
+RELEASE_MIN_GPU_ITERATIONS = 1 << 19
 
 
 def release_freed() -> None:
@@ -48,9 +50,14 @@ def _trim_c_heap() -> None:
 _MALLOC_TRIM = None
 
 
+def worth_releasing(gpu_iterations: int) -> bool:
+    """Whether a run of ``gpu_iterations`` frees enough between its steps to hand back."""
+    return gpu_iterations >= RELEASE_MIN_GPU_ITERATIONS
+
+
 def release_freed_for(gpu_iterations: int) -> None:
     """``release_freed`` between the steps of a run of ``gpu_iterations``, where it pays."""
-    if gpu_iterations >= RELEASE_MIN_GPU_ITERATIONS:
+    if worth_releasing(gpu_iterations):
         release_freed()
 
 

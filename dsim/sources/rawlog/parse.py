@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dsim.errors import InputError
-from dsim.io.memory import release_freed
+from dsim.io.memory import release_freed_for
 from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
@@ -300,7 +300,7 @@ def parse_run(
     train_table = _train_table(train, train_sort)
     del train_sort
     train = kept
-    release_freed()  # the records' memory, before the report's and the info's arrays
+    release_freed_for(train_table.num_rows)  # the records' memory, before the report's arrays
     if fetch_table.num_rows == 0 and train_table.num_rows == 0:
         raise InputError(
             f"no fetch or training records found ({_describe(counts, rejected)})",
