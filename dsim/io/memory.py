@@ -16,7 +16,7 @@ from collections.abc import Callable
 #: Runs of fewer GPU-iterations skip the releases between their steps
 #: (``release_freed_for``). A release hands pages back that the next step faults in
 #: again: on the 2-core VM, 20 runs of 10,000 × 8 spent 1.05 s of system time against
-#: 0.46 s without them, 2.78 s of wall time against 2.33 (medians of 6 interleaved
+#: 0.48 s without them, 2.78 s of wall time against 2.35 (medians of 6 interleaved
 #: pairs, BENCHMARKS.md), to keep a few MB off the peak. From 2^19 up (the memory
 #: benchmarks' 10^6 and 4×10^6 runs) a step frees tens of MB or more, and releases.
 RELEASE_MIN_GPU_ITERATIONS = 1 << 19
