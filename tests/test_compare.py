@@ -181,3 +181,19 @@ def test_api_compare_is_the_command_and_short_in_a_notebook(tmp_path: Path) -> N
     assert "<td>iteration time</td><td>3 s</td><td>2 s</td>" in html
     with pytest.raises(UsageError, match="holds 2 runs"):
         dsim.compare(old.parent, new)
+
+
+def test_a_side_of_several_runs_is_listed_by_directory(tmp_path: Path) -> None:
+    """A run and its pipeline variant read "holds 2 runs (r1, r1)", and the example
+    pointed at r1 whatever the directories were."""
+    from tracegen import write_synthetic
+
+    write_synthetic(tmp_path / "traces", "r1", iterations=30)
+    for extra in ([], ["--model", "pipeline"]):
+        proc = run_dsim_in_process("run", "r1", "--executor", "local", "-q", *extra, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    proc = run_dsim_in_process("compare", "results", "results/r1", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "BEFORE results holds 2 runs (r1, r1@pipeline); name one run directory, e.g. " in (
+        proc.stderr
+    )

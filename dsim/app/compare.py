@@ -21,8 +21,9 @@ def one_run(path: Path, side: str) -> ResultRun:
     """The one run a side names: a run directory, or a results directory holding one run."""
     runs = scan_results([path]).runs
     if len(runs) != 1:
-        names = ", ".join(r.name for r in runs[:5]) + (" …" if len(runs) > 5 else "")
-        example = f", e.g. {Path(path) / runs[0].name}" if runs else ""
+        # directory names: a run and its model variants (RUN, RUN@pipeline) share a name
+        names = ", ".join(r.directory.name for r in runs[:5]) + (" …" if len(runs) > 5 else "")
+        example = f", e.g. {runs[0].directory}" if runs else ""
         raise UsageError(
             f"{side} {path} holds {len(runs)} runs ({names}); name one run directory{example}"
         )

@@ -148,9 +148,11 @@ def reuse_inputs(name: str, run_dir: Path, config: SimConfig, force: bool) -> st
 
 
 def _sha256(path: Path) -> str | None:
+    """The file's hash; None where it is absent or cannot be read (a file the memo cannot
+    vouch for: the run takes the full way, whose reads say what is wrong with it)."""
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+    except OSError:
         return None
 
 

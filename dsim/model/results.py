@@ -226,11 +226,25 @@ def _stub_usable(path: Path, meta: Mapping[str, Any]) -> bool:
 
 
 def _stub_problem(path: Path) -> str:
+    """Why a stub's rows cannot be had, and what to do."""
     out, directory = _location(path)
+    for table in datasetfiles.TABLES:  # one that is there but cannot be read says so
+        held = datasetfiles.dataset_path(out, table, directory)
+        try:
+            with open(held, "rb"):
+                pass
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            return (
+                f"its rows are in the dataset file {held}, which cannot be read ({reason}): "
+                "check its permissions"
+            )
     where = datasetfiles.dataset_path(out, datasetfiles.ITERATIONS, directory)
     return (
         f"its rows are in the dataset files ({where.parent.parent}/*/{where.name}), "
-        "which are missing or were built from other replays"
+        f"which are missing or were built from other replays: {_RERUN}"
     )
 
 
@@ -259,13 +273,13 @@ def load_replay(
         columns = None if gpus else ["epoch", "iteration", *METRIC_COLUMNS]
         return parquetio.read_table(path, remedy=remedy, columns=columns), meta
     if not _stub_usable(path, meta):  # ``dsim run`` recomputes it
-        raise InputError(f"{_stub_problem(path)}: {_RERUN}", path)
+        raise InputError(_stub_problem(path), path)
     out, directory = _location(path)
     policy = (str(meta["fetch_align"]), str(meta["start_align"]))
     try:
         table = datasetfiles.read_policy(out, directory, policy, ranks, gpus=gpus, remedy=remedy)
     except FileNotFoundError:  # removed since ``holds`` looked
-        raise InputError(f"{_stub_problem(path)}: {_RERUN}", path) from None
+        raise InputError(_stub_problem(path), path) from None
     whole = replay_meta(meta)
     return table.replace_schema_metadata({"dsim": json.dumps(whole)}), whole
 
@@ -394,7 +408,7 @@ class ResultRun:
             meta = replay_metadata(schema, path)
             self._check(meta, policy, path)
             if is_stub(meta) and not _stub_usable(path, meta):
-                raise InputError(f"{_stub_problem(path)}: {_RERUN}", path)
+                raise InputError(_stub_problem(path), path)
 
     def read(self, policy: Policy, *, gpus: bool = True) -> pa.Table:
         """One listed replay, its page checksums and provenance checked: the same table

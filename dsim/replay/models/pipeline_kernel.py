@@ -57,6 +57,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from dsim.replay.models.jitcache import can_cache
+
+#: Compiled kernels kept on disk where numba can write (``jitcache``), else compiled anew.
+_CACHE = can_cache(__file__)
 ACTUAL, MIN, AVG, MAX = 0, 1, 2, 3
 _CODES = {"actual": ACTUAL, "min": MIN, "avg": AVG, "max": MAX}
 
@@ -125,7 +129,7 @@ def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
     return np.stack([bounds[:-1], bounds[1:]], axis=1)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _typical(samples, counts):  # pragma: no cover - compiled
     """The typical latency: the mean over every rank's samples, the same for all ranks.
 
@@ -153,7 +157,7 @@ BUSY_MIN_SAMPLES = 10
 BUSY_MIN_SE = 2.0
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _next_of_worker(worker, lo, hi, nxt, seen):  # pragma: no cover - compiled
     """Fill ``nxt[k, r]`` with the row of the same worker's next batch after row lo + k of
     the segment [lo, hi) (-1: none); ``seen`` is a scratch buffer of the worker slots."""
@@ -164,7 +168,7 @@ def _next_of_worker(worker, lo, hi, nxt, seen):  # pragma: no cover - compiled
             seen[worker[i, r]] = i
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _calibrate(
     segments,
     start,
@@ -327,7 +331,7 @@ def _calibrate(
     return lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _quantile_waits(
     wait, stall, start, fetch, arrival, busy, lo, hi, window, busy_sorted, idle_sorted
 ):  # pragma: no cover - compiled
@@ -392,7 +396,7 @@ def calibrate(
     )  # fmt: skip
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
     lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, use_busy,
