@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -342,13 +343,14 @@ def nothing_to_run(traces: Path, command: str) -> str:
     head = f"nothing to run: give{conf} run names (dsim {command} RUN)"
     if not names:
         return head
-    flag = "" if Path(traces) == DEFAULT_TRACES else f" --traces {traces}"
+    flag = "" if Path(traces) == DEFAULT_TRACES else f" --traces {shlex.quote(str(traces))}"
+    first = shlex.quote(names[0])  # the command as a shell takes it: a name may hold spaces
     if len(names) == 1:
-        return f"{head}; {traces} holds one parsed run: dsim {command}{flag} {names[0]}"
+        return f"{head}; {traces} holds one parsed run: dsim {command}{flag} {first}"
     listed = f"{head}; {traces} holds {len(names)} parsed runs ({_listing(names)})"
     if command == "run":  # its names may be globs (config FILE)
         return f"{listed}: dsim run{flag} '*' takes them all"
-    return f"{listed}: name one or more (dsim {command}{flag} {names[0]} …)"
+    return f"{listed}: name one or more (dsim {command}{flag} {first} …)"
 
 
 def available_runs(traces: Path) -> list[str]:

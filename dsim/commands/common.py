@@ -7,6 +7,7 @@ documented and typed here, so ``dsim run --json`` and ``dsim summarize
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -36,7 +37,7 @@ Full = Annotated[
 ]
 
 
-def finite_at_least(bound: float):
+def finite_at_least(bound: float) -> Callable[[float | None], float | None]:
     """A callback that takes a finite number ≥ ``bound`` (or no value).
 
     Why not the option's ``min=``: that range check says "should be ≥ 0" of
