@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     ``KeyboardInterrupt`` was turned into on its way up (``dsim.processes``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    _lenient_streams()
     try:
         # Inside the try: a signal may land while the second handler is being set, when
         # the first one already turns it into a KeyboardInterrupt.
@@ -308,6 +309,20 @@ def main(argv: list[str] | None = None) -> None:
             sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _lenient_streams() -> None:
+    """Where standard output or error cannot encode every character (``LC_ALL=C``,
+    ``PYTHONIOENCODING=ascii``), write what it can and a replacement for the rest.
+
+    Why: dsim prints ×, →, … and users' run names; in an ASCII locale the first of
+    them was an internal error (UnicodeEncodeError) after the results were written.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
+        if encoding not in ("utf-8", "utf8") and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
 
 
 def _main(argv: list[str]) -> tuple[object, int | None]:

@@ -95,3 +95,17 @@ def test_an_error_naming_a_path_with_a_line_break_stays_one_line(tmp_path: Path)
     assert proc.returncode == 3
     (line,) = proc.stderr.splitlines()
     assert line.startswith("dsim: error: ") and "nl\\ndir: no log files" in line, line
+
+
+def test_an_ascii_terminal_gets_replacements_not_an_internal_error(tmp_path: Path) -> None:
+    """``LC_ALL=C`` / ``PYTHONIOENCODING=ascii``: the first × of the headline (or the … of
+    ``--help``) was a UnicodeEncodeError, exit 1, after the results were written."""
+    from tracegen import write_synthetic
+
+    write_synthetic(tmp_path / "traces", "r1", iterations=30)
+    ascii_env = {"PYTHONIOENCODING": "ascii"}
+    proc = run_dsim("run", "r1", "--executor", "local", cwd=tmp_path, env=ascii_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "\\xd7" in proc.stdout and "internal error" not in proc.stderr  # × as \xd7
+    proc = run_dsim("run", "--help", cwd=tmp_path, env=ascii_env)
+    assert proc.returncode == 0, proc.stderr

@@ -53,6 +53,7 @@ def test_a_threshold_that_is_no_number_of_seconds_is_named() -> None:
         ("report", "--threshold", "-1", "-1 is below 0"),
         ("watch", "--interval", "nan", "nan is not a number"),
         ("watch", "--interval", "0.05", "0.05 is below 0.1"),
+        ("watch", "--interval", "1e10", "1e+10 is above 86400"),  # time.sleep overflowed
     ],
 )
 def test_the_cli_names_a_number_option_that_is_nan_or_infinite(

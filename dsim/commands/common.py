@@ -37,8 +37,10 @@ Full = Annotated[
 ]
 
 
-def finite_at_least(bound: float) -> Callable[[float | None], float | None]:
-    """A callback that takes a finite number ≥ ``bound`` (or no value).
+def finite_at_least(
+    bound: float, most: float | None = None
+) -> Callable[[float | None], float | None]:
+    """A callback that takes a finite number ≥ ``bound`` (and ≤ ``most``), or no value.
 
     Why not the option's ``min=``: that range check says "should be ≥ 0" of
     ``nan`` (it compares false with every bound), and lets ``inf`` through to
@@ -54,6 +56,8 @@ def finite_at_least(bound: float) -> Callable[[float | None], float | None]:
             raise typer.BadParameter(f"{value} is not a finite number")
         if value < bound:
             raise typer.BadParameter(f"{value:g} is below {bound:g}")
+        if most is not None and value > most:
+            raise typer.BadParameter(f"{value:g} is above {most:g}")
         return value
 
     return check

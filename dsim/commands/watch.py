@@ -15,6 +15,9 @@ import typer
 
 from dsim.commands.common import finite_at_least
 
+#: A day: ``time.sleep`` of ~1e10 s overflowed (an internal error), and no one waits longer.
+WATCH_MAX_INTERVAL_S = 86_400.0
+
 HELP = """Follow a running job's raw logs and show its last window of iterations, live.
 
 Reads LOGDIR's logs as the job writes them (read-only, no locks: the job
@@ -48,7 +51,9 @@ def command(
     interval: Annotated[
         float,
         typer.Option(
-            "--interval", callback=finite_at_least(0.1), help="Seconds between refreshes."
+            "--interval",
+            callback=finite_at_least(0.1, WATCH_MAX_INTERVAL_S),
+            help="Seconds between refreshes.",
         ),
     ] = 2.0,
     warmup: Annotated[
