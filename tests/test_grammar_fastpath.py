@@ -321,11 +321,13 @@ def test_impossible_loader_settings_are_rejected_not_taken_as_measured() -> None
         "2021-09-01 19:48:54.841 GPU: 1 LOADER num_workers {w} prefetch_factor {p} batch_size {b}"
         " persistent_workers 0 pin_memory 1"
     )
-    for (w, p, b), fast in itertools.product(((2, 0, 8), (1, 2, 0), (0, "none", 0)), (1, 0)):
+    # and settings no node runs: 999999 workers calibrated the model with that many
+    impossible = ((2, 0, 8), (1, 2, 0), (0, "none", 0), (999999, 2, 8), (2, 1025, 8))
+    for (w, p, b), fast in itertools.product(impossible, (1, 0)):
         records, rejects = _parse(_block([line.format(w=w, p=p, b=b)], "\n"), fast=bool(fast))
         assert rejects.column("reason").to_pylist() == [grammar.IMPOSSIBLE_LOADER], (w, p, b)
         assert records.loader == []
-    for w, p, b in ((0, "none", 8), (0, 2, 8), (2, 1, "none")):  # 0 workers, old PyTorch: 2
+    for w, p, b in ((0, "none", 8), (0, 2, 8), (2, 1, "none"), (1024, 1024, 8)):  # 0: 2
         records, rejects = _parse(_block([line.format(w=w, p=p, b=b)], "\n"), fast=True)
         assert rejects.num_rows == 0 and len(records.loader) == 1, (w, p, b)
 

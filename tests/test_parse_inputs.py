@@ -307,3 +307,25 @@ def test_loader_lines_that_count_fewer_workers_than_the_fetch_lines_show_are_war
     else:
         assert "fetch_workers" not in parsed.tables.info.loader
         assert (settings.workers, settings.source) == (logged, "log")
+
+
+@pytest.mark.parametrize(
+    ("loader", "said"),
+    [
+        ({"num_workers": 2, "prefetch_factor": 0}, "loader prefetch_factor 0 is not an integer"),
+        ({"num_workers": -1, "prefetch_factor": 2}, "loader num_workers -1 is not an integer"),
+        ({"num_workers": 100000}, "loader num_workers 100000 is not an integer from 0 to 1024"),
+        ({"num_workers": 2, "cores": "many"}, "loader cores 'many' is not an integer"),
+    ],
+)
+def test_a_run_json_whose_loader_no_dataloader_runs_with_is_refused(tmp_path, loader, said):
+    """An edited run.json with prefetch_factor 0 gave a 300-digit speed-up and exit 0."""
+    from tracegen import write_synthetic
+
+    run_dir = write_synthetic(tmp_path / "traces", "r1", iterations=30)
+    info = json.loads((run_dir / "run.json").read_text())
+    info["loader"] = loader
+    (run_dir / "run.json").write_text(json.dumps(info))
+    proc = run_dsim_in_process("run", "r1", "--model", "pipeline", "-q", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().startswith(f"dsim: error: {Path('traces/r1/run.json')}: {said}")

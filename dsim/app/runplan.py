@@ -26,7 +26,7 @@ from dsim.io.memory import releaser
 from dsim.model.datasetfiles import intact
 from dsim.model.resultinfo import Selection
 from dsim.model.results import ResultInfo, read_replay_key, replay_path
-from dsim.model.runinfo import RunInfo
+from dsim.model.runinfo import LOADER_SETTING_LIMIT, RUN_FILE, RunInfo
 from dsim.model.tables import FETCH_FILE, RunTables, read_run
 from dsim.replay.arrays import (
     MISSING_BOTH,
@@ -87,11 +87,40 @@ def replay_params(config: SimConfig) -> ReplayParams:
     )
 
 
-def logged_loader(info: RunInfo) -> LoaderSettings | None:
-    """The loader settings a run's ``run.json`` recorded from its loader lines, if any."""
+#: (key, least value) of the loader settings ``run.json`` may hold; each at most
+#: ``LOADER_SETTING_LIMIT``, as parse takes them from the loader lines (SPEC §1.2).
+_LOADER_KEYS = (
+    ("num_workers", 0),
+    ("fetch_workers", 0),
+    ("prefetch_factor", 1),
+    ("cores", 1),
+    ("local_world_size", 1),
+)
+
+
+def logged_loader(info: RunInfo, where: Path | None = None) -> LoaderSettings | None:
+    """The loader settings a run's ``run.json`` recorded from its loader lines, if any.
+
+    Checked as parse checks the loader lines: a ``run.json`` edited to hold
+    ``prefetch_factor 0`` or ``num_workers -1`` gave a headline of a 300-digit speed-up
+    and exit 0. ``where``: the ``run.json`` to name (exit 3)."""
     loader = info.loader
     if not isinstance(loader, dict) or loader.get("num_workers") is None:
         return None
+    for key, least in _LOADER_KEYS:
+        value = loader.get(key)
+        if value is None:
+            continue
+        most = LOADER_SETTING_LIMIT if key in ("num_workers", "fetch_workers") else None
+        most = LOADER_SETTING_LIMIT if key == "prefetch_factor" else most
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < least
+            or (most is not None and value > most)
+        ):
+            bound = f"from {least} to {most}" if most is not None else f"of at least {least}"
+            raise InputError(f"loader {key} {value!r} is not an integer {bound}", where)
     workers = int(loader["num_workers"])
     # parse records the fetch lines' count where it contradicts the loader lines' (SPEC §1.2)
     seen = loader.get("fetch_workers")
@@ -230,7 +259,7 @@ def plan_run(
             raise InputError(
                 _nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir
             )
-        arrays = replace(arrays, loader=logged_loader(tables.info))
+        arrays = replace(arrays, loader=logged_loader(tables.info, run_dir / RUN_FILE))
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
     epochs, _ = selected_iterations(arrays.epoch, arrays.iteration, config.epochs, warmup, name)
     fingerprint = snapshot_fingerprint(tables, run_dir)  # of the very bytes replayed

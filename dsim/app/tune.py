@@ -24,6 +24,7 @@ from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
 from dsim.io.memory import release_freed
+from dsim.model.runinfo import RUN_FILE
 from dsim.model.tables import read_run
 from dsim.replay.arrays import IterationArrays, TableColumns, build_iteration_arrays
 from dsim.replay.models import get_model
@@ -144,7 +145,7 @@ def fetch_arrays(run_dir: Path, name: str) -> IterationArrays:
         release_freed()  # the tables' memory, before the pipeline model's arrays are made
     if arrays.n_iterations == 0:
         raise InputError(f"run {name}: no iteration has every rank's fetch and train record")
-    return replace(arrays, loader=logged_loader(info))
+    return replace(arrays, loader=logged_loader(info, run_dir / RUN_FILE))
 
 
 def _best_alignment(model: Any, prepared: Any, mask: np.ndarray, base: ReplayParams) -> tuple:

@@ -31,6 +31,10 @@ from dsim.io.atomic import write_json
 
 FORMAT_VERSION = 1
 RUN_FILE = "run.json"
+#: The most DataLoader workers or prefetch a loader line (and so ``run.json``'s
+#: ``loader``) may say: more worker processes than any node runs (a line saying 999999
+#: calibrated the pipeline model with that many, its fetch lines showing 2).
+LOADER_SETTING_LIMIT = 1024
 #: Largest ``run.json``/``result.json`` read to tell whether a directory is dsim's.
 _MAX_DOCUMENT = 64 * 1024 * 1024
 

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from dsim.model import runinfo
+
 MAX_DURATION_S = 86_400.0  # one day: no fetch or iteration of a real run lasts longer
 STALL_SLACK_S = 1e-3  # printed Time and Data are rounded separately
 #: Ranks are below 2**20 (1,048,576): far above any DDP job, and every rank fits int32.
 RANK_LIMIT = 1 << 20
+#: A loader line's num_workers and prefetch_factor are at most this (``run.json``'s rule).
+LOADER_SETTING_LIMIT = runinfo.LOADER_SETTING_LIMIT
 BAD_RANK = f"GPU rank out of range (not 0 to {RANK_LIMIT - 1:,})"
 
 

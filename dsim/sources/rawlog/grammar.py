@@ -100,7 +100,10 @@ LOADER_MARK = " LOADER "
 MALFORMED_FETCH = "malformed fetch line"
 MALFORMED_TRAIN = "malformed training line"
 MALFORMED_LOADER = "malformed loader line"
-IMPOSSIBLE_LOADER = "impossible loader settings (prefetch_factor 0 with workers, or batch_size 0)"
+IMPOSSIBLE_LOADER = (
+    "impossible loader settings (prefetch_factor 0 with workers, batch_size 0, or "
+    f"num_workers or prefetch_factor above {bounds.LOADER_SETTING_LIMIT})"
+)
 TRUNCATED = "truncated last line (no line end)"
 BINARY = "binary data (not UTF-8 text)"
 BAD_TIMESTAMP = "invalid timestamp"
@@ -434,10 +437,12 @@ def _loader_records(
 
 
 def _impossible(record: dict[str, int | None]) -> bool:
-    """Settings PyTorch's DataLoader refuses: workers with a prefetch_factor of 0, a
-    batch_size of 0."""
+    """Settings PyTorch's DataLoader refuses (workers with a prefetch_factor of 0, a
+    batch_size of 0), or more workers or prefetch than any node runs."""
     workers, prefetch = record["num_workers"], record["prefetch_factor"]
-    return bool(workers and prefetch == 0) or record["batch_size"] == 0
+    limit = bounds.LOADER_SETTING_LIMIT
+    too_many = (workers or 0) > limit or (prefetch or 0) > limit
+    return bool(workers and prefetch == 0) or record["batch_size"] == 0 or too_many
 
 
 def _np(mask: pa.Array) -> np.ndarray:
