@@ -24,6 +24,7 @@ from dsim.sources.kineto import (
     LOADER_CROSSES,
     NO_DUR,
     NO_LOADER,
+    OUT_OF_TIME,
     OVERLAPPING_LOADER,
     OVERLAPPING_STEP,
     REPEATED_STEP,
@@ -32,6 +33,7 @@ from dsim.sources.kineto import (
     read_profiled_run,
     read_trace,
 )
+from dsim.sources.rawlog.bounds import over_max
 from dsim.sources.rawlog.discover import discover_runs
 from dsim.sources.rawlog.parse import parse_run
 
@@ -276,3 +278,26 @@ def test_a_profiled_ddp_job_makes_traces_dsim_reads(tmp_path):
     run = read_profiled_run([tmp_path / "p"])
     assert run.rejects.num_rows == 0
     assert sorted(run.train["iteration"].to_pylist()) == sorted(list(range(3, 9)) * 2)
+
+
+def test_steps_too_long_or_at_no_time_the_tables_hold_are_rejected(tmp_path):
+    """A ``ts`` of 1e20 µs wrapped to 1734 in the int64 start column, and a ``dur`` of
+    1e15 µs (31 years) passed any ``--max-duration``: both parsed with exit 0."""
+    events = _steps(1, 4)
+    events += _step(5, 1e20)  # a time past 2262
+    events += _step(6, 1e9 + 6 * 20_000, dur=2e6, wait=1_000)  # 2 s: above a 1 s bound
+    path = _write(tmp_path / "rank0.pt.trace.json", events)
+    _write(tmp_path / "rank1.pt.trace.json", _steps(1, 6), rank=1)
+    run = read_profiled_run([tmp_path], max_duration=1.0)
+    too_long = over_max("profiler step dur", 1.0)
+    assert run.report["skipped"] == {OUT_OF_TIME: 1, too_long: 1}
+    rows = {r["reason"]: r["name"] for r in run.rejects.to_pylist() if r["file"] == str(path)}
+    assert rows == {OUT_OF_TIME: "ProfilerStep#5", too_long: "ProfilerStep#6"}
+    assert read_profiled_run([tmp_path]).report["skipped"] == {OUT_OF_TIME: 1}  # one day
+    # every step rejected: no run (exit 3), as a raw log with no record left
+    _write(tmp_path / "rank0.pt.trace.json", _step(1, 1e20))
+    _write(tmp_path / "rank1.pt.trace.json", _step(1, 1e20), rank=1)
+    proc = run_dsim("parse", tmp_path, "--out", tmp_path / "out")
+    assert proc.returncode == 3
+    assert "no profiler step left to replay, every one rejected" in proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and not (tmp_path / "out").exists()

@@ -49,7 +49,7 @@ from dsim.io import compression
 from dsim.model.tables import TRAIN_SCHEMA
 from dsim.sources import jsonbounds
 from dsim.sources.jsonbounds import BoundedReader, JsonBoundError
-from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
+from dsim.sources.rawlog.bounds import BAD_RANK, MAX_DURATION_S, over_max, rank_ok
 from dsim.sources.rawlog.discover import rank_from_file_name
 
 STEP_PREFIX = "ProfilerStep#"
@@ -72,6 +72,9 @@ LOADER_CROSSES = "DataLoader span crosses the end of its step"
 OVERLAPPING_LOADER = "overlapping DataLoader spans in one step"
 # Whole-file error: a trace without steps has no iterations to replay (a profiler run
 # without a schedule, or a trace of something else than a training loop).
+OUT_OF_TIME = "profiler step's time outside 1970-2261 (ts or baseTimeNanoseconds)"
+#: The latest time the tables hold: int64 nanoseconds since 1970 end in April 2262.
+_LAST_NS = float(np.iinfo(np.int64).max) - 1e12
 NO_STEPS = "no ProfilerStep#N spans: not a trace of a profiled training loop (prof.step())"
 
 REJECT_SCHEMA = pa.schema(
@@ -344,7 +347,7 @@ class _Steps:
     loader_outside: int
 
 
-def _rank_steps(trace: RankTrace) -> _Steps:
+def _rank_steps(trace: RankTrace, max_duration: float = MAX_DURATION_S) -> _Steps:
     """Apply the rules across one rank's spans (order: repeats, overlaps, DataLoader spans).
 
     Rejected steps go to ``trace.rejects``.
@@ -397,13 +400,24 @@ def _rank_steps(trace: RankTrace) -> _Steps:
         stall[j] += lo["dur"][k]
         count[j] += 1
         arrival[j] = span_end
+    # a step longer than --max-duration, or at a time the tables cannot hold (a ts of
+    # 1e20 µs wrapped to 1734; a dur of 1e15 µs passed any --max-duration), as raw logs
+    base = trace.base_ns or 0
+    spanned = count > 0
+    too_long = spanned & (s["dur"][rows] / 1e6 > max_duration)
+    with np.errstate(invalid="ignore"):
+        when = base + arrival * 1000.0  # ns since 1970, as a float: no wrap
+        outside = spanned & ~too_long & ~((when >= 0) & (when <= _LAST_NS))
+    for j in np.flatnonzero(too_long):
+        bad.setdefault(int(j), over_max("profiler step dur", max_duration))
+    for j in np.flatnonzero(outside):
+        bad.setdefault(int(j), OUT_OF_TIME)
     for j in range(len(rows)):
         reason = bad.get(j, NO_LOADER if count[j] == 0 else None)
         if reason is not None:
             row = rows[j]
             reject.append((int(s["event"][row]), reason, f"{STEP_PREFIX}{s['step'][row]}"))
     good = np.array([j not in bad and count[j] > 0 for j in range(len(rows))], dtype=bool)
-    base = trace.base_ns or 0
     arrival_ns = base + np.round(arrival[good] * 1000).astype(np.int64)
     return _Steps(
         step=s["step"][rows][good],
@@ -415,8 +429,9 @@ def _rank_steps(trace: RankTrace) -> _Steps:
     )
 
 
-def build_train(traces: Iterable[RankTrace]) -> ProfiledRun:
-    """The train table of a profiled run from its ranks' traces (one per rank)."""
+def build_train(traces: Iterable[RankTrace], max_duration: float = MAX_DURATION_S) -> ProfiledRun:
+    """The train table of a profiled run from its ranks' traces (one per rank); steps
+    longer than ``max_duration`` seconds are rejected (``--max-duration``)."""
     traces = sorted(traces, key=lambda t: t.rank)
     seen: dict[int, Path] = {}
     for t in traces:
@@ -425,7 +440,7 @@ def build_train(traces: Iterable[RankTrace]) -> ProfiledRun:
                 f"rank {t.rank} also comes from {seen[t.rank]}: one trace per rank", t.path
             )
         seen[t.rank] = t.path
-    parts = {t.rank: _rank_steps(t) for t in traces}
+    parts = {t.rank: _rank_steps(t, max_duration) for t in traces}
     warnings: list[str] = []
     for t in traces:
         if t.rank_from != "distributedInfo":
@@ -505,7 +520,7 @@ def _rejects_table(traces: list[RankTrace]) -> pa.Table:
     )
 
 
-def read_profiled_run(paths: Iterable[Path]) -> ProfiledRun:
+def read_profiled_run(paths: Iterable[Path], max_duration: float = MAX_DURATION_S) -> ProfiledRun:
     """Read the per-rank trace files of one run (a directory is searched with ``find_traces``)."""
     files: list[Path] = []
     for path in paths:
@@ -513,7 +528,7 @@ def read_profiled_run(paths: Iterable[Path]) -> ProfiledRun:
         files += find_traces(path) if path.is_dir() else [path]
     if not files:
         raise InputError("no profiler traces (*.pt.trace.json[.gz], *.json with traceEvents)")
-    return build_train(read_trace(p) for p in files)
+    return build_train((read_trace(p) for p in files), max_duration)
 
 
 __all__ = [

@@ -76,12 +76,19 @@ class KinetoSource(Source):
     ) -> ParsedRun:
         from dsim.sources.kineto import read_profiled_run
 
-        profiled = read_profiled_run(run.files)
+        profiled = read_profiled_run(run.files, **_duration(limits))
         rejects = _as_line_rejects(profiled.rejects)
         if strict and rejects.num_rows:
             first = rejects.slice(0, 1).to_pylist()[0]
             raise InputError(f"event {first['line']}: {first['reason']}", Path(first["file"]))
         train = profiled.train
+        if train.num_rows == 0:  # as the raw-log reader: a run of nothing is no run
+            skipped = profiled.report.get("skipped") or {}
+            reasons = "; ".join(f"{reason}: {n}" for reason, n in skipped.items())
+            raise InputError(
+                f"no profiler step left to replay, every one rejected ({reasons})",
+                run.files[0] if len(run.files) == 1 else run.files[0].parent,
+            )
         gpu_ids = sorted({int(g) for g in train["gpu"].to_pylist()})
         iterations = len(set(train["iteration"].to_pylist()))
         info = RunInfo(
@@ -110,3 +117,9 @@ def _as_line_rejects(rejects: pa.Table) -> pa.Table:
             "text": rejects["name"],
         }
     )
+
+
+def _duration(limits: dict[str, Any]) -> dict[str, float]:
+    """``--max-duration`` for the profiler reader (the raw-log reader's other limits are
+    about lines, which a trace has none of)."""
+    return {"max_duration": limits["max_duration"]} if "max_duration" in limits else {}
