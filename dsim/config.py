@@ -32,7 +32,7 @@ from dsim.io.names import RULE as NAME_RULE
 from dsim.io.names import name_problem
 from dsim.model.runinfo import RUN_FILE, RunInfo, json_problem
 from dsim.model.selection import resolve_epochs
-from dsim.model.tables import read_info
+from dsim.model.tables import TRAIN_FILE, read_info
 from dsim.replay.models import DEFAULT_MODEL, MODELS
 from dsim.replay.params import (
     DEFAULT_STALL_FLOOR_S,
@@ -369,6 +369,22 @@ def _under(pattern: str, traces: Path) -> str | None:
     return path.name if path.name and _same_directory(path.parent, traces) else None
 
 
+def _inside_a_parsed_run(out: Path) -> Path | None:
+    """The parsed run directory (``run.json`` beside its training table) that ``out`` is
+    or lies in."""
+    try:
+        here = out.resolve()
+    except (OSError, RuntimeError):
+        return None
+    for directory in (here, *here.parents):
+        try:
+            if (directory / RUN_FILE).is_file() and (directory / TRAIN_FILE).is_file():
+                return directory
+        except OSError:
+            return None
+    return None
+
+
 def _same_directory(path: Path, traces: Path) -> bool:
     try:
         return path.resolve() == traces.resolve()
@@ -662,6 +678,13 @@ def validate_config(
         problems.add(
             f"the results directory {paths['out']} is the traces directory: "
             "choose another --out (results/ by default)"
+        )
+    elif (inside := _inside_a_parsed_run(paths["out"])) is not None:
+        # the next `dsim parse` of that run replaces its directory, results and all
+        problems.add(
+            f"the results directory {paths['out']} is inside the parsed run {inside}, "
+            "which the next `dsim parse` of it replaces whole: choose another --out "
+            "(results/ by default)"
         )
 
     if overrides.epochs is not None:

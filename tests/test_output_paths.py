@@ -126,6 +126,12 @@ def test_results_in_the_traces_directory_are_refused_and_never_replaced(tmp_path
     proc = run_dsim("run", "run1", "--traces", traces, "--out", traces, "--executor", "local")
     assert proc.returncode == 2 and "is the traces directory" in proc.stderr, proc.stderr
     assert not (traces / "run1" / "result.json").exists()
+    for inside in (traces / "run1", traces / "run1" / "deeper"):
+        # results inside a parsed run: the next parse of it replaced them, with exit 0
+        proc = run_dsim_in_process("run", "run1", "--traces", traces, "--out", inside)
+        assert proc.returncode == 2, proc.stderr
+        assert f"is inside the parsed run {traces.resolve() / 'run1'}" in proc.stderr
+        assert not inside.exists() or not (inside / "summary.parquet").exists()
     (traces / "run1" / "result.json").write_text("{}")  # as an older dsim left it
     before = _tree(tmp_path)
     with pytest.raises(OutputError, match=r"holds dsim results \(result.json\)"):
