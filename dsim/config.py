@@ -457,7 +457,9 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
             if not pattern:
                 elsewhere.append(given)
                 continue
-        if any(ch in pattern for ch in "*?["):
+        if pattern in available:  # a run named a[1] or a*b is itself, not a glob
+            matches = [pattern]
+        elif any(ch in pattern for ch in "*?["):
             matches = fnmatch.filter(available, pattern)
         else:
             problem = name_problem(pattern)  # a run name is one directory name (§1.1)

@@ -66,7 +66,13 @@ def select_runs(runs: list[ResultRun], globs: list[str] | None) -> list[ResultRu
     """Runs whose name matches any ``--run`` glob (all runs without one)."""
     if not globs:
         return runs
-    chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, g) for g in globs)]
+    names = {r.name for r in runs}
+    # a glob naming a run exactly is that run (a run named a[1] or a*b), else a glob
+    exact = [g for g in globs if g in names]
+    patterns = [g for g in globs if g not in names]
+    chosen = [
+        r for r in runs if r.name in exact or any(fnmatch.fnmatchcase(r.name, g) for g in patterns)
+    ]
     if not chosen:
         names = ", ".join(r.name for r in runs[:10]) + (" …" if len(runs) > 10 else "")
         raise UsageError(f"--run {' '.join(globs)} matches no run; runs found: {names}")

@@ -389,3 +389,20 @@ def test_a_traces_path_that_is_a_file_is_named_as_one(workdir: Path) -> None:
     (workdir / "afile").write_text("x")
     message = _error(_write(workdir / "c.json", {"FILE": RUN, "traces": "afile"}))
     assert f"traces directory {workdir / 'afile'} is a file" in message
+
+
+def test_a_run_named_like_a_glob_is_that_run(tmp_path: Path) -> None:
+    """`a[1]` matched nothing ("did you mean a[1]?"), and `a*b` replayed a*b, a:b and a?b."""
+    from types import SimpleNamespace
+
+    from dsim.options import select_runs
+
+    for name in ("a[1]", "a*b", "a:b", "a?b"):
+        write_synthetic(tmp_path / "traces", name, iterations=12)
+    for given, runs in (("a[1]", ("a[1]",)), ("a*b", ("a*b",)), ("a?b", ("a?b",)),
+                        ("a[:?]b", ("a:b", "a?b"))):  # fmt: skip
+        config = load_config(None, Overrides(runs=(given,), traces=tmp_path / "traces"))
+        assert config.runs == runs, given
+    results = [SimpleNamespace(name=n) for n in ("a*b", "a:b", "a?b", "a[1]")]
+    assert [r.name for r in select_runs(results, ["a*b"])] == ["a*b"]
+    assert [r.name for r in select_runs(results, ["a*"])] == ["a*b", "a:b", "a?b", "a[1]"]
