@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +20,13 @@ from dsim.analysis.model_error import (
     LOADER_WHATIF_ERROR,
 )
 from dsim.analysis.summary import add_what_if
-from dsim.analysis.verdict import format_duration, format_pair, run_verdicts, verdict
+from dsim.analysis.verdict import (
+    format_duration,
+    format_pair,
+    original_line,
+    run_verdicts,
+    verdict,
+)
 
 TRACE = {"gpus": 4, "declared_iterations_per_epoch": {"0": 900, "1": 851}}
 
@@ -224,6 +231,30 @@ def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
     assert only_loader.text.startswith(
         "Running with 8 DataLoader workers and prefetch 4 would make iterations 1.50× faster"
     )
+
+
+def test_a_loader_what_if_that_is_slower_says_so() -> None:
+    """0 workers doubling the iteration time read "saves < 1 % ... (0.55 → 1.08 s)"."""
+    pipeline = {"replay_model": "pipeline", "loader_prefetch_factor": 2}
+    measured = {**row(*MEASURED), **pipeline, "loader_changed": False, "loader_workers": 2,
+                "results": "out/r@pipeline"}  # fmt: skip
+    changed = {**pipeline, "loader_changed": True, "loader_workers": 0,
+               "loader_prefetch_factor": 2, "results": "out/r@pipeline-w0-p2"}  # fmt: skip
+    specs = (("actual", "actual", 6.0, 5.0, 20.0), ("min", "actual", 5.5, 4.5, 1.0))
+    table = add_what_if(pd.DataFrame([measured, *({**row(*x), **changed} for x in specs)]))
+    v = verdict(table[table["loader_changed"]].to_dict("records"), model="pipeline")
+    assert v.text.startswith(
+        "Running with 0 DataLoader workers and prefetch 2 would make iterations slower even "
+        "with the best policy (min/actual: 3.00 → 5.50 s, 0.55×)"
+    ), v.text
+    assert "saves < 1 %" not in v.text
+
+
+def test_the_original_line_states_no_ratio_of_iterations_of_no_length() -> None:
+    """Iterations of zero length printed "best actual/actual: inf×"."""
+    v = verdict(rows(("actual", "actual", 0.0, 0.0, 0.0), ("min", "min", 0.0, 0.0, 0.0)))
+    line = original_line(replace(v, speedup=math.inf, helps=False))
+    assert "inf" not in line and "no speed-up it can state" in line
 
 
 IMPLIED = {"measured": {"workers": 4, "prefetch_factor": 2, "source": "implied"}}

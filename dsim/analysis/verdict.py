@@ -399,6 +399,12 @@ def verdict(
             )
         else:
             text += f"; {format_duration(base_iter - after_iter)} saved per iteration{where}."
+    elif loader is not None and after_iter > base_iter * 1.01:  # not "saves < 1 %"
+        text = (
+            f"Running {loader} would make iterations slower even with the best policy "
+            f"({policy[0]}/{policy[1]}: {format_pair(base_iter, after_iter)}, "
+            f"{base_iter / after_iter:.2f}×); effective delay {_pct(base_eff)} of iterations."
+        )
     elif loader is not None:
         text = (
             f"Running {loader} saves < 1 % of the iteration time even with the best policy "
@@ -648,7 +654,9 @@ def _measured_of(candidate: Mapping[str, Any], what_if: Mapping[str, Any]) -> bo
 def original_line(v: Verdict) -> str:
     """The per-iteration verdict in one line, under the more accurate model's headline."""
     policy = f"{v.best_fetch_align}/{v.best_start_align}"
-    if v.helps:
+    if not math.isfinite(v.speedup):  # iterations of zero length: no ratio to state
+        said = f"no speed-up it can state (best {policy}: iterations of no length)"
+    elif v.helps:
         said = f"{v.speedup:.2f}× ({policy})"
     else:
         said = f"no policy saves ≥ 1 % (best {policy}: {v.speedup:.2f}×)"
