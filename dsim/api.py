@@ -308,6 +308,18 @@ def load_results(
     return Results.of(answer)
 
 
+def _count_text(value: object) -> str:
+    """A grid value as the CLI's text: an integer (``4``, ``np.int64(4)``, ``4.0``) as
+    itself, anything else as given, for ``parse_counts`` to refuse by name."""
+    if isinstance(value, bool):
+        return repr(value)
+    try:
+        whole = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return str(value)
+    return str(whole) if whole == value else str(value)
+
+
 def tune(
     trace: Trace | PathLike,
     *,
@@ -334,7 +346,8 @@ def tune(
     def grid(values: Sequence[int] | str | None, option: str, lowest: int) -> tuple[int, ...]:
         if values is None:
             return ()
-        text = values if isinstance(values, str) else ",".join(str(int(v)) for v in values)
+        # each value as it was given: int() made workers=[2.9] num_workers=2 silently
+        text = values if isinstance(values, str) else ",".join(_count_text(v) for v in values)
         if not text.strip():
             raise UsageError(f"{option}: an empty grid (give values, 1 to {MAX_SETTING})")
         return parse_counts(text, option, lowest)

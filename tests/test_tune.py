@@ -106,6 +106,18 @@ def test_few_iterations_get_a_caveat(traces):
     assert any("read the interval" in c for c in result.caveats)
 
 
+def test_the_api_refuses_a_grid_value_that_is_no_whole_number(traces):
+    """``dsim.tune(workers=[2.9], prefetch=[1.9])`` recommended 2 workers, prefetch 1."""
+    run = traces["compute"]
+    for workers, prefetch, said in (([2.9], [2], "'2.9' is not a number"),
+                                    ([2], [1.9], "'1.9' is not a number"),
+                                    ([True], [2], "'True' is not a number")):  # fmt: skip
+        with pytest.raises(UsageError, match=said):
+            dsim.tune(run, workers=workers, prefetch=prefetch, out=None, quiet=True)
+    whole = dsim.tune(run, workers=[2.0], prefetch=[np.int64(2)], out=None, quiet=True)
+    assert (whole.loader_only.point.workers, whole.loader_only.point.prefetch) == (2, 2)
+
+
 def test_grid_parsing():
     assert parse_counts("1,2,4", "--workers", 0) == (1, 2, 4)
     assert parse_counts("4-6, 1", "--workers", 0) == (1, 4, 5, 6)
