@@ -41,7 +41,15 @@ from dsim.replay.params import (
     STALL_FLOOR_RANGE_S,
     STALL_GROW_MIN_RANGE_S,
 )
-from dsim.replay.policies import BASELINE, DEFAULT, Policy, normalize_policy, policy_pairs
+from dsim.replay.policies import (
+    ACTUAL,
+    BASELINE,
+    DEFAULT,
+    Policy,
+    is_stall_alignment,
+    normalize_policy,
+    policy_pairs,
+)
 from dsim.words import counted
 
 DEFAULT_TRACES = Path("traces")
@@ -317,7 +325,17 @@ def _policies(raw: dict[str, Any], problems: _Problems) -> list[Policy]:
             except UsageError as exc:
                 problems.add(f"{key}: {exc}")
         sides.append(good)
-    pairs = policy_pairs(sides[0], sides[1])
+    try:
+        pairs = policy_pairs(sides[0], sides[1])
+    except UsageError as exc:  # a side's alignment on the other side: said as the config's
+        problems.add(f"FETCH_ALIGN/START_ALIGN: {exc}")
+        return []
+    stall = [name for name in sides[0] if is_stall_alignment(name)]
+    if stall and ACTUAL not in sides[1]:  # it pairs with start actual only: never replayed
+        problems.add(
+            f"FETCH_ALIGN {stall[0]} replaces stalls and pairs only with start actual, which "
+            "START_ALIGN does not list: add false (actual) to START_ALIGN"
+        )
     return list(dict.fromkeys([*pairs, BASELINE])) if pairs else []
 
 

@@ -406,3 +406,21 @@ def test_a_run_named_like_a_glob_is_that_run(tmp_path: Path) -> None:
     results = [SimpleNamespace(name=n) for n in ("a*b", "a:b", "a?b", "a[1]")]
     assert [r.name for r in select_runs(results, ["a*b"])] == ["a*b"]
     assert [r.name for r in select_runs(results, ["a*"])] == ["a*b", "a:b", "a?b", "a[1]"]
+
+
+@pytest.mark.parametrize(
+    ("sides", "said"),
+    [
+        ({"START_ALIGN": ["stall-min"]}, "FETCH_ALIGN/START_ALIGN: stall-min is a stall alignment"),
+        ({"FETCH_ALIGN": ["stall-min"], "START_ALIGN": ["avg"]},
+         "FETCH_ALIGN stall-min replaces stalls and pairs only with start actual"),
+    ],
+)  # fmt: skip
+def test_a_policy_the_config_cannot_replay_names_the_config(workdir: Path, sides, said) -> None:
+    """These read "stall-min is a stall alignment ..." without the file, and "no replay
+    matches the selected runs and policies" (the stall alignment dropped without a word)."""
+    path = workdir / "c.json"
+    path.write_text(json.dumps({"FILE": RUN, **sides}), encoding="utf-8")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"invalid config {path}: 1 problem: {said}")
