@@ -329,3 +329,28 @@ def test_a_run_json_whose_loader_no_dataloader_runs_with_is_refused(tmp_path, lo
     proc = run_dsim_in_process("run", "r1", "--model", "pipeline", "-q", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip().startswith(f"dsim: error: {Path('traces/r1/run.json')}: {said}")
+
+
+def test_training_lines_that_are_all_rejected_are_not_blamed_on_the_instrumentation(tmp_path):
+    """Every training line rejected (an iteration count of 10 digits) read "no training
+    lines (did you wrap your loop with dsim.instrument.TrainingTimer.iterate?)"."""
+    import re
+
+    lines = [re.sub(r"\]\[( *\d+)/\d+\]", r"][\1/9999999999]", x) for x in one_epoch(iters=6)]
+    (tmp_path / "logs").mkdir()
+    run = run_of(tmp_path / "logs", {"output.log": lines})
+    parsed = parse_run(run)
+    assert parsed.report["skipped"] == {"malformed training line": 12}
+    assert (
+        "no training line kept: 12 training lines rejected (see rejects.csv)"
+        in (parsed.report["warnings"])
+    )
+    assert not any("TrainingTimer" in w for w in parsed.report["warnings"])
+    proc = run_dsim_in_process("parse", tmp_path / "logs", "--out", tmp_path / "traces", "-q")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_dsim_in_process("run", "logs", "--traces", tmp_path / "traces", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert (
+        "no training line of this run was kept: parse rejected them (malformed training "
+        "line: 12; listed in rejects.csv beside the tables)" in proc.stderr
+    )

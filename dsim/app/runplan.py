@@ -241,7 +241,7 @@ def plan_run(
     tables = read_run(run_dir, UNREAD) if tables is None else tables
     has_fetch = tables.fetch.num_rows > 0
     if tables.train.num_rows == 0:
-        raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}), run_dir)
+        raise InputError(_nothing_to_replay(tables.fetch, tables.train, {}, tables.info), run_dir)
     model, policies = run_model_and_policies(name, has_fetch, config, model)
     # before the arrays exist: its temporaries (~50 bytes per GPU-iteration) never meet them
     batch = _batch(tables) if batch is _UNKNOWN else batch
@@ -257,7 +257,8 @@ def plan_run(
         del fetch, train
         if arrays.n_iterations == 0:
             raise InputError(
-                _nothing_to_replay(tables.fetch, tables.train, arrays.dropped), run_dir
+                _nothing_to_replay(tables.fetch, tables.train, arrays.dropped, tables.info),
+                run_dir,
             )
         arrays = replace(arrays, loader=logged_loader(tables.info, run_dir / RUN_FILE))
     warmup = DEFAULT_WARMUP if config.warmup is None else config.warmup
@@ -387,7 +388,20 @@ def dataset_damaged(out: Path, name: str, directory: str) -> bool:
     return dataset_changed(out, name, directory) and not intact(out, directory)
 
 
-def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
+def _rejected_training(info: RunInfo | None) -> str | None:
+    """The parse's rejected training lines by reason (``run.json`` ``report.skipped``), or
+    None when it rejected none: then the loop was not instrumented."""
+    report = (info.report or {}) if info is not None else {}
+    skipped = report.get("skipped") if isinstance(report, dict) else None
+    if not isinstance(skipped, dict):
+        return None
+    training = {k: v for k, v in skipped.items() if "training" in str(k)}
+    if not training:
+        return None
+    return "; ".join(f"{reason}: {n}" for reason, n in training.items())
+
+
+def _nothing_to_replay(fetch, train, dropped: dict[str, int], info: RunInfo | None = None) -> str:
     """Why no iteration of a run is complete, in words a user can act on."""
     if fetch.num_rows == 0 and train.num_rows > 0:  # replayed from stalls only (§4.3)
         lacking = dropped.get(MISSING_TRAIN, 0) + dropped.get(MISSING_BOTH, 0)
@@ -395,6 +409,11 @@ def _nothing_to_replay(fetch, train, dropped: dict[str, int]) -> str:
             f"no iteration to replay: {counted(lacking, 'iteration')} "
             f"{'lacks' if lacking == 1 else 'lack'} a training record for some "
             "GPU (and the run has no fetch records)"
+        )
+    if train.num_rows == 0 and (rejected := _rejected_training(info)) is not None:
+        return (  # the lines were there: the instrumentation is not what is missing
+            f"no training line of this run was kept: parse rejected them ({rejected}; "
+            "listed in rejects.csv beside the tables)"
         )
     if train.num_rows == 0:
         return (

@@ -306,7 +306,17 @@ def parse_run(
             f"no fetch or training records found ({_describe(counts, rejected)})",
             files[0] if len(files) == 1 else files[0].parent,
         )
-    if train_table.num_rows == 0:
+    rejected_training = (
+        int(sum(1 for r in rejected.column("reason").to_pylist() if "training" in r))
+        if train_table.num_rows == 0
+        else 0
+    )
+    if train_table.num_rows == 0 and rejected_training:  # there, but none kept
+        warnings.append(
+            f"no training line kept: {counted(rejected_training, 'training line')} rejected "
+            "(see rejects.csv)"
+        )
+    elif train_table.num_rows == 0:
         warnings.append(
             "no training lines (did you wrap your loop with dsim.instrument.TrainingTimer.iterate?)"
         )
