@@ -30,6 +30,7 @@ package of policies and replay models.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -171,8 +172,41 @@ class Results:
         return answer_document(replace(self.answer, runs=runs))
 
 
-def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
-    return [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+def _path(value: object, what: str) -> Path:
+    """One path argument; a UsageError naming ``what`` for anything else (``Path(5)`` was
+    a bare TypeError)."""
+    if isinstance(value, str | os.PathLike):
+        return Path(value)
+    raise UsageError(f"{what}: expected a path, got {value!r}")
+
+
+def _paths(paths: PathLike | Sequence[PathLike], what: str = "paths") -> list[Path]:
+    if isinstance(paths, str | os.PathLike):
+        return [Path(paths)]
+    if not isinstance(paths, Sequence):
+        raise UsageError(f"{what}: expected a path or a list of paths, got {paths!r}")
+    return [_path(p, what) for p in paths]
+
+
+def _texts(value: str | Sequence[str] | None, what: str) -> list[str] | None:
+    """A list of strings from one string or a list: ``runs="r"`` was split into its
+    letters ("--run r matches no run"; a long name read "s y n t h _ ...")."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise UsageError(f"{what}: expected a string or a list of strings, got {value!r}")
+
+
+def _seconds(value: object, what: str) -> float | None:
+    """A number of seconds, or None; ``"0.1"`` or ``True`` is a UsageError, not a TypeError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{what}: expected a number of seconds, got {value!r}")
+    return float(value)
 
 
 def _wrote(what: str, where: Path, quiet: bool) -> None:
@@ -188,7 +222,15 @@ def _epochs(epochs: Sequence[int] | str | None) -> list[int] | str | None:
 
     if epochs is None:
         return None
-    return parse_epochs_option(epochs) if isinstance(epochs, str) else [int(e) for e in epochs]
+    if isinstance(epochs, str):
+        return parse_epochs_option(epochs)
+    if isinstance(epochs, int) and not isinstance(epochs, bool):
+        return [epochs]  # one epoch: epochs=1 was a TypeError
+    if isinstance(epochs, Sequence) and all(
+        isinstance(e, int) and not isinstance(e, bool) for e in epochs
+    ):
+        return [int(e) for e in epochs]
+    raise UsageError(f"epochs: expected 'all', an epoch number or a list of them, got {epochs!r}")
 
 
 def load_trace(directory: PathLike) -> Trace:
@@ -216,11 +258,13 @@ def parse(
     """
     from dsim.app.parse import discover_runs, parse_and_write
 
+    if name is not None and not isinstance(name, str):
+        raise UsageError(f"name: expected a string, got {name!r}")
     fmt, runs = discover_runs(_paths(paths), name=name, input_format=input_format)
     if len(runs) != 1:
         names = ", ".join(r.name for r in runs[:5])
         raise UsageError(f"dsim.parse reads one run; these paths hold {len(runs)}: {names}")
-    directory, info = parse_and_write(runs[0], Path(out), fmt=fmt, strict=strict)
+    directory, info = parse_and_write(runs[0], _path(out, "out"), fmt=fmt, strict=strict)
     _wrote(f"the parsed run {info.name}", directory, quiet)
     return Trace(info.name, directory, info)
 
@@ -252,8 +296,12 @@ def run(
     from dsim.config import Overrides, load_config
     from dsim.options import parse_policy_option
 
-    items = [traces] if isinstance(traces, Trace | str | Path) else list(traces)
-    dirs = [t.directory if isinstance(t, Trace) else Path(t) for t in items]
+    items = [traces] if isinstance(traces, Trace | str | os.PathLike) else traces
+    if not isinstance(items, Sequence):
+        raise UsageError(f"traces: expected run directories or Traces, got {traces!r}")
+    dirs = [t.directory if isinstance(t, Trace) else _path(t, "traces") for t in items]
+    threshold_s = _seconds(threshold_s, "threshold_s")
+    epochs = _epochs(epochs)
     parents = {d.parent.resolve() for d in dirs}
     if len(parents) != 1:
         raise UsageError("dsim.run: the runs must lie in one traces directory")
@@ -261,15 +309,15 @@ def run(
     overrides = Overrides(
         runs=tuple(d.name for d in dirs),
         traces=dirs[0].parent,
-        out=Path(out),
-        epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
+        out=_path(out, "out"),
+        epochs=epochs,
         warmup=warmup,
         threshold_s=threshold_s,
         executor=executor,
         model=model,
         workers=workers,
         prefetch_factor=prefetch_factor,
-        policies=tuple(parse_policy_option(p) for p in policies or ()),
+        policies=tuple(parse_policy_option(p) for p in _texts(policies, "policies") or ()),
     )
     config = load_config(None, overrides)
     outcome = run_replays(config, force=force)
@@ -296,13 +344,14 @@ def load_results(
     from dsim.app.summarize import summarize_answer
     from dsim.options import parse_policy_option
 
+    chosen = _texts(policies, "policies")
     answer = summarize_answer(
         _paths(paths),
-        run_globs=runs,
-        policies=[parse_policy_option(p) for p in policies] if policies else None,
-        epochs=list(epochs) if epochs is not None and not isinstance(epochs, str) else epochs,
+        run_globs=_texts(runs, "runs"),
+        policies=[parse_policy_option(p) for p in chosen] if chosen else None,
+        epochs=_epochs(epochs),
         warmup=warmup,
-        threshold_s=threshold_s,
+        threshold_s=_seconds(threshold_s, "threshold_s"),
         force=True,  # the API takes the threshold in seconds as given
     )
     return Results.of(answer)
@@ -392,19 +441,21 @@ def report(
     from dsim.app.report import ReportRequest, make_report
     from dsim.options import parse_policy_option
 
+    threshold_s = _seconds(threshold_s, "threshold_s")
     check_threshold(threshold_s, force=force)
-    target = Path(out)
+    target = _path(out, "out")
+    chosen = _texts(policies, "policies")
     outcome = make_report(
         ReportRequest(
             results=_paths(results),
             out=target,
-            runs=list(runs or []),
-            policies=[parse_policy_option(p) for p in policies] if policies else None,
+            runs=_texts(runs, "runs") or [],
+            policies=[parse_policy_option(p) for p in chosen] if chosen else None,
             epochs=_epochs(epochs),
             warmup=warmup,
             threshold_s=threshold_s,
             timeline_run=timeline_run,
-            traces=Path(traces),
+            traces=_path(traces, "traces"),
             force=force,
         ),
     )
@@ -427,4 +478,4 @@ def compare(before: PathLike, after: PathLike, *, policy: str | None = None) -> 
     from dsim.options import parse_policy_option
 
     chosen = parse_policy_option(policy) if policy else None
-    return compare_runs(Path(before), Path(after), chosen)
+    return compare_runs(_path(before, "before"), _path(after, "after"), chosen)

@@ -140,6 +140,34 @@ def test_api_errors_are_dsim_errors(sample: Path) -> None:
         dsim.Results(pd.DataFrame(), []).check("nope>1")
 
 
+def test_arguments_of_the_wrong_type_are_named_and_one_string_is_one_value(
+    tmp_path: Path,
+) -> None:
+    """Wrong types raised bare TypeErrors ("argument of type 'int' is not iterable"), and a
+    string where a list was expected was split into letters (runs="r1" read "--run r 1")."""
+    from tracegen import write_synthetic
+
+    run = write_synthetic(tmp_path / "traces", "r1", iterations=30)
+    out = tmp_path / "results"
+    for call, said in (
+        (lambda: dsim.parse(5, out=tmp_path / "x", quiet=True), "paths: expected a path"),
+        (lambda: dsim.parse(run, name=3, quiet=True), "name: expected a string, got 3"),
+        (lambda: dsim.run(run, threshold_s="0.1", out=out, quiet=True), "threshold_s: expected"),
+        (lambda: dsim.run(run, epochs=[1.5], out=out, quiet=True), "epochs: expected 'all'"),
+        (lambda: dsim.load_results(5), "paths: expected a path or a list of paths, got 5"),
+        (lambda: dsim.compare(1, 2), "before: expected a path, got 1"),
+        (lambda: dsim.load_results(out, runs=3), "runs: expected a string or a list"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(said)):
+            call()
+    result = dsim.run(run, policies="min/min", epochs=0, warmup=0, out=out, quiet=True)
+    assert set(zip(result.summary["fetch_align"], result.summary["start_align"], strict=True)) == {
+        ("actual", "actual"),
+        ("min", "min"),
+    }
+    assert list(dsim.load_results(out, runs="r1").summary["run"].unique()) == ["r1"]
+
+
 def test_api_names_are_not_shadowed_by_submodules() -> None:
     # importing a submodule binds its name on the package: dsim.compare was the analysis module
     importlib.import_module("dsim.app.compare")
