@@ -197,3 +197,21 @@ def test_a_side_of_several_runs_is_listed_by_directory(tmp_path: Path) -> None:
     assert "BEFORE results holds 2 runs (r1, r1@pipeline); name one run directory, e.g. " in (
         proc.stderr
     )
+
+
+def test_a_run_whose_results_are_a_model_variant_is_pointed_to_it(tmp_path: Path) -> None:
+    """A profiled run's results are RUN@stall-only only: `dsim compare results/RUN X` said
+    "no such file or directory"."""
+    from tracegen import write_synthetic
+
+    write_synthetic(tmp_path / "traces", "r1", iterations=30)
+    proc = run_dsim_in_process(
+        "run", "r1", "--model", "stall-only", "--executor", "local", "-q", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = run_dsim_in_process("compare", "results/r1", "results/r1@stall-only", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == (
+        "dsim: error: BEFORE results/r1: no such run directory; its results are in "
+        "results/r1@stall-only (results of another replay model): name that directory"
+    )
