@@ -209,17 +209,23 @@ def test_verdict_is_the_first_thing_run_and_summarize_print(tmp_path: Path) -> N
     assert proc.stdout.lstrip().splitlines()[0] == expected
 
 
-def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
-    """Its actual/actual row is the loader change alone, not the measured run."""
+def _what_if_rows(workers: int, prefetch: int, specs: tuple) -> list[dict]:
+    """The pipeline what-if rows of a run measured at 2 workers, prefetch 2 (``MEASURED``)
+    replayed with ``workers`` and ``prefetch``, with their what-if columns."""
     pipeline = {"replay_model": "pipeline", "loader_prefetch_factor": 2}
     measured = {**row(*MEASURED), **pipeline, "loader_changed": False, "loader_workers": 2,
                 "results": "out/r@pipeline"}  # fmt: skip
-    changed = {**pipeline, "loader_changed": True, "loader_workers": 8,
-               "loader_prefetch_factor": 4, "results": "out/r@pipeline-w8-p4"}  # fmt: skip
+    changed = {**pipeline, "loader_changed": True, "loader_workers": workers,
+               "loader_prefetch_factor": prefetch,
+               "results": f"out/r@pipeline-w{workers}-p{prefetch}"}  # fmt: skip
+    table = add_what_if(pd.DataFrame([measured, *({**row(*x), **changed} for x in specs)]))
+    return table[table["loader_changed"]].to_dict("records")
+
+
+def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
+    """Its actual/actual row is the loader change alone, not the measured run."""
     specs = (("actual", "actual", 2.0, 1.2, 20.0), ("min", "min", 1.5, 0.2, 1.0))
-    what_if = [{**row(*spec), **changed} for spec in specs]
-    table = add_what_if(pd.DataFrame([measured, *what_if]))
-    rows_wi = table[table["loader_changed"]].to_dict("records")
+    rows_wi = _what_if_rows(8, 4, specs)
     v = verdict(rows_wi, trace=TRACE, model="pipeline")
     assert v.iteration_s_before == pytest.approx(3.0)  # the measured run, from the what-if columns
     assert v.best_policy == ("min", "min") and v.speedup == pytest.approx(2.0)
@@ -235,14 +241,8 @@ def test_a_loader_what_if_is_judged_against_the_measured_run() -> None:
 
 def test_a_loader_what_if_that_is_slower_says_so() -> None:
     """0 workers doubling the iteration time read "saves < 1 % ... (0.55 → 1.08 s)"."""
-    pipeline = {"replay_model": "pipeline", "loader_prefetch_factor": 2}
-    measured = {**row(*MEASURED), **pipeline, "loader_changed": False, "loader_workers": 2,
-                "results": "out/r@pipeline"}  # fmt: skip
-    changed = {**pipeline, "loader_changed": True, "loader_workers": 0,
-               "loader_prefetch_factor": 2, "results": "out/r@pipeline-w0-p2"}  # fmt: skip
     specs = (("actual", "actual", 6.0, 5.0, 20.0), ("min", "actual", 5.5, 4.5, 1.0))
-    table = add_what_if(pd.DataFrame([measured, *({**row(*x), **changed} for x in specs)]))
-    v = verdict(table[table["loader_changed"]].to_dict("records"), model="pipeline")
+    v = verdict(_what_if_rows(0, 2, specs), model="pipeline")
     assert v.text.startswith(
         "Running with 0 DataLoader workers and prefetch 2 would make iterations slower even "
         "with the best policy (min/actual: 3.00 → 5.50 s, 0.55×)"

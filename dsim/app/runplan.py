@@ -87,14 +87,14 @@ def replay_params(config: SimConfig) -> ReplayParams:
     )
 
 
-#: (key, least value) of the loader settings ``run.json`` may hold; each at most
-#: ``LOADER_SETTING_LIMIT``, as parse takes them from the loader lines (SPEC §1.2).
+#: (key, least, most) of the loader settings ``run.json`` may hold, as parse takes them
+#: from the loader lines (SPEC §1.2); None: no upper bound.
 _LOADER_KEYS = (
-    ("num_workers", 0),
-    ("fetch_workers", 0),
-    ("prefetch_factor", 1),
-    ("cores", 1),
-    ("local_world_size", 1),
+    ("num_workers", 0, LOADER_SETTING_LIMIT),
+    ("fetch_workers", 0, LOADER_SETTING_LIMIT),
+    ("prefetch_factor", 1, LOADER_SETTING_LIMIT),
+    ("cores", 1, None),
+    ("local_world_size", 1, None),
 )
 
 
@@ -107,12 +107,10 @@ def logged_loader(info: RunInfo, where: Path | None = None) -> LoaderSettings | 
     loader = info.loader
     if not isinstance(loader, dict) or loader.get("num_workers") is None:
         return None
-    for key, least in _LOADER_KEYS:
+    for key, least, most in _LOADER_KEYS:
         value = loader.get(key)
         if value is None:
             continue
-        most = LOADER_SETTING_LIMIT if key in ("num_workers", "fetch_workers") else None
-        most = LOADER_SETTING_LIMIT if key == "prefetch_factor" else most
         if (
             isinstance(value, bool)
             or not isinstance(value, int)
