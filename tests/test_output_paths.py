@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,13 @@ def test_results_in_the_traces_directory_are_refused_and_never_replaced(tmp_path
         assert proc.returncode == 2, proc.stderr
         assert f"is inside the parsed run {traces.resolve() / 'run1'}" in proc.stderr
         assert not inside.exists() or not (inside / "summary.parquet").exists()
+    (traces / "run1" / "tune").mkdir()  # `dsim tune --out traces/run1` writes run1/tune/
+    (traces / "run1" / "tune" / "run1.csv").write_text("kept")
+    before = _tree(tmp_path)
+    with pytest.raises(OutputError, match=r"holds tune beside its parsed run, which dsim parse"):
+        dsim.api.parse(log, out=traces, name="run1")  # it replaced the run, tune table and all
+    assert _tree(tmp_path) == before
+    shutil.rmtree(traces / "run1" / "tune")
     (traces / "run1" / "result.json").write_text("{}")  # as an older dsim left it
     before = _tree(tmp_path)
     with pytest.raises(OutputError, match=r"holds dsim results \(result.json\)"):

@@ -149,6 +149,15 @@ def check_run_directory(directory: Path) -> None:
             f"{directory} holds dsim results (result.json) beside its parsed run; "
             "dsim parse does not replace them: move them away or choose another --out"
         )
+    # parse writes files only: a directory inside is someone else's (results or a tune
+    # table written into the run by `--out`, a user's notes), and would go with the run
+    inside = sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+    if inside:
+        raise OutputError(
+            f"{directory} holds {', '.join(inside[:3])}{' …' if len(inside) > 3 else ''} "
+            "beside its parsed run, which dsim parse did not write and does not replace: "
+            "move it away or choose another --out"
+        )
 
 
 def file_digest(data: bytes) -> dict[str, Any]:
