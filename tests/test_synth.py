@@ -307,6 +307,10 @@ def test_bad_parameters_exit_2_and_write_nothing(tmp_path, args, message):
         ({"name": ".hidden"}, "is not a valid run name"),
         ({"name": "a/b"}, "is not a valid run name"),
         ({"iterations": 10**9, "fetch_mean_s": 1e4}, "would last for centuries"),
+        # logs whose own parse rejects their longest lines (--max-duration, a day)
+        ({"fetch_mean_s": 1e5}, "would last a day or more"),
+        ({"fetch_mean_s": 2e4, "straggler_factor": 5.0}, "would last a day or more"),
+        ({"compute_s": 86_000.0, "allreduce_s": 400.0}, "would last a day or more"),
     ],
 )
 def test_impossible_parameters_are_refused_before_writing(tmp_path, change, message):

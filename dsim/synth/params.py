@@ -19,6 +19,8 @@ from dsim.io.names import check_run_name
 
 US_PER_S = 1_000_000
 US_PER_DAY = 86_400 * US_PER_S
+#: ``dsim parse``'s default ``--max-duration`` (one day): synth writes no run it rejects.
+_PARSE_MAX_DURATION_S = 86_400.0
 UNIX_EPOCH = dt.datetime(1970, 1, 1)
 
 
@@ -108,6 +110,13 @@ class SynthParams:
         slowest = self.fetch_mean_s * (1 + self.skew) * self.straggler_factor * 10
         if self.iterations * self.epochs * (slowest + self.compute_s + self.allreduce_s) > 3e10:
             raise UsageError("this run would last for centuries; lower the times or the size")
+        straggler = self.fetch_mean_s * (1 + self.skew) * self.straggler_factor
+        if max(straggler, self.compute_s + self.allreduce_s) >= _PARSE_MAX_DURATION_S:
+            raise UsageError(  # --fetch-mean 1e5 wrote logs whose own parse rejected half
+                "a fetch or an iteration of this run would last a day or more (--fetch-mean "
+                "× (1 + --skew) × --straggler-factor, or --compute + --allreduce), which "
+                "dsim parse rejects (--max-duration, a day by default); lower the times"
+            )
         if self.name is not None:
             check_run_name(self.name)  # the rule every command applies to run names
 
