@@ -109,3 +109,11 @@ def test_an_ascii_terminal_gets_replacements_not_an_internal_error(tmp_path: Pat
     assert "\\xd7" in proc.stdout and "internal error" not in proc.stderr  # × as \xd7
     proc = run_dsim("run", "--help", cwd=tmp_path, env=ascii_env)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_parse_of_a_dash_points_to_dev_stdin(tmp_path: Path) -> None:
+    """`dsim parse -` said "-: no such file or directory"; /dev/stdin reads a pipe."""
+    proc = run_dsim_in_process("parse", "-", "--out", str(tmp_path / "t"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "to read standard input, give /dev/stdin" in proc.stderr
+    assert not (tmp_path / "t").exists()

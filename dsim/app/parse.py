@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dsim.errors import InputError
+from dsim.errors import InputError, UsageError
 from dsim.io.atomic import check_replaceable
 from dsim.io.memory import release_freed_for
 from dsim.io.names import check_run_name, run_path
@@ -28,6 +28,11 @@ def discover_runs(
 ) -> tuple[str, list[RunSource]]:
     """The input format (``auto`` detected) and the runs the paths hold (docs/SPEC.md §1.1)."""
     paths = [Path(p) for p in paths]
+    if any(str(p) == "-" and not p.exists() for p in paths):  # the shell's "standard input"
+        raise UsageError(
+            "-: dsim parse reads files and directories; to read standard input, give "
+            "/dev/stdin (and --name to name the run)"
+        )
     fmt = detect_source(paths) if input_format == "auto" else input_format
     runs = get_source(fmt).discover(paths, name=name)
     for run in runs:  # a name becomes <out>/<name>/: one rule, before any work (§1.1)
