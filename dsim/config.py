@@ -403,13 +403,6 @@ def _inside_a_parsed_run(out: Path) -> Path | None:
     return None
 
 
-def _same_directory(path: Path, traces: Path) -> bool:
-    try:
-        return path.resolve() == traces.resolve()
-    except (OSError, RuntimeError):  # a symlink loop: not the traces directory
-        return False
-
-
 #: How many run names a "not found" problem lists: a traces directory of a thousand runs
 #: made one line of a thousand names.
 _LISTED_RUNS = 12

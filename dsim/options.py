@@ -66,10 +66,10 @@ def select_runs(runs: list[ResultRun], globs: list[str] | None) -> list[ResultRu
     """Runs whose name matches any ``--run`` glob (all runs without one)."""
     if not globs:
         return runs
-    names = {r.name for r in runs}
+    known = {r.name for r in runs}
     # a glob naming a run exactly is that run (a run named a[1] or a*b), else a glob
-    exact = [g for g in globs if g in names]
-    patterns = [g for g in globs if g not in names]
+    exact = [g for g in globs if g in known]
+    patterns = [g for g in globs if g not in known]
     chosen = [
         r for r in runs if r.name in exact or any(fnmatch.fnmatchcase(r.name, g) for g in patterns)
     ]

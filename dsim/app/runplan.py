@@ -387,16 +387,20 @@ def dataset_damaged(out: Path, name: str, directory: str) -> bool:
 
 
 def _rejected_training(info: RunInfo | None) -> str | None:
-    """The parse's rejected training lines by reason (``run.json`` ``report.skipped``), or
-    None when it rejected none: then the loop was not instrumented."""
+    """How many training lines the parse rejected, with every reject reason of the run
+    (``run.json`` ``report``), or None when it rejected none: then the loop was not
+    instrumented."""
     report = (info.report or {}) if info is not None else {}
-    skipped = report.get("skipped") if isinstance(report, dict) else None
-    if not isinstance(skipped, dict):
+    dropped = report.get("training_lines_rejected")
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped <= 0:
         return None
-    training = {k: v for k, v in skipped.items() if "training" in str(k)}
-    if not training:
-        return None
-    return "; ".join(f"{reason}: {n}" for reason, n in training.items())
+    skipped = report.get("skipped")
+    reasons = (
+        "; ".join(f"{reason}: {n}" for reason, n in skipped.items())
+        if isinstance(skipped, dict)
+        else ""
+    )
+    return f"{counted(dropped, 'training line')}; all rejects by reason: {reasons}"
 
 
 def _nothing_to_replay(fetch, train, dropped: dict[str, int], info: RunInfo | None = None) -> str:

@@ -52,7 +52,7 @@ from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
-from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS
+from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS, TRAIN_MARK
 from dsim.sources.rawlog.logfile import MAX_LINE_BYTES, SPARE, Columns
 from dsim.sources.rawlog.smallfiles import read_logs
 from dsim.words import counted
@@ -306,21 +306,19 @@ def parse_run(
             f"no fetch or training records found ({_describe(counts, rejected)})",
             files[0] if len(files) == 1 else files[0].parent,
         )
-    rejected_training = (
-        int(sum(1 for r in rejected.column("reason").to_pylist() if "training" in r))
-        if train_table.num_rows == 0
-        else 0
-    )
-    if train_table.num_rows == 0 and rejected_training:  # there, but none kept
+    dropped = 0
+    if train_table.num_rows == 0:
+        # training lines there but none kept is no missing instrumentation
+        dropped = sum(TRAIN_MARK in str(text) for text in rejected.column("text").to_pylist())
         warnings.append(
-            f"no training line kept: {counted(rejected_training, 'training line')} rejected "
-            "(see rejects.csv)"
-        )
-    elif train_table.num_rows == 0:
-        warnings.append(
-            "no training lines (did you wrap your loop with dsim.instrument.TrainingTimer.iterate?)"
+            f"no training line kept: {counted(dropped, 'training line')} rejected (see rejects.csv)"
+            if dropped
+            else "no training lines (did you wrap your loop with "
+            "dsim.instrument.TrainingTimer.iterate?)"
         )
     report = _report(counts, rejected, fetch_table, train_table, warnings)
+    if dropped:  # for `dsim run`'s message (runplan): the lines were there
+        report["training_lines_rejected"] = dropped
     report["clock_steps"] = [
         {"file": s["file"], "line": s["line"], "seconds": s["seconds"], "kind": s["kind"]}
         for s in steps
