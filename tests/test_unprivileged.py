@@ -54,7 +54,11 @@ def nobody_dir():
         "XDG_CACHE_HOME": "/nonexistent/.cache",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    probe = _as_nobody(sys.executable, "-c", "import dsim", cwd=work, env=env)
+    # dsim itself may be readable where the virtualenv's packages are not (CI's clone
+    # is public, its virtualenvs lie in a private temporary directory): probe them too
+    probe = _as_nobody(
+        sys.executable, "-c", "import dsim.cli, numba, pandas, pyarrow", cwd=work, env=env
+    )
     if probe.returncode != 0:
         shutil.rmtree(work)
         pytest.skip(f"the nobody user cannot import this checkout: {probe.stderr[-200:]}")
