@@ -479,7 +479,7 @@ def test_the_busy_workers_hand_over_from_committed_logs() -> None:
 
     data = REPO / "validation" / "data-h200cpu"
     rows = {
-        tuple(cells[1:3]): cells[3:7]
+        tuple(cells[1:3]): cells[4:8]
         for line in table(data, only=r"^(cpu|decode)_w1_p2_none_r[12]$").splitlines()[2:]
         for cells in [[c.strip() for c in line.split("|")]]
     }
@@ -487,6 +487,37 @@ def test_the_busy_workers_hand_over_from_committed_logs() -> None:
     assert float(busy) > 5 * float(idle) and float(extra) > 5.0
     _, busy, idle, extra = rows[("decode", "1")]
     assert float(extra) < 1.0 and float(busy) < 2 * float(idle)
+
+
+def test_the_gate_share_counts_the_most_frequent_largest_stall() -> None:
+    from validation.gate import gate_share
+
+    epoch = np.zeros(20, dtype=np.int64)
+    iteration = np.arange(20)
+    stall = np.zeros((20, 3))
+    stall[:, 2] = 1.0  # rank 2 has the largest stall in every iteration ...
+    stall[15:, 0] = 2.0  # ... but the last five (of the nine past the warm-up), rank 0's
+    assert gate_share(epoch, iteration, stall) == pytest.approx(5 / 9)
+
+
+def test_one_rank_gates_the_aligned_re_runs_not_the_replay_from_committed_logs() -> None:
+    """The second 16-core sweep's cpu regime at 1 worker, through the real dsim parse
+    (validation/README.md, "The twenty-first held-out sweep"): in the fetch-aligned re-runs
+    one rank had the largest stall in most iterations, while the pipeline model's replay of
+    the base runs under the same alignment spread it over the ranks, and predicted them
+    slower. A model that learns the gate fails this test: then say so there."""
+    from validation.gate import table
+
+    data = REPO / "validation" / "data-h200cpu2"
+    rows = {
+        cells[1]: cells[3:8]
+        for line in table(data, only=r"^cpu_w1_p2_(none|min|mean)_r[123]$").splitlines()[2:]
+        for cells in [[c.strip() for c in line.split("|")]]
+    }
+    for cell in ("cpu w1 p2 min", "cpu w1 p2 mean"):
+        measured, predicted, _, measured_ms, predicted_ms = rows[cell]
+        assert float(measured.rstrip("%")) >= 75 and float(predicted.rstrip("%")) <= 45
+        assert float(predicted_ms) > 1.15 * float(measured_ms)
 
 
 def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> None:

@@ -4,10 +4,11 @@ Why: on 16 cores the cpu regime's worker what-ifs missed by up to +136 %
 because a batch that was ready before the loop asked still took 13-15 ms to
 reach it when its worker was building the next batch in Python code that
 holds the GIL (SPEC §4.2, "The busy worker's hand-over"). This prints, per
-base cell of a sweep (mean over its repeats), the pipeline model's own
-calibration of that: the share of ready batches whose worker was busy when
-the loop asked, their mean stall, the idle ones' mean stall, and the busy
-extra the model keeps (0 where it does not stand out of the noise).
+cell of a sweep without start alignment (mean over its repeats), the pipeline
+model's own calibration of that, for a fetch-aligned re-run as measured: the
+share of ready batches whose worker was busy when the loop asked, their mean
+stall, the idle ones' mean stall, and the busy extra the model keeps (0 where
+it does not stand out of the noise).
 
     python -m validation.handover --data validation/data-h200cpu
 """
@@ -44,21 +45,24 @@ def split(trace_dir: Path) -> dict[str, float]:
 
 
 def table(data: Path, only: str | None = None) -> str:
-    """The markdown table of every base cell (no alignment) of the sweep in ``data``
-    (of the runs whose names match ``only``, a regular expression, where given)."""
-    base = [n for n in run_names(data, only) if parse_run_name(n).cell.align == "none"]
-    base = [n for n in base if parse_run_name(n).cell.start is None]
-    cells: dict[tuple[str, int], list[dict[str, float]]] = defaultdict(list)
-    with parsed_runs(data, base) as traces:
-        for name in base:
+    """The markdown table of every cell without start alignment of the sweep in ``data``
+    (of the runs whose names match ``only``, a regular expression, where given): the base
+    cells (fetch alignment none), and the fetch-aligned re-runs, calibrated as measured."""
+    names = [n for n in run_names(data, only) if parse_run_name(n).cell.start is None]
+    cells: dict[tuple[str, int, str], list[dict[str, float]]] = defaultdict(list)
+    with parsed_runs(data, names) as traces:
+        for name in names:
             cell = parse_run_name(name).cell
-            cells[(cell.regime, cell.workers)].append(split(traces / name))
+            cells[(cell.regime, cell.workers, cell.align)].append(split(traces / name))
     lines = [
-        "| regime | workers | ready batches whose worker was busy | busy: mean stall ms "
-        "| idle: mean stall ms | busy extra the model keeps, ms |",
-        "|---|---|---|---|---|---|",
+        "| regime | workers | fetch alignment | ready batches whose worker was busy "
+        "| busy: mean stall ms | idle: mean stall ms | busy extra the model keeps, ms |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for (regime, workers), runs in sorted(cells.items()):
+    order = {"none": 0, "min": 1, "mean": 2}
+    for (regime, workers, align), runs in sorted(
+        cells.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 3))
+    ):
 
         def mean(key: str, runs: list[dict[str, float]] = runs) -> str:
             values = [r[key] for r in runs if np.isfinite(r[key])]
@@ -67,7 +71,7 @@ def table(data: Path, only: str | None = None) -> str:
             return f"{np.mean(values):.0%}" if key == "busy_share" else f"{np.mean(values):.2f}"
 
         lines.append(
-            f"| {regime} | {workers} | {mean('busy_share')} | {mean('busy_ms')} "
+            f"| {regime} | {workers} | {align} | {mean('busy_share')} | {mean('busy_ms')} "
             f"| {mean('idle_ms')} | {mean('extra_ms')} |"
         )
     return "\n".join(lines)
