@@ -17,7 +17,10 @@ makes the worker busy, an idle ready batch takes the busy hand-over at its own
 quantile among the idle ones (any other batch: the extra on top); where idle,
 the idle mean. A busy hand-over's wait (beyond the idle mean) scales with the
 work of the batch the worker is building, what-if over measured
-(``work_ratio``, 1 unless given).
+(``work_ratio``, 1 unless given). Where the busy ones' stalls follow the time
+their worker still needed for the batch it was building (a line explaining
+``busy_min_r2`` of their variance), the busy hand-over follows that time
+left instead, as replayed.
 
 Causality (SPEC §4.2): a replayed fetch starts at its rank's causal start
 ``max(index sent + lat_sent, worker free + lat_free)`` or, under a start
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 BIG = math.inf
 BUSY_MIN_SAMPLES = 10  # ready batches of each kind a segment needs (as the kernel)
+BUSY_MIN_R2 = 0.8  # share of the busy stalls' variance the time left must explain (as the kernel)
 
 
 @dataclass
@@ -107,6 +111,7 @@ def reference_pipeline(
     new_prefetch: int | None = None,
     busy_min_samples: int = BUSY_MIN_SAMPLES,
     busy_min_se: float = 2.0,
+    busy_min_r2: float = BUSY_MIN_R2,
     work_ratio: list[list[float]] | None = None,
 ) -> RefResult:
     """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
@@ -192,7 +197,9 @@ def reference_pipeline(
         # The busy worker's hand-over: was the batch's worker building its next batch when
         # the loop asked? Ready batches' stalls, pooled over ranks, split by that.
         busy = [[0.0] * g_count for _ in range(m)]
+        left = [[0.0] * g_count for _ in range(m)]  # time the worker still needed, when busy
         split: dict[bool, list[float]] = {True: [], False: []}
+        busy_left: list[float] = []  # beside split[True], in the same order
         for r in range(g_count):
             for k in range(m):
                 if workers == 0:
@@ -204,8 +211,11 @@ def reference_pipeline(
                 )
                 if sent_before and fs[later[0]][r] <= req[k][r] < fe[later[0]][r]:
                     busy[k][r] = 1.0
+                    left[k][r] = fe[later[0]][r] - req[k][r]
                 if k >= max(prefetch * workers, 1) and fe[k][r] < req[k][r]:
                     split[busy[k][r] > 0].append(st[k][r])
+                    if busy[k][r]:
+                        busy_left.append(left[k][r])
         excess = idle_hand = 0.0
         if min(len(split[True]), len(split[False])) >= busy_min_samples:
             idle_hand = math.fsum(split[False]) / len(split[False])
@@ -217,6 +227,19 @@ def reference_pipeline(
                 se2 += var / len(split[kind])
             if excess <= busy_min_se * math.sqrt(se2) or excess <= 0:
                 excess = 0.0
+        # Does a busy hand-over wait for the batch being built? The line of the busy ready
+        # batches' stalls on the time left, where it explains >= BUSY_MIN_R2 of their variance.
+        slope = icept = 0.0
+        if excess > 0:
+            nb = len(busy_left)
+            mean_st, mean_left = math.fsum(split[True]) / nb, math.fsum(busy_left) / nb
+            var_left = math.fsum(x * x for x in busy_left) / nb - mean_left**2
+            var_st = max(math.fsum(x * x for x in split[True]) / nb - mean_st**2, 0.0)
+            products = (x * y for x, y in zip(busy_left, split[True], strict=True))
+            cov = math.fsum(products) / nb - mean_left * mean_st
+            if var_left > 0 and var_st > 0 and cov * cov >= busy_min_r2 * var_left * var_st:
+                slope = min(max(cov / var_left, 0.0), 1.0)
+                icept = mean_st - slope * mean_left
         # What a busy worker would add: an idle ready batch, the busy hand-over at its own
         # quantile (mid-rank among the idle ones; the busy ones interpolated at p*m - 0.5)
         # less its own; any other batch, the extra.
@@ -272,6 +295,7 @@ def reference_pipeline(
                     else:
                         nxt = k + new_w
                     now = 0.0
+                    left_now = 0.0
                     if nxt < m:
                         if nxt < new_p * new_w:
                             sent_next = req2[0][r]
@@ -282,10 +306,15 @@ def reference_pipeline(
                         s_next = max(sent_next + lat_sent[nxt][r], done + lat_free[nxt][r])
                         if s_next <= req2[k][r] < s_next + fetch_new[nxt][r]:
                             now = 1.0
+                            left_now = s_next + fetch_new[nxt][r] - req2[k][r]
                     ratio = 1.0
                     if now and work_ratio is not None:
                         ratio = work_ratio[lo + nxt][r]  # the batch the worker is building
-                    if now > busy[k][r]:  # busy where it was idle: a busy worker's hand-over
+                    if slope > 0 and now and busy[k][r]:  # busy in both: it waits for the
+                        h = max(h + slope * (left_now - left[k][r]), 0.0)  # batch being built
+                    elif slope > 0 and now > busy[k][r]:  # busy where it was idle: the line
+                        h = max(h, icept + slope * left_now)
+                    elif now > busy[k][r]:  # busy where it was idle: a busy worker's hand-over
                         h = max(h + wait[k][r] * ratio, 0.0)
                     elif now < busy[k][r]:  # idle where it was busy: an idle worker's hand-over
                         h = idle_hand

@@ -500,24 +500,28 @@ def test_the_gate_share_counts_the_most_frequent_largest_stall() -> None:
     assert gate_share(epoch, iteration, stall) == pytest.approx(5 / 9)
 
 
-def test_one_rank_gates_the_aligned_re_runs_not_the_replay_from_committed_logs() -> None:
+def test_one_rank_gates_the_aligned_re_runs_and_the_replay_from_committed_logs() -> None:
     """The second 16-core sweep's cpu regime at 1 worker, through the real dsim parse
     (validation/README.md, "The twenty-first held-out sweep"): in the fetch-aligned re-runs
-    one rank had the largest stall in most iterations, while the pipeline model's replay of
-    the base runs under the same alignment spread it over the ranks, and predicted them
-    slower. A model that learns the gate fails this test: then say so there."""
+    one rank had the largest stall in most iterations; the pipeline model's replay of the
+    base runs, whose busy hand-overs wait for the batch being built (SPEC §4.2), gives that
+    rank the gate too (it spread the gate over the ranks, 35-40 %, and predicted these cells
+    18-26 % too slow, before), and the iteration time within 7 %. The same work took the
+    same CPU seconds in base and re-runs (interleaved)."""
     from validation.gate import table
 
     data = REPO / "validation" / "data-h200cpu2"
     rows = {
-        cells[1]: cells[3:8]
+        cells[1]: cells[3:9]
         for line in table(data, only=r"^cpu_w1_p2_(none|min|mean)_r[123]$").splitlines()[2:]
         for cells in [[c.strip() for c in line.split("|")]]
     }
+    base_speed = float(rows["cpu w1 p2 none"][2])
     for cell in ("cpu w1 p2 min", "cpu w1 p2 mean"):
-        measured, predicted, _, measured_ms, predicted_ms = rows[cell]
-        assert float(measured.rstrip("%")) >= 75 and float(predicted.rstrip("%")) <= 45
-        assert float(predicted_ms) > 1.15 * float(measured_ms)
+        measured, predicted, speed, _, measured_ms, predicted_ms = rows[cell]
+        assert float(measured.rstrip("%")) >= 75 and float(predicted.rstrip("%")) >= 60
+        assert abs(float(predicted_ms) / float(measured_ms) - 1) < 0.07
+        assert abs(float(speed) / base_speed - 1) < 0.03
 
 
 def test_the_fastest_fetch_is_not_the_cheapest_batch_from_committed_logs() -> None:

@@ -62,13 +62,15 @@ def _inputs(t) -> PipelineInputs:
 
 
 def _reference(
-    t, policy, new_w=None, new_p=None, busy_min_samples=10, busy_min_se=2.0, work_ratio=None
-):
+    t, policy, new_w=None, new_p=None, busy_min_samples=10, busy_min_se=2.0, busy_min_r2=0.8,
+    work_ratio=None,
+):  # fmt: skip
     epoch, iteration, start, fetch, arrival, stall, itime, worker, workers, prefetch = t
     return reference_pipeline(
         epoch.tolist(), iteration.tolist(), start.tolist(), fetch.tolist(), arrival.tolist(),
         stall.tolist(), itime.tolist(), worker.tolist(), policy, workers, prefetch, new_w, new_p,
-        busy_min_samples, busy_min_se, None if work_ratio is None else work_ratio.tolist(),
+        busy_min_samples, busy_min_se, busy_min_r2,
+        None if work_ratio is None else work_ratio.tolist(),
     )  # fmt: skip
 
 
@@ -93,14 +95,16 @@ def test_kernel_equals_reference_with_the_busy_hand_over(t, policy, loader, seed
     kind and kept wherever busy ones took longer, so that about half the drawn traces carry
     it (as shipped, 10 of each beyond 2 standard errors, random stalls almost never do), and
     half of the time a drawn work ratio per batch (what a fetch alignment gives)."""
-    cal = calibrate(_inputs(t), t[8], t[9], busy_min_samples=1, busy_min_se=0.0)
+    cal = calibrate(_inputs(t), t[8], t[9], busy_min_samples=1, busy_min_se=0.0, busy_min_r2=0.0)
     inputs = _inputs(t)
     ratio = None
     if given_ratio:
         ratio = np.random.default_rng(seed).uniform(0.2, 2.5, inputs.fetch.shape)
         inputs = replace(inputs, work_ratio=ratio)
     fast = replay_pipeline(inputs, cal, policy, *loader)
-    ref = _reference(t, policy, *loader, busy_min_samples=1, busy_min_se=0.0, work_ratio=ratio)
+    ref = _reference(
+        t, policy, *loader, busy_min_samples=1, busy_min_se=0.0, busy_min_r2=0.0, work_ratio=ratio
+    )
     for name, ref_name in PAIRS.items():
         np.testing.assert_allclose(fast[name], np.array(getattr(ref, ref_name)), rtol=0, atol=1e-9)
 
@@ -221,6 +225,54 @@ def _alternating_run(n: int = 40):
         col(stall), col(np.full(n, 20 * ms)), np.zeros((n, 1), np.int64),
     )  # fmt: skip
     return inputs, busy
+
+
+def _waiting_run(n: int = 40):
+    """As ``_alternating_run``, but a busy worker's batch reaches the loop 1 ms after the
+    worker finished the batch it was building, whose time left at the request varies from
+    2 to 6 ms: a worker whose Python code holds the GIL for the whole batch (SPEC §4.2,
+    "Waiting for the batch being built")."""
+    ms = 1e-3
+    req = np.arange(n) * 20 * ms
+    left = (2 + np.arange(n) % 5) * ms
+    start = np.empty(n)
+    start[0] = -30 * ms
+    for j in range(1, n):
+        start[j] = req[j - 1] - (8 * ms - left[j - 1]) if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
+    busy = np.arange(n) % 2 == 0
+    stall = np.where(busy, left + 1 * ms, 1 * ms)
+    col = lambda a: np.ascontiguousarray(a[:, None])  # noqa: E731
+    inputs = PipelineInputs(
+        segments_of(np.zeros(n, np.int32), np.arange(n, dtype=np.int32)),
+        np.arange(n, dtype=np.int64), col(start), col(np.full(n, 8 * ms)), col(req + stall),
+        col(stall), col(np.full(n, 20 * ms)), np.zeros((n, 1), np.int64),
+    )  # fmt: skip
+    return inputs, busy
+
+
+def test_a_busy_hand_over_waits_for_the_batch_being_built():
+    """The calibration finds the line of a busy ready batch's stall on its worker's time left
+    (slope 1, 1 ms above); replayed with shorter fetches, every batch whose worker is busy
+    when the loop asks reaches it 1 ms after the worker finishes the batch it is building."""
+    inputs, _ = _waiting_run()
+    cal = calibrate(inputs, 1, 2)
+    np.testing.assert_allclose(cal.busy_slope, 1.0, atol=1e-9)
+    np.testing.assert_allclose(cal.busy_icept, 1e-3, atol=1e-9)
+    same = replay_pipeline(inputs, cal, ("actual", "actual"))
+    np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)
+    shorter = replace(inputs, fetch=np.full_like(inputs.fetch, 6e-3))
+    out = replay_pipeline(shorter, cal, ("actual", "actual"))
+    start, end, stall = out["gpu_start_s"][:, 0], out["gpu_end_s"][:, 0], out["gpu_stall_s"][:, 0]
+    checked = 0
+    for k in range(2, len(start) - 1):
+        ask = end[k - 1]  # the loop asks as the last iteration ends (its gap is 0 here)
+        if start[k + 1] <= ask < start[k + 1] + 6e-3:  # the worker is building batch k + 1
+            assert stall[k] == pytest.approx(start[k + 1] + 6e-3 - ask + 1e-3, abs=1e-12)
+            checked += 1
+    assert checked >= 10
+    # The same run whose busy stalls do not follow the time left keeps the rules before.
+    flat = calibrate(_alternating_run()[0], 1, 2)
+    assert not np.any(flat.busy_slope)
 
 
 def test_a_busy_worker_hands_over_later():

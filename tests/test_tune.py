@@ -314,6 +314,22 @@ def test_a_busy_workers_hand_over_is_said_in_words():
     assert busy_hand_over_note(PreparedPipeline(inputs, none)) is None
 
 
+def test_a_hand_over_that_waits_for_the_batch_being_built_is_said_so():
+    """Where the busy hand-overs follow the time left on the batch being built (SPEC §4.2),
+    the note says they waited as long as that batch still took; where not, it does not."""
+    from dsim.app.tune import busy_hand_over_note
+    from dsim.replay.models.pipeline import PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import calibrate
+    from tests.test_pipeline_model import _alternating_run, _waiting_run
+
+    waiting = _waiting_run()[0]
+    note = busy_hand_over_note(PreparedPipeline(waiting, calibrate(waiting, 1, 2)))
+    assert note is not None and ", as long as that batch still took:" in note
+    flat = _alternating_run()[0]
+    note = busy_hand_over_note(PreparedPipeline(flat, calibrate(flat, 1, 2)))
+    assert note is not None and "as long as" not in note
+
+
 def test_a_worker_busy_at_every_hand_over_is_a_caveat():
     """When (nearly) every built batch had a busy worker, the idle hand-over is unknown and
     tune says its gain from more workers may be too small; with idle ones beside, it says

@@ -7,8 +7,12 @@ holds the GIL (SPEC §4.2, "The busy worker's hand-over"). This prints, per
 cell of a sweep without start alignment (mean over its repeats), the pipeline
 model's own calibration of that, for a fetch-aligned re-run as measured: the
 share of ready batches whose worker was busy when the loop asked, their mean
-stall, the idle ones' mean stall, and the busy extra the model keeps (0 where
-it does not stand out of the noise).
+stall, the idle ones' mean stall, the busy extra the model keeps (0 where
+it does not stand out of the noise), and for the busy ones the time their
+worker still needed for the batch it was building, the correlation of their
+stall with it and the median of the stall beyond it (SPEC §4.2, "Waiting for
+the batch being built": where the worker holds the GIL for its whole batch,
+r ≈ 1 and the stall is that time plus about 1.5 ms).
 
     python -m validation.handover --data validation/data-h200cpu
 """
@@ -36,11 +40,16 @@ def split(trace_dir: Path) -> dict[str, float]:
     busy = ready & (c.busy > 0)
     idle = ready & (c.busy == 0)
     ms = 1e3
+    left, stall = c.busy_rem[busy], i.stall[busy]
+    spread = busy.sum() > 2 and np.ptp(left) > 0 and np.ptp(stall) > 0
     return {
         "busy_share": float(busy.sum() / max(ready.sum(), 1)),
-        "busy_ms": float(i.stall[busy].mean() * ms) if busy.any() else float("nan"),
+        "busy_ms": float(stall.mean() * ms) if busy.any() else float("nan"),
         "idle_ms": float(i.stall[idle].mean() * ms) if idle.any() else float("nan"),
         "extra_ms": float(np.mean(c.busy_excess) * ms),
+        "left_ms": float(left.mean() * ms) if busy.any() else float("nan"),
+        "r": float(np.corrcoef(stall, left)[0, 1]) if spread else float("nan"),
+        "beyond_ms": float(np.median(stall - left) * ms) if busy.any() else float("nan"),
     }
 
 
@@ -56,8 +65,10 @@ def table(data: Path, only: str | None = None) -> str:
             cells[(cell.regime, cell.workers, cell.align)].append(split(traces / name))
     lines = [
         "| regime | workers | fetch alignment | ready batches whose worker was busy "
-        "| busy: mean stall ms | idle: mean stall ms | busy extra the model keeps, ms |",
-        "|---|---|---|---|---|---|---|",
+        "| busy: mean stall ms | idle: mean stall ms | busy extra the model keeps, ms "
+        "| busy: time left on the batch being built, ms | r (stall, time left) "
+        "| stall beyond the time left, median ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {"none": 0, "min": 1, "mean": 2}
     for (regime, workers, align), runs in sorted(
@@ -72,7 +83,8 @@ def table(data: Path, only: str | None = None) -> str:
 
         lines.append(
             f"| {regime} | {workers} | {align} | {mean('busy_share')} | {mean('busy_ms')} "
-            f"| {mean('idle_ms')} | {mean('extra_ms')} |"
+            f"| {mean('idle_ms')} | {mean('extra_ms')} | {mean('left_ms')} | {mean('r')} "
+            f"| {mean('beyond_ms')} |"
         )
     return "\n".join(lines)
 

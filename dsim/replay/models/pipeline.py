@@ -78,6 +78,9 @@ class PreparedPipeline:
             None if c.idle_hand is None else rows(c.idle_hand),
             None if c.busy_wait is None else rows(c.busy_wait),
             None if c.idle_measured is None else rows(c.idle_measured),
+            None if c.busy_slope is None else rows(c.busy_slope),
+            None if c.busy_icept is None else rows(c.busy_icept),
+            None if c.busy_rem is None else rows(c.busy_rem),
         )  # fmt: skip
         cpu = None
         if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values

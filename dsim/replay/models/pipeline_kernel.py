@@ -117,6 +117,13 @@ class Calibration:
     # idle hand-over as measured (``idle_hand`` is the what-if's: contention stretches it).
     busy_wait: np.ndarray | None = None
     idle_measured: np.ndarray | None = None
+    # The busy hand-over's wait for the batch being built (SPEC §4.2): per row ([N]) the
+    # slope and intercept of a busy ready batch's stall on the time its worker still needed
+    # for that batch when the loop asked (0, 0 where the stall does not follow it), and per
+    # batch and rank ([N, G]) that time as measured (0 where the worker was idle).
+    busy_slope: np.ndarray | None = None
+    busy_icept: np.ndarray | None = None
+    busy_rem: np.ndarray | None = None
 
 
 def segments_of(epoch: np.ndarray, iteration: np.ndarray) -> np.ndarray:
@@ -155,6 +162,9 @@ def _typical(samples, counts):  # pragma: no cover - compiled
 BUSY_MIN_SAMPLES = 10
 #: Standard errors by which the busy ready batches' mean hand-over must exceed the idle ones'.
 BUSY_MIN_SE = 2.0
+#: Share of the busy ready batches' stall variance the time left on the batch being built
+#: must explain (r²) for the hand-over to be replayed as waiting for that batch.
+BUSY_MIN_R2 = 0.8
 
 
 @njit(cache=_CACHE)
@@ -181,6 +191,7 @@ def _calibrate(
     prefetch,
     min_samples,
     min_se,
+    min_r2,
 ):  # pragma: no cover - compiled
     # Memory: besides the 6 [N, G] results, only buffers of the longest segment. The
     # loop's request (arrival - stall), iteration end (request + T) and fetch end
@@ -210,6 +221,9 @@ def _calibrate(
     busy_excess = np.zeros(n)
     idle_hand = np.zeros(n)
     busy_wait = np.zeros((n, g))
+    busy_slope = np.zeros(n)
+    busy_icept = np.zeros(n)
+    busy_rem = np.zeros((n, g))
     busy_values = np.empty(longest * g)  # the segment's ready batches' stalls, by kind
     idle_values = np.empty(longest * g)
     after_same = np.empty((longest, g), dtype=np.int64)  # by position in the segment
@@ -285,6 +299,9 @@ def _calibrate(
         square_idle = 0.0
         n_busy = 0
         n_idle = 0
+        sum_rem = 0.0
+        sum_rem2 = 0.0
+        sum_rem_st = 0.0
         for r in range(g):
             for i in range(hi - 1, lo - 1, -1):  # (the order the committed FIDELITY sums in)
                 if workers == 0:
@@ -296,12 +313,16 @@ def _calibrate(
                 sent_before = j - lo < prefetch * workers or j - prefetch * workers < i
                 if j >= 0 and sent_before and start[j, r] <= req < start[j, r] + fetch[j, r]:
                     busy[i, r] = 1.0
+                    busy_rem[i, r] = start[j, r] + fetch[j, r] - req
                 if i - lo < max(prefetch * workers, 1) or not start[i, r] + fetch[i, r] < req:
                     continue  # start-up batches, and batches the loop waited for
                 if busy[i, r] > 0.0:
                     busy_values[n_busy] = stall[i, r]
                     total_busy += stall[i, r]
                     square_busy += stall[i, r] * stall[i, r]
+                    sum_rem += busy_rem[i, r]
+                    sum_rem2 += busy_rem[i, r] * busy_rem[i, r]
+                    sum_rem_st += busy_rem[i, r] * stall[i, r]
                     n_busy += 1
                 else:
                     idle_values[n_idle] = stall[i, r]
@@ -318,9 +339,22 @@ def _calibrate(
             var_idle = max(square_idle / n_idle - idle**2, 0.0)
             if gap <= min_se * np.sqrt(var_busy / n_busy + var_idle / n_idle) or gap <= 0.0:
                 gap = 0.0
+        slope = 0.0
+        icept = 0.0
+        if gap > 0.0:
+            mean_st = total_busy / n_busy
+            mean_rem = sum_rem / n_busy
+            var_rem = sum_rem2 / n_busy - mean_rem * mean_rem
+            var_st = max(square_busy / n_busy - mean_st * mean_st, 0.0)
+            cov = sum_rem_st / n_busy - mean_rem * mean_st
+            if var_rem > 0.0 and var_st > 0.0 and cov * cov >= min_r2 * var_rem * var_st:
+                slope = min(max(cov / var_rem, 0.0), 1.0)
+                icept = mean_st - slope * mean_rem
         for i in range(lo, hi):
             busy_excess[i] = gap
             idle_hand[i] = idle
+            busy_slope[i] = slope
+            busy_icept[i] = icept
             for r in range(g):
                 busy_wait[i, r] = gap
         if gap > 0.0:
@@ -328,7 +362,10 @@ def _calibrate(
                 busy_wait, stall, start, fetch, arrival, busy, lo, hi, prefetch * workers,
                 np.sort(busy_values[:n_busy]), np.sort(idle_values[:n_idle]),
             )  # fmt: skip
-    return lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait
+    return (
+        lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait,
+        busy_slope, busy_icept, busy_rem,
+    )  # fmt: skip
 
 
 @njit(cache=_CACHE)
@@ -368,12 +405,15 @@ def calibrate(
     keep_worker_ids: bool = False,
     busy_min_samples: int = BUSY_MIN_SAMPLES,
     busy_min_se: float = BUSY_MIN_SE,
+    busy_min_r2: float = BUSY_MIN_R2,
 ) -> Calibration:
     """Residuals of the measured run under loader settings (``workers``, ``prefetch``).
 
     ``busy_min_samples``: ready batches of each kind (worker busy, idle) a segment needs
     for its busy worker's extra hand-over to be measured; ``busy_min_se``: the standard
-    errors it must stand out by (the tests lower both, so that random traces carry it).
+    errors it must stand out by (the tests lower both, so that random traces carry it);
+    ``busy_min_r2``: the share of the busy ones' stall variance the time left on the batch
+    being built must explain for the hand-over to be replayed as waiting for it.
     """
     parts = _calibrate(
         inputs.segments,
@@ -387,12 +427,13 @@ def calibrate(
         prefetch,
         busy_min_samples,
         busy_min_se,
+        busy_min_r2,
     )
-    *terms, busy, busy_excess, idle_hand, busy_wait = parts
+    *terms, busy, busy_excess, idle_hand, busy_wait, slope, icept, rem = parts
     return Calibration(
         workers, prefetch, *terms, keep_worker_ids=keep_worker_ids, busy=busy,
         busy_excess=busy_excess, idle_hand=idle_hand, busy_wait=busy_wait,
-        idle_measured=idle_hand.copy(),
+        idle_measured=idle_hand.copy(), busy_slope=slope, busy_icept=icept, busy_rem=rem,
     )  # fmt: skip
 
 
@@ -400,7 +441,7 @@ def calibrate(
 def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
     lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, use_busy,
-    busy_wait, idle_measured, work_ratio,
+    busy_wait, idle_measured, work_ratio, busy_slope, busy_icept, busy_rem,
     fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus,
 ):  # fmt: skip
     n, g = start.shape
@@ -493,6 +534,7 @@ def _replay(  # pragma: no cover - compiled
                     # Is the worker building its next batch when the loop asks (SPEC §4.2)?
                     j = after_same[k, r] if same_loader else i + new_w
                     now = 0.0
+                    left = 0.0  # the time the worker still needs for batch j
                     if 0 <= j < hi:
                         if j - lo < new_p * new_w:
                             sent_j = req2[lo, r]
@@ -504,8 +546,16 @@ def _replay(  # pragma: no cover - compiled
                         f_j = fetch[j, r] if fetch_mode == ACTUAL else aligned[j]
                         if s_j <= req2[i, r] < s_j + f_j:
                             now = 1.0
+                            left = s_j + f_j - req2[i, r]
                     x = work_ratio[j, r] if work_ratio.shape[0] > 0 and now > 0.0 else 1.0
-                    if now > busy[i, r]:
+                    beta = busy_slope[i] if busy_slope.shape[0] > 0 else 0.0
+                    if beta > 0.0 and now > 0.0 and busy[i, r] > 0.0:
+                        # Busy in both: the wait follows the time left on the batch being built.
+                        h = max(h + beta * (left - busy_rem[i, r]), 0.0)
+                    elif beta > 0.0 and now > busy[i, r]:
+                        # Busy where it was idle: the segment's line of stall on time left.
+                        h = max(h, busy_icept[i] + beta * left)
+                    elif now > busy[i, r]:
                         # Busy where it was idle: a busy worker's hand-over (its counterpart
                         # at the same quantile), its wait in proportion to the work of the
                         # batch the worker is building.
@@ -586,11 +636,15 @@ def replay_pipeline(
     ratio = inputs.work_ratio  # [0, G]: every ratio 1 (no [N, G] array of ones allocated)
     if not use_busy or ratio is None:
         ratio = np.zeros((0, g))
+    slope, icept, rem = calibration.busy_slope, calibration.busy_icept, calibration.busy_rem
+    if not use_busy or slope is None or icept is None or rem is None:
+        slope, icept, rem = np.zeros(0), np.zeros(0), np.zeros((0, g))
     out = _replay(
         inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
         inputs.stall, inputs.worker,
         calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
         calibration.after, calibration.loop, busy, excess, idle, use_busy, wait, measured, ratio,
+        slope, icept, rem,
         _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu,
     )  # fmt: skip
     names = (
