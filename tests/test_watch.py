@@ -176,6 +176,36 @@ def test_the_view_waits_for_an_iteration_past_the_warm_up(tmp_path: Path) -> Non
         assert watch.look().view.rows
 
 
+def test_a_logdir_deleted_while_watched_is_said_and_its_return_followed(tmp_path: Path) -> None:
+    """The last window stayed on screen, "0 log files followed" the only sign, when the
+    logs were deleted or moved: the view now says they are gone, keeps what it had, and
+    follows them again when they come back."""
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from dsim.render.live import renderable
+
+    logs = tmp_path / "run"
+    shutil.copytree(SAMPLE, logs)
+    with Watch(logs) as watch:
+        before = watch.look()
+        assert before.waiting is None and before.view is not None and before.view.rows
+        shutil.move(logs, tmp_path / "elsewhere")
+        gone = watch.look()
+        assert gone.waiting is not None and "is gone (deleted or moved)" in gone.waiting
+        assert gone.view is before.view and gone.files == 0
+        assert watch.look() is gone  # one snapshot while nothing changes (pipes print once)
+        console = Console(width=1000, file=io.StringIO())  # no line wrapped
+        with console.capture() as out:
+            console.print(renderable(gone, 1000))
+        assert f"waiting: {logs} is gone (deleted or moved)" in out.get()
+        shutil.move(tmp_path / "elsewhere", logs)
+        back = watch.look()
+        assert back.waiting is None and back.files == 4 and back.view.rows
+
+
 def test_once_prints_the_readmes_capture_and_json(dsim_cli) -> None:
     """The README's live-view capture is what `dsim watch --once` prints in 80 columns."""
     done = dsim_cli("watch", SAMPLE.relative_to(REPO), "--once", cwd=REPO, env={"COLUMNS": "80"})

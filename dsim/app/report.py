@@ -142,14 +142,27 @@ def make_report(
     return ReportOutcome(answer, view, figs, notes, request.out)
 
 
-def write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path | None:
-    """Static copies of every figure next to ``out``; None when no renderer (kaleido) is
-    installed (the HTML report does not need one)."""
+def require_image_renderer(fmt: str) -> None:
+    """Refuse ``--images`` where plotly's static export has no renderer (kaleido).
+
+    Why before any work: the images were asked for, so a report without them is not
+    what the user ran the command for; a note after a minute's work and exit 0 let
+    scripts go on without them (the HTML report itself needs no renderer).
+    """
     try:
         import kaleido  # noqa: F401
-        import plotly.io as pio
     except ImportError:
-        return None
+        raise UsageError(
+            f"--images {fmt}: static export needs the kaleido package, which is not installed "
+            "here (pip install kaleido); the HTML report does not need it: leave --images out"
+        ) from None
+
+
+def write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path:
+    """Static copies of every figure next to ``out`` (``require_image_renderer`` first)."""
+    import plotly.io as pio
+
+    require_image_renderer(fmt)
     folder = out.with_name(f"{out.stem}_images")
     remove_leftovers(folder)
     for div_id, fig in figs:

@@ -115,12 +115,28 @@ class Watch:
         for held in self._held.values():
             if len(held) > cap:
                 _let_go(held, len(held) - cap)
-        if self._last is not None and not new:
+        if not self.path.exists():
+            # Deleted or moved while followed: say so over what was last seen (it stayed
+            # on screen without a word, as if the job had stopped logging), and keep
+            # looking, as `tail -F` does, for the job may write it again.
+            base = self._last or self._snapshot(None, None)
+            if base.waiting != self._gone or base.files != self.follower.stats.files:
+                self._last = replace(base, files=self.follower.stats.files, waiting=self._gone)
+            return self._last
+        back = self._last is not None and self._last.waiting == self._gone
+        if self._last is not None and not new and not back:
             if self._last.files != self.follower.stats.files:
                 self._last = replace(self._last, files=self.follower.stats.files)
             return self._last
         self._last = self._compute()
         return self._last
+
+    @property
+    def _gone(self) -> str:
+        return (
+            f"{self.path} is gone (deleted or moved): the numbers below are from before; "
+            "watching for it to come back"
+        )
 
     def _snapshot(self, view: LiveWindow | None, waiting: str | None) -> Snapshot:
         return Snapshot(self.name, str(self.path), self.follower.stats.files, view, waiting)

@@ -132,6 +132,10 @@ def command(
 
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
+    if images is not None:
+        from dsim.app.report import require_image_renderer
+
+        require_image_renderer(images.lower())  # before any work: nothing is written
     epoch_sel = parse_epochs_option(epochs)
     policies = [parse_policy_option(p) for p in policy or []] or None
     if mlflow:
@@ -174,16 +178,8 @@ def command(
         sys.stdout.flush()
         return
 
-    def images_out() -> Path | None:
-        fmt = str(images).lower()
-        folder = write_images(outcome.figures, out, fmt)
-        if folder is None:
-            typer.echo(
-                f"dsim: note: no {fmt} images written: static export needs the kaleido package "
-                "(pip install kaleido); the HTML report does not need it",
-                err=True,
-            )
-        return folder
+    def images_out() -> Path:
+        return write_images(outcome.figures, out, str(images).lower())
 
     tracked = None
     if mlflow:
@@ -205,8 +201,7 @@ def command(
         typer.echo(tracked.text(), err=True)
     if images is not None:
         folder = images_out()
-        if folder is not None:
-            typer.echo(f"wrote {len(outcome.figures)} {images.lower()} images to {folder}")
+        typer.echo(f"wrote {len(outcome.figures)} {images.lower()} images to {folder}")
 
 
 command.__doc__ = HELP
