@@ -132,10 +132,6 @@ def command(
 
     if images is not None and images.lower() not in IMAGE_FORMATS:
         raise UsageError(f"--images must be one of {', '.join(IMAGE_FORMATS)}, not {images!r}")
-    if images is not None:
-        from dsim.app.report import require_image_renderer
-
-        require_image_renderer(images.lower())  # before any work: nothing is written
     epoch_sel = parse_epochs_option(epochs)
     policies = [parse_policy_option(p) for p in policy or []] or None
     if mlflow:
@@ -144,11 +140,19 @@ def command(
 
         require_mlflow(MlflowSettings())  # before any work
 
-    from dsim.app.report import ReportRequest, check_output, make_report, write_images
+    from dsim.app.report import (
+        ReportRequest,
+        check_output,
+        make_report,
+        require_image_renderer,
+        write_images,
+    )
 
     to_stdout = str(out) == "-"
     if to_stdout and images is not None:
         raise UsageError("--images writes files next to the report: give --out FILE, not -")
+    if images is not None:
+        require_image_renderer(images.lower())  # before any work: nothing is written
     if not to_stdout:
         check_output(out)
 
