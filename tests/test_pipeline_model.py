@@ -273,6 +273,8 @@ def test_a_busy_hand_over_waits_for_the_batch_being_built():
     # The same run whose busy stalls do not follow the time left keeps the rules before.
     flat = calibrate(_alternating_run()[0], 1, 2)
     assert not np.any(flat.busy_slope)
+    # the measured time left is kept only where it is read: not a row of it for this run
+    assert cal.busy_rem.shape == inputs.fetch.shape and flat.busy_rem.shape == (0, 1)
 
 
 def test_a_busy_worker_hands_over_later():

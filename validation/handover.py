@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dsim.replay.models.pipeline import ready_batches
+from dsim.replay.models.pipeline import busy_time_left, ready_batches
 from validation.cells import parse_run_name
 from validation.predict import prepare_pipeline
 from validation.sweepparse import parsed_runs, run_names, table_main
@@ -40,7 +40,7 @@ def split(trace_dir: Path) -> dict[str, float]:
     busy = ready & (c.busy > 0)
     idle = ready & (c.busy == 0)
     ms = 1e3
-    left, stall = c.busy_rem[busy], i.stall[busy]
+    left, stall = busy_time_left(prepared)[busy], i.stall[busy]
     spread = busy.sum() > 2 and np.ptp(left) > 0 and np.ptp(stall) > 0
     return {
         "busy_share": float(busy.sum() / max(ready.sum(), 1)),

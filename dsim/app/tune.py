@@ -332,7 +332,7 @@ def busy_hand_over_note(prepared: Any) -> str | None:
     rows = extra > 0
     busy = float(np.mean(c.busy[rows]))
     slope = getattr(c, "busy_slope", None)
-    waits = slope is not None and bool(np.any(slope[rows] > 0))
+    waits = slope is not None and bool(np.any(slope > 0))
     how = ", as long as that batch still took" if waits else ""
     return (
         f"batches built ahead waited {float(np.mean(extra[rows])) * 1e3:.1f} ms longer to reach "

@@ -78,9 +78,9 @@ class PreparedPipeline:
             None if c.idle_hand is None else rows(c.idle_hand),
             None if c.busy_wait is None else rows(c.busy_wait),
             None if c.idle_measured is None else rows(c.idle_measured),
-            None if c.busy_slope is None else rows(c.busy_slope),
-            None if c.busy_icept is None else rows(c.busy_icept),
-            None if c.busy_rem is None else rows(c.busy_rem),
+            None if c.busy_slope is None else np.ascontiguousarray(c.busy_slope[inside]),
+            None if c.busy_icept is None else np.ascontiguousarray(c.busy_icept[inside]),
+            None if c.busy_rem is None or not len(c.busy_rem) else rows(c.busy_rem),
         )  # fmt: skip
         cpu = None
         if self.cpu is not None:  # never cut in practice (cut_points); kept whole-run values
@@ -275,6 +275,29 @@ def ready_batches(prepared: PreparedPipeline) -> np.ndarray:
     for lo, _ in i.segments:
         ready[lo : lo + window] = False
     return ready
+
+
+def busy_time_left(prepared: PreparedPipeline) -> np.ndarray:
+    """[N, G]: for each batch whose worker was busy when the loop asked for it (the
+    calibration's ``busy``), the time that worker still needed for the batch it was building
+    (its next one); NaN elsewhere. What a busy hand-over's wait follows where the worker holds
+    the GIL for its whole batch (SPEC §4.2); the diagnostics read it (validation.handover)."""
+    from dsim.replay.models.pipeline_kernel import _next_of_worker
+
+    i, c = prepared.inputs, prepared.calibration
+    left = np.full(i.fetch.shape, np.nan)
+    if c.busy is None or i.fetch.size == 0:
+        return left
+    nxt = np.empty(i.fetch.shape, dtype=np.int64)
+    seen = np.empty(int(i.worker.max()) + 1, dtype=np.int64)
+    req = i.arrival - i.stall
+    for lo, hi in i.segments:
+        _next_of_worker(i.worker, lo, hi, nxt, seen)
+        for r in range(i.fetch.shape[1]):
+            rows = np.flatnonzero(c.busy[lo:hi, r] > 0) + lo
+            j = nxt[rows - lo, r]
+            left[rows, r] = i.start[j, r] + i.fetch[j, r] - req[rows, r]
+    return left
 
 
 def drain_rows(segments: np.ndarray, n: int, startup: int) -> np.ndarray:

@@ -117,10 +117,12 @@ class Calibration:
     # idle hand-over as measured (``idle_hand`` is the what-if's: contention stretches it).
     busy_wait: np.ndarray | None = None
     idle_measured: np.ndarray | None = None
-    # The busy hand-over's wait for the batch being built (SPEC §4.2): per row ([N]) the
+    # The busy hand-over's wait for the batch being built (SPEC §4.2): per segment ([S]) the
     # slope and intercept of a busy ready batch's stall on the time its worker still needed
-    # for that batch when the loop asked (0, 0 where the stall does not follow it), and per
-    # batch and rank ([N, G]) that time as measured (0 where the worker was idle).
+    # for that batch when the loop asked (0, 0 where the stall does not follow it); and per
+    # batch and rank ([N, G]) that time as measured (0 where the worker was idle), only where
+    # some segment has a slope ([0, G] else: kept always, it made ``dsim run`` peak 10 bytes
+    # per GPU-iteration higher on runs without the effect).
     busy_slope: np.ndarray | None = None
     busy_icept: np.ndarray | None = None
     busy_rem: np.ndarray | None = None
@@ -221,9 +223,8 @@ def _calibrate(
     busy_excess = np.zeros(n)
     idle_hand = np.zeros(n)
     busy_wait = np.zeros((n, g))
-    busy_slope = np.zeros(n)
-    busy_icept = np.zeros(n)
-    busy_rem = np.zeros((n, g))
+    busy_slope = np.zeros(segments.shape[0])
+    busy_icept = np.zeros(segments.shape[0])
     busy_values = np.empty(longest * g)  # the segment's ready batches' stalls, by kind
     idle_values = np.empty(longest * g)
     after_same = np.empty((longest, g), dtype=np.int64)  # by position in the segment
@@ -308,21 +309,22 @@ def _calibrate(
                     continue
                 j = after_same[i - lo, r]
                 req = arrival[i, r] - stall[i, r]
+                left = 0.0  # the time the worker still needed for batch j, when busy
                 # Only a batch whose index went out before this hand-over counts (as in the
                 # replay: one sent with it cannot have started, whatever a log says).
                 sent_before = j - lo < prefetch * workers or j - prefetch * workers < i
                 if j >= 0 and sent_before and start[j, r] <= req < start[j, r] + fetch[j, r]:
                     busy[i, r] = 1.0
-                    busy_rem[i, r] = start[j, r] + fetch[j, r] - req
+                    left = start[j, r] + fetch[j, r] - req
                 if i - lo < max(prefetch * workers, 1) or not start[i, r] + fetch[i, r] < req:
                     continue  # start-up batches, and batches the loop waited for
                 if busy[i, r] > 0.0:
                     busy_values[n_busy] = stall[i, r]
                     total_busy += stall[i, r]
                     square_busy += stall[i, r] * stall[i, r]
-                    sum_rem += busy_rem[i, r]
-                    sum_rem2 += busy_rem[i, r] * busy_rem[i, r]
-                    sum_rem_st += busy_rem[i, r] * stall[i, r]
+                    sum_rem += left
+                    sum_rem2 += left * left
+                    sum_rem_st += left * stall[i, r]
                     n_busy += 1
                 else:
                     idle_values[n_idle] = stall[i, r]
@@ -350,11 +352,11 @@ def _calibrate(
             if var_rem > 0.0 and var_st > 0.0 and cov * cov >= min_r2 * var_rem * var_st:
                 slope = min(max(cov / var_rem, 0.0), 1.0)
                 icept = mean_st - slope * mean_rem
+        busy_slope[s] = slope
+        busy_icept[s] = icept
         for i in range(lo, hi):
             busy_excess[i] = gap
             idle_hand[i] = idle
-            busy_slope[i] = slope
-            busy_icept[i] = icept
             for r in range(g):
                 busy_wait[i, r] = gap
         if gap > 0.0:
@@ -362,6 +364,17 @@ def _calibrate(
                 busy_wait, stall, start, fetch, arrival, busy, lo, hi, prefetch * workers,
                 np.sort(busy_values[:n_busy]), np.sort(idle_values[:n_idle]),
             )  # fmt: skip
+    busy_rem = np.zeros((0, g))
+    if workers > 0 and np.any(busy_slope > 0.0):  # the measured time left, where it is read
+        busy_rem = np.zeros((n, g))
+        for s in range(segments.shape[0]):
+            lo, hi = segments[s, 0], segments[s, 1]
+            _next_of_worker(worker, lo, hi, after_same, seen)
+            for r in range(g):
+                for i in range(lo, hi):
+                    if busy[i, r] > 0.0:
+                        j = after_same[i - lo, r]
+                        busy_rem[i, r] = start[j, r] + fetch[j, r] - (arrival[i, r] - stall[i, r])
     return (
         lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait,
         busy_slope, busy_icept, busy_rem,
@@ -548,13 +561,13 @@ def _replay(  # pragma: no cover - compiled
                             now = 1.0
                             left = s_j + f_j - req2[i, r]
                     x = work_ratio[j, r] if work_ratio.shape[0] > 0 and now > 0.0 else 1.0
-                    beta = busy_slope[i] if busy_slope.shape[0] > 0 else 0.0
+                    beta = busy_slope[s] if busy_slope.shape[0] > 0 else 0.0
                     if beta > 0.0 and now > 0.0 and busy[i, r] > 0.0:
                         # Busy in both: the wait follows the time left on the batch being built.
                         h = max(h + beta * (left - busy_rem[i, r]), 0.0)
                     elif beta > 0.0 and now > busy[i, r]:
                         # Busy where it was idle: the segment's line of stall on time left.
-                        h = max(h, busy_icept[i] + beta * left)
+                        h = max(h, busy_icept[s] + beta * left)
                     elif now > busy[i, r]:
                         # Busy where it was idle: a busy worker's hand-over (its counterpart
                         # at the same quantile), its wait in proportion to the work of the
@@ -637,7 +650,7 @@ def replay_pipeline(
     if not use_busy or ratio is None:
         ratio = np.zeros((0, g))
     slope, icept, rem = calibration.busy_slope, calibration.busy_icept, calibration.busy_rem
-    if not use_busy or slope is None or icept is None or rem is None:
+    if not use_busy or slope is None or icept is None or rem is None or not len(rem):
         slope, icept, rem = np.zeros(0), np.zeros(0), np.zeros((0, g))
     out = _replay(
         inputs.segments, inputs.iteration, inputs.start, inputs.fetch, inputs.arrival,
