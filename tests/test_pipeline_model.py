@@ -284,6 +284,7 @@ def test_a_busy_worker_hands_over_later():
     cal = calibrate(inputs, 1, 2)
     assert (cal.busy[:-1, 0] == busy[:-1]).all()  # the last batch has no next one
     np.testing.assert_allclose(cal.busy_excess, 11e-3, atol=1e-12)
+    assert cal.busy_wait.shape == inputs.fetch.shape  # kept: a segment has the extra
     np.testing.assert_allclose(cal.idle_hand, 1e-3, atol=1e-12)
     same = replay_pipeline(inputs, cal, ("actual", "actual"))
     np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)

@@ -113,8 +113,9 @@ class Calibration:
     idle_hand: np.ndarray | None = None  # per row ([N]): its segment's idle worker's hand-over
     # Per batch and rank ([N, G]): what a busy worker would add to its hand-over. For a ready
     # batch whose worker was idle, the segment's busy hand-over at the same quantile as its own
-    # among the idle ones, less its own; for any other, the busy extra. And per row ([N]) the
-    # idle hand-over as measured (``idle_hand`` is the what-if's: contention stretches it).
+    # among the idle ones, less its own; for any other, the busy extra ([0, G] where no segment
+    # has an extra: then nothing reads it). And per row ([N]) the idle hand-over as measured
+    # (``idle_hand`` is the what-if's: contention stretches it).
     busy_wait: np.ndarray | None = None
     idle_measured: np.ndarray | None = None
     # The busy hand-over's wait for the batch being built (SPEC §4.2): per segment ([S]) the
@@ -222,7 +223,7 @@ def _calibrate(
     busy = np.zeros((n, g), dtype=np.float32)
     busy_excess = np.zeros(n)
     idle_hand = np.zeros(n)
-    busy_wait = np.zeros((n, g))
+    busy_wait = np.zeros((0, g))  # allocated at the first segment with a busy extra
     busy_slope = np.zeros(segments.shape[0])
     busy_icept = np.zeros(segments.shape[0])
     busy_values = np.empty(longest * g)  # the segment's ready batches' stalls, by kind
@@ -357,9 +358,15 @@ def _calibrate(
         for i in range(lo, hi):
             busy_excess[i] = gap
             idle_hand[i] = idle
-            for r in range(g):
-                busy_wait[i, r] = gap
         if gap > 0.0:
+            # Kept from the first segment with an extra on ([0, G] in a run without one: the
+            # replay reads it only there; kept for every run it is 8 bytes per GPU-iteration
+            # of `dsim run`'s peak). The segments before have none: zeros.
+            if busy_wait.shape[0] == 0:
+                busy_wait = np.zeros((n, g))
+            for i in range(lo, hi):
+                for r in range(g):
+                    busy_wait[i, r] = gap
             _quantile_waits(
                 busy_wait, stall, start, fetch, arrival, busy, lo, hi, prefetch * workers,
                 np.sort(busy_values[:n_busy]), np.sort(idle_values[:n_idle]),
@@ -643,7 +650,8 @@ def replay_pipeline(
     use_busy = use_busy and bool(np.any(excess != 0.0))
     if not use_busy:
         busy, excess, idle = np.zeros((0, g)), np.zeros(0), np.zeros(0)
-    if not use_busy or wait is None or measured is None:  # a calibration built by hand
+    if not use_busy or wait is None or measured is None or len(wait) != len(excess):
+        # a calibration built by hand, or given an extra its calibration did not find
         wait = np.repeat(excess[:, None], g, axis=1) if use_busy else np.zeros((0, g))
         measured = idle
     ratio = inputs.work_ratio  # [0, G]: every ratio 1 (no [N, G] array of ones allocated)
