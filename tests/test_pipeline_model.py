@@ -205,19 +205,21 @@ def test_three_workers_can_be_slower_than_two():
     assert three > two + 0.1
 
 
-def _alternating_run(n: int = 40):
+def _alternating_run(n: int = 40, left: np.ndarray | None = None, busy_stall=None):
     """One rank, 1 worker, prefetch 2, a batch asked for every 20 ms, each built in 8 ms
     well before: on even rows the worker has already started the next batch when the loop
-    asks (busy), on odd rows it starts it 5 ms later (idle). A busy worker's batch took
-    12 ms to hand over, an idle one's 1 ms: a dataset that holds the GIL (SPEC §4.2)."""
+    asks (busy; ``left`` of it still to build, 6 ms unless given), on odd rows it starts it
+    5 ms later (idle). A busy worker's batch took ``busy_stall`` (12 ms unless given) to hand
+    over, an idle one's 1 ms: a dataset that holds the GIL (SPEC §4.2)."""
     ms = 1e-3
     req = np.arange(n) * 20 * ms
+    left = np.full(n, 6 * ms) if left is None else left
     start = np.empty(n)
     start[0] = -30 * ms
     for j in range(1, n):
-        start[j] = req[j - 1] - 2 * ms if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
+        start[j] = req[j - 1] - (8 * ms - left[j - 1]) if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
     busy = np.arange(n) % 2 == 0
-    stall = np.where(busy, 12 * ms, 1 * ms)
+    stall = np.where(busy, 12 * ms if busy_stall is None else busy_stall, 1 * ms)
     col = lambda a: np.ascontiguousarray(a[:, None])  # noqa: E731
     inputs = PipelineInputs(
         segments_of(np.zeros(n, np.int32), np.arange(n, dtype=np.int32)),
@@ -232,49 +234,8 @@ def _waiting_run(n: int = 40):
     worker finished the batch it was building, whose time left at the request varies from
     2 to 6 ms: a worker whose Python code holds the GIL for the whole batch (SPEC §4.2,
     "Waiting for the batch being built")."""
-    ms = 1e-3
-    req = np.arange(n) * 20 * ms
-    left = (2 + np.arange(n) % 5) * ms
-    start = np.empty(n)
-    start[0] = -30 * ms
-    for j in range(1, n):
-        start[j] = req[j - 1] - (8 * ms - left[j - 1]) if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
-    busy = np.arange(n) % 2 == 0
-    stall = np.where(busy, left + 1 * ms, 1 * ms)
-    col = lambda a: np.ascontiguousarray(a[:, None])  # noqa: E731
-    inputs = PipelineInputs(
-        segments_of(np.zeros(n, np.int32), np.arange(n, dtype=np.int32)),
-        np.arange(n, dtype=np.int64), col(start), col(np.full(n, 8 * ms)), col(req + stall),
-        col(stall), col(np.full(n, 20 * ms)), np.zeros((n, 1), np.int64),
-    )  # fmt: skip
-    return inputs, busy
-
-
-def test_a_busy_hand_over_waits_for_the_batch_being_built():
-    """The calibration finds the line of a busy ready batch's stall on its worker's time left
-    (slope 1, 1 ms above); replayed with shorter fetches, every batch whose worker is busy
-    when the loop asks reaches it 1 ms after the worker finishes the batch it is building."""
-    inputs, _ = _waiting_run()
-    cal = calibrate(inputs, 1, 2)
-    np.testing.assert_allclose(cal.busy_slope, 1.0, atol=1e-9)
-    np.testing.assert_allclose(cal.busy_icept, 1e-3, atol=1e-9)
-    same = replay_pipeline(inputs, cal, ("actual", "actual"))
-    np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)
-    shorter = replace(inputs, fetch=np.full_like(inputs.fetch, 6e-3))
-    out = replay_pipeline(shorter, cal, ("actual", "actual"))
-    start, end, stall = out["gpu_start_s"][:, 0], out["gpu_end_s"][:, 0], out["gpu_stall_s"][:, 0]
-    checked = 0
-    for k in range(2, len(start) - 1):
-        ask = end[k - 1]  # the loop asks as the last iteration ends (its gap is 0 here)
-        if start[k + 1] <= ask < start[k + 1] + 6e-3:  # the worker is building batch k + 1
-            assert stall[k] == pytest.approx(start[k + 1] + 6e-3 - ask + 1e-3, abs=1e-12)
-            checked += 1
-    assert checked >= 10
-    # The same run whose busy stalls do not follow the time left keeps the rules before.
-    flat = calibrate(_alternating_run()[0], 1, 2)
-    assert not np.any(flat.busy_slope)
-    # the measured time left is kept only where it is read: not a row of it for this run
-    assert cal.busy_rem.shape == inputs.fetch.shape and flat.busy_rem.shape == (0, 1)
+    left = (2 + np.arange(n) % 5) * 1e-3
+    return _alternating_run(n, left=left, busy_stall=left + 1e-3)
 
 
 def test_a_busy_worker_hands_over_later():

@@ -159,10 +159,10 @@ def require_image_renderer(fmt: str) -> None:
 
 
 def write_images(figs: list[tuple[str, Any]], out: Path, fmt: str) -> Path:
-    """Static copies of every figure next to ``out`` (``require_image_renderer`` first)."""
+    """Static copies of every figure next to ``out``; call ``require_image_renderer`` before
+    the report's work (without a renderer plotly's export fails: "cannot render")."""
     import plotly.io as pio
 
-    require_image_renderer(fmt)
     folder = out.with_name(f"{out.stem}_images")
     remove_leftovers(folder)
     for div_id, fig in figs:

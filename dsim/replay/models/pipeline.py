@@ -281,22 +281,16 @@ def busy_time_left(prepared: PreparedPipeline) -> np.ndarray:
     """[N, G]: for each batch whose worker was busy when the loop asked for it (the
     calibration's ``busy``), the time that worker still needed for the batch it was building
     (its next one); NaN elsewhere. What a busy hand-over's wait follows where the worker holds
-    the GIL for its whole batch (SPEC §4.2); the diagnostics read it (validation.handover)."""
-    from dsim.replay.models.pipeline_kernel import _next_of_worker
+    the GIL for its whole batch (SPEC §4.2); the diagnostics read it (validation.handover),
+    the calibration keeps it only where it is fitted (``busy_rem``)."""
+    from dsim.replay.models import pipeline_kernel
 
     i, c = prepared.inputs, prepared.calibration
     left = np.full(i.fetch.shape, np.nan)
-    if c.busy is None or i.fetch.size == 0:
-        return left
-    nxt = np.empty(i.fetch.shape, dtype=np.int64)
-    seen = np.empty(int(i.worker.max()) + 1, dtype=np.int64)
-    req = i.arrival - i.stall
-    for lo, hi in i.segments:
-        _next_of_worker(i.worker, lo, hi, nxt, seen)
-        for r in range(i.fetch.shape[1]):
-            rows = np.flatnonzero(c.busy[lo:hi, r] > 0) + lo
-            j = nxt[rows - lo, r]
-            left[rows, r] = i.start[j, r] + i.fetch[j, r] - req[rows, r]
+    if c.busy is not None and i.fetch.size:
+        pipeline_kernel.busy_time_left(
+            i.segments, i.start, i.fetch, i.arrival, i.stall, i.worker, c.busy, left
+        )
     return left
 
 
@@ -362,6 +356,8 @@ def rebodied(
     copied = (source >= 0) & body[np.maximum(source, 0)]
     terms = {}
     carried = (*DRAIN_TERMS, "busy") if c.busy is not None else DRAIN_TERMS
+    if c.busy_rem is not None and len(c.busy_rem):
+        carried = (*carried, "busy_rem")  # the time left goes with its busy flag
     for term in carried:  # a copied hand-over keeps the busy flag it was measured with
         values = np.array(getattr(c, term), dtype=np.float64)
         means = values[body].mean(axis=0)

@@ -374,18 +374,33 @@ def _calibrate(
     busy_rem = np.zeros((0, g))
     if workers > 0 and np.any(busy_slope > 0.0):  # the measured time left, where it is read
         busy_rem = np.zeros((n, g))
-        for s in range(segments.shape[0]):
-            lo, hi = segments[s, 0], segments[s, 1]
-            _next_of_worker(worker, lo, hi, after_same, seen)
-            for r in range(g):
-                for i in range(lo, hi):
-                    if busy[i, r] > 0.0:
-                        j = after_same[i - lo, r]
-                        busy_rem[i, r] = start[j, r] + fetch[j, r] - (arrival[i, r] - stall[i, r])
+        busy_time_left(segments, start, fetch, arrival, stall, worker, busy, busy_rem)
     return (
         lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, busy_wait,
         busy_slope, busy_icept, busy_rem,
     )  # fmt: skip
+
+
+@njit(cache=_CACHE)
+def busy_time_left(
+    segments, start, fetch, arrival, stall, worker, busy, out
+):  # pragma: no cover - compiled
+    """Into ``out`` [N, G], where the batch's worker was busy when the loop asked for it
+    (``busy`` > 0), the time that worker still needed for the batch it was building: its
+    next batch's fetch end less the request. Other cells are left as they are."""
+    longest = 0
+    for s in range(segments.shape[0]):
+        longest = max(longest, segments[s, 1] - segments[s, 0])
+    nxt = np.empty((longest, start.shape[1]), dtype=np.int64)
+    seen = np.empty(max(int(worker.max()) + 1, 1) if worker.size else 1, dtype=np.int64)
+    for s in range(segments.shape[0]):
+        lo, hi = segments[s, 0], segments[s, 1]
+        _next_of_worker(worker, lo, hi, nxt, seen)
+        for r in range(start.shape[1]):
+            for i in range(lo, hi):
+                if busy[i, r] > 0.0:
+                    j = nxt[i - lo, r]
+                    out[i, r] = start[j, r] + fetch[j, r] - (arrival[i, r] - stall[i, r])
 
 
 @njit(cache=_CACHE)
