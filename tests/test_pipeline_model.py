@@ -238,6 +238,33 @@ def _waiting_run(n: int = 40):
     return _alternating_run(n, left=left, busy_stall=left + 1e-3)
 
 
+def test_a_busy_hand_over_waits_for_the_batch_being_built():
+    """The calibration finds the line of a busy ready batch's stall on its worker's time left
+    (slope 1, 1 ms above); replayed with shorter fetches, every batch whose worker is busy
+    when the loop asks reaches it 1 ms after the worker finishes the batch it is building."""
+    inputs, _ = _waiting_run()
+    cal = calibrate(inputs, 1, 2)
+    np.testing.assert_allclose(cal.busy_slope, 1.0, atol=1e-9)
+    np.testing.assert_allclose(cal.busy_icept, 1e-3, atol=1e-9)
+    same = replay_pipeline(inputs, cal, ("actual", "actual"))
+    np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)
+    shorter = replace(inputs, fetch=np.full_like(inputs.fetch, 6e-3))
+    out = replay_pipeline(shorter, cal, ("actual", "actual"))
+    start, end, stall = out["gpu_start_s"][:, 0], out["gpu_end_s"][:, 0], out["gpu_stall_s"][:, 0]
+    checked = 0
+    for k in range(2, len(start) - 1):
+        ask = end[k - 1]  # the loop asks as the last iteration ends (its gap is 0 here)
+        if start[k + 1] <= ask < start[k + 1] + 6e-3:  # the worker is building batch k + 1
+            assert stall[k] == pytest.approx(start[k + 1] + 6e-3 - ask + 1e-3, abs=1e-12)
+            checked += 1
+    assert checked >= 10
+    # The same run whose busy stalls do not follow the time left keeps the rules before.
+    flat = calibrate(_alternating_run()[0], 1, 2)
+    assert not np.any(flat.busy_slope)
+    # the measured time left is kept only where it is read: not a row of it for this run
+    assert cal.busy_rem.shape == inputs.fetch.shape and flat.busy_rem.shape == (0, 1)
+
+
 def test_a_busy_worker_hands_over_later():
     """The calibration measures the busy worker's extra hand-over; a what-if whose workers are
     idle when the loop asks (more of them) drops it, and the measured run is kept as it was."""
