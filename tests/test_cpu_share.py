@@ -20,6 +20,7 @@ from dsim.replay.models import cpu_share
 from dsim.replay.models.pipeline import (
     PipelineModel,
     cpu_assumption,
+    measured_period,
     solve_contention,
     worker_outside_cpu,
 )
@@ -63,6 +64,36 @@ def test_solver_is_monotone_in_the_what_if() -> None:
         for t0 in (0.2, 0.1, 0.05, 0.02, 0.0)
     ]
     assert all(np.diff(rhos) >= -1e-9)
+
+
+def test_wall_cap_maps_the_iteration_time_to_the_wall_clock() -> None:
+    """u_cap = P_m / T_m, never at or below the measured demand, never above 1."""
+    assert cpu_share.wall_cap(0.045, 0.052, 0.80) == pytest.approx(0.045 / 0.052)
+    assert cpu_share.wall_cap(0.040, 0.052, 0.85) == pytest.approx(0.85 + cpu_share.CAP_MARGIN)
+    assert cpu_share.wall_cap(0.060, 0.052, 0.50) == 1.0  # a period longer than T
+    assert cpu_share.wall_cap(0.0, 0.052, 0.50) == 1.0  # no period measured
+    assert cpu_share.wall_cap(0.045, 0.0, 0.50) == 1.0
+
+
+@pytest.mark.parametrize("cap", [0.5, 0.6, 0.8, 0.95, 1.0])
+def test_the_solver_stops_where_the_cores_are_busy_on_the_wall_clock(cap: float) -> None:
+    """Below the pole u_cap the fixed point is the curve's; past it, T = C / (K u_cap)."""
+    demand, cores, a = 0.08, 2, 0.5
+
+    def t_of(rho: float) -> float:
+        return 0.001 + 0.03 * rho
+
+    free = cpu_share.solve(t_of, demand, cores, a)
+    capped = cpu_share.solve(t_of, demand, cores, a, u_cap=cap)
+    assert capped.busy == pytest.approx(capped.demand / cap)
+    if free.demand < cap:
+        assert (capped.rho, capped.iteration_s) == (free.rho, free.iteration_s)
+    else:  # the curve alone went past the cores' wall-clock bound
+        assert capped.rho > free.rho
+        assert capped.iteration_s >= demand / (cores * cap)
+        assert capped.iteration_s == pytest.approx(demand / (cores * cap), rel=1e-5)
+        assert capped.busy == pytest.approx(1.0, rel=1e-5)
+    assert 0.5 < free.demand < 0.8  # both branches are taken over the parameters
 
 
 def _prepared(tmp_path: Path, **kwargs):
@@ -118,6 +149,57 @@ def test_identity_and_a_cpu_free_loader_are_unchanged(tmp_path: Path) -> None:
     model, _, light = _prepared(tmp_path / "light", cpu_s=0.0005, runq_s=0.0, train_cpu_s=0.0)
     assert light.cpu is not None
     assert _mean(model, light, 2) < 0.6 * _mean(model, light, 1)
+
+
+def test_the_wall_period_caps_a_what_if_that_adds_workers(tmp_path: Path) -> None:
+    """The measured run's wall period sets the pole; a 4-worker what-if stops at it."""
+    model, _, prepared = _prepared(tmp_path / "cpu")
+    cpu = prepared.cpu
+    assert cpu is not None
+    # one worker building 50 ms batches back to back: the iterations follow each other
+    # at 50 ms plus the ranks' skew (cpulogs)
+    period = measured_period(prepared)
+    assert period == pytest.approx(0.050, rel=0.01)
+    u_m = cpu.demand_s / (cpu.load.cores * cpu.measured_iteration_s)
+    assert cpu.u_cap == cpu_share.wall_cap(period, cpu.measured_iteration_s, u_m)
+    free = solve_contention(replace(prepared, cpu=replace(cpu, u_cap=1.0)), BASE, 4, 2)
+    cap = 0.98 * free.demand  # a pole below where the curve alone lands
+    capped = replace(prepared, cpu=replace(cpu, u_cap=cap))
+    solved = solve_contention(capped, BASE, 4, 2)
+    bound = cpu.demand_s / (cpu.load.cores * cap)
+    assert solved.iteration_s == pytest.approx(bound, rel=1e-4) and solved.rho > free.rho
+    # and the replay is the one at that stretch: slower than the curve alone gives
+    assert _mean(model, capped, 4, tail=8) > _mean(
+        model, replace(prepared, cpu=replace(cpu, u_cap=1.0)), 4, tail=8
+    )
+
+
+def test_each_batch_keeps_its_own_share_of_the_wait_for_a_core() -> None:
+    """f + (c + q) Δ_w / ρ_w,m: over the run the fetches gain what f + c Δ_w gives them, but
+    a batch built at a quieter moment (smaller q / c) gains less (SPEC §4.2)."""
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline, _stretched
+
+    n, g = 4, 2
+    fetch_cpu = np.full((n, g), 0.025)
+    fetch_runq = np.array([[0.100, 0.050], [0.050, 0.100], [0.075, 0.075], [0.010, 0.140]])
+    train_cpu, train_runq = np.full((n, g), 0.005), np.full((n, g), 0.026)
+    load = cpu_share.CpuLoad(fetch_cpu, fetch_runq, train_cpu, train_runq, 2, 2, False, True)
+    w, _ = cpu_share.class_stretches(load)
+    assert w == pytest.approx(4.0)  # 1 + 0.075 / 0.025
+    inputs, calibration = _eight_worker_run(n, g)
+    rho_m = cpu_share.measured_stretch(load)
+    state = CpuState(load, rho_m, 1.0, 0.5, 1.0, fetch_rho=w)
+    for rho in (1.5, rho_m, 6.0):
+        delta = cpu_share.class_delta(rho, rho_m, w)
+        got = _stretched(PreparedPipeline(inputs, calibration, state), rho).inputs.fetch
+        added = got - inputs.fetch
+        np.testing.assert_allclose(added, (fetch_cpu + fetch_runq) * delta / w)
+        assert added.sum() == pytest.approx((fetch_cpu * delta).sum())  # the run's total
+        if delta > 0:  # the batch that waited least gains least
+            assert added[3, 0] == added.min() and added[3, 1] == added.max()
+    # without the class stretch, or without run-queue waits: f + c Δ_w as before
+    pooled = _stretched(PreparedPipeline(inputs, calibration, replace(state, fetch_rho=None)), 6.0)
+    np.testing.assert_allclose(pooled.inputs.fetch, inputs.fetch + fetch_cpu * (6.0 - rho_m))
 
 
 def test_unknown_ranks_per_node_are_assumed_on_one_node(tmp_path: Path) -> None:

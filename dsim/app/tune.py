@@ -219,7 +219,8 @@ def tune_run(
     return result
 
 
-#: The node's CPU demand (cores busy / cores) from which the CPU-aware model calls them saturated.
+#: The cores' busy share on the wall clock (``Solution.busy``) from which the CPU-aware model
+#: calls them saturated.
 SATURATED_DEMAND = 0.9
 
 
@@ -234,7 +235,7 @@ def cpu_saturated_at(prepared: Any, workers: Sequence[int], prefetch: int) -> in
     if getattr(prepared, "cpu", None) is None:
         return None
     for w in sorted(x for x in set(workers) if x > 0):
-        if solve_contention(prepared, ACTUAL, w, prefetch).demand >= SATURATED_DEMAND:
+        if solve_contention(prepared, ACTUAL, w, prefetch).busy >= SATURATED_DEMAND:
             return w
     return None
 

@@ -17,6 +17,13 @@ K cores queue less at the same u, which a < 1 absorbs, and the one measured
 point fixes a. Whatever a, ρ → ∞ as u → 1, so T never falls below C / K
 (the cores cannot do more than K CPU seconds a second): the saturation
 bound holds by construction.
+
+u divides by T, the replay's iteration time (the max over ranks), which is
+longer than the wall period at which iterations follow each other. So the
+solver takes a lower pole, ``u_cap`` (``wall_cap``): the demand at which the
+measured run's own ratio of wall period to T says the cores are busy on the
+wall clock. Without it a what-if that added workers to a run whose cores were
+already 98 % busy replayed up to 1/u_m faster than they allow.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import numpy as np
 U_MAX_MEASURED = 0.99  # a measured demand at or above 1 (clock noise) is read as this
 PS_COEFFICIENT = 1.0  # a of M/M/1 processor sharing: used when run-queue waits are unknown
 MAX_STEPS = 60  # bisection steps (the bracket shrinks 2^-60: far below float noise in T)
+#: ``wall_cap`` never puts the pole closer than this above the measured demand u_m.
+CAP_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -168,14 +177,37 @@ def coefficient(u_measured: float, rho_measured: float | None) -> float:
     return max(rho_measured - 1.0, 0.0) * (1.0 - u) / u
 
 
+def wall_cap(period_s: float, iteration_s: float, u_measured: float) -> float:
+    """The demand u = C / (K T) at which the cores are busy on the wall clock: P_m / T_m.
+
+    Why: T (SPEC §3: each iteration's max over ranks of end − request) runs
+    16–22 % above the wall period P at which a CPU-bound run's iterations
+    follow each other, so its u_m read 0.82–0.86 where the node's counters
+    had the cores 98 % busy (validation/README.md, "The node's CPU and the
+    demand's period"). A pole at u = 1 let more-worker what-ifs of such runs
+    replay 7–10 % faster than the cores allow. The measured run's ratio maps
+    T to the wall clock; it is never read as putting the pole below the
+    measured point (``CAP_MARGIN`` above u_m: the measured run did run there)
+    nor above 1 (no wall period, or one longer than T, keeps the pole at 1).
+    """
+    if not (period_s > 0.0 and iteration_s > 0.0):
+        return 1.0
+    return min(1.0, max(period_s / iteration_s, u_measured + CAP_MARGIN))
+
+
 @dataclass(frozen=True)
 class Solution:
-    """The fixed point: stretch ρ, the mean iteration time T it gives, the demand u, steps."""
+    """The fixed point: stretch ρ, the mean iteration time T it gives, the demand u, steps.
+
+    ``busy``: u over the solver's pole ``u_cap``, the cores' busy share on the wall
+    clock as the measured run maps T to it (1: saturated).
+    """
 
     rho: float
     iteration_s: float
     demand: float
     steps: int
+    busy: float = 0.0
 
 
 def solve(
@@ -186,25 +218,34 @@ def solve(
     rho_low: float = 1.0,
     max_steps: int = MAX_STEPS,
     rel_tol: float = 1e-6,
+    u_cap: float = 1.0,
 ) -> Solution:
-    """The ρ with ρ = ρ(C / (K T(ρ))), by bisection.
+    """The ρ with ρ = ρ(C / (K T(ρ))), by bisection; the curve is ∞ from u ≥ ``u_cap``.
 
     ``t_of(ρ)`` is the replay's mean iteration time when every CPU second
     takes ρ wall seconds; it grows with ρ, and ρ(C / (K T)) falls as T grows,
     so h(ρ) = ρ − ρ(C / (K T(ρ))) is increasing and has one root. The bracket
     starts at ``rho_low`` (no contention) and doubles its upper end until h
-    changes sign; then ``max_steps`` halvings at most.
+    changes sign; then ``max_steps`` halvings at most. With ``u_cap`` < 1, h
+    jumps from −∞ to finite where T reaches C / (K u_cap) and stays
+    increasing, so the bisection stops there when the curve alone would have
+    gone past it.
     """
+    cap = min(max(u_cap, 0.0), 1.0)
 
     def h(rho: float) -> tuple[float, float]:
         t = t_of(rho)
         u = demand_s / (cores * t) if t > 0 else math.inf
-        return rho - stretch(u, a), t
+        return rho - (math.inf if u >= cap else stretch(u, a)), t
+
+    def solution(rho: float, t: float, steps: int) -> Solution:
+        u = demand_s / (cores * t) if t > 0 else 0.0
+        return Solution(rho, t, u, steps, u / cap if cap > 0 else math.inf)
 
     lo = rho_low
     value, t_lo = h(lo)
     if value >= 0.0:  # no contention at all even at ρ = ρ_low
-        return Solution(lo, t_lo, demand_s / (cores * t_lo) if t_lo > 0 else 0.0, 0)
+        return solution(lo, t_lo, 0)
     hi = max(2.0 * lo, lo + 1.0)
     steps = 0
     while True:
@@ -223,7 +264,7 @@ def solve(
             hi, t_hi = mid, t_mid
         else:
             lo = mid
-    return Solution(hi, t_hi, demand_s / (cores * t_hi) if t_hi > 0 else 0.0, steps)
+    return solution(hi, t_hi, steps)
 
 
 def overlap_rate(

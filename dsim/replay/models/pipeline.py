@@ -94,7 +94,8 @@ class CpuState:
 
     ``rho_measured``: ρ_m (wall seconds per CPU second in the measured run);
     ``demand_s``: C, the busiest node's CPU seconds per iteration; ``a`` the
-    processor-sharing curve's coefficient through (u_m, ρ_m).
+    processor-sharing curve's coefficient through (u_m, ρ_m); ``u_cap`` the
+    demand at which the cores are busy on the wall clock (``cpu_share.wall_cap``).
     """
 
     load: cpu_share.CpuLoad
@@ -109,6 +110,7 @@ class CpuState:
     fetch_aligned: bool = False  # ``aligned_cpu`` has set the fetches: the kernel keeps them
     #: the what-if's ``cpu_share.population_factor`` on the workers' excess (``populated``)
     fetch_population: float = 1.0
+    u_cap: float = 1.0
 
 
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
@@ -198,7 +200,12 @@ def _stretched(
     Δ_w the workers' change of stretch (``cpu_share.class_delta``: their own
     measured stretch, its excess scaled with the pooled one and, for fewer
     workers, by their population, ``populated``; ρ − ρ_m where the logs give
-    no class stretch); each rank's time after the last arrival grows
+    no class stretch). Where the workers' own stretch ρ_w,m and run-queue
+    waits q are known it becomes f + (c + q) Δ_w / ρ_w,m: the same time over
+    the run, but a batch that waited less for a core than the run's average
+    gets less of the change (SPEC §4.2, "Each batch's own wait": a straggler
+    built in a quiet drain was stretched to 698 ms where the re-runs took
+    449). Each rank's time after the last arrival grows
     by its training process's CPU time c_t (ρ_t − ρ_m): it competes for the
     same cores.
     ``trainer_rho`` ([N, G]) gives each iteration's ρ_t where the node's
@@ -213,9 +220,14 @@ def _stretched(
     cpu = prepared.cpu
     assert cpu is not None
     fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, cpu.fetch_rho, cpu.fetch_population)
+    if cpu.fetch_rho is not None and cpu.fetch_rho > 0.0 and cpu.load.runq_known:
+        # each batch's CPU and its wait for a core scale together
+        added = (cpu.load.fetch_cpu + cpu.load.fetch_runq) * (fetch_delta / cpu.fetch_rho)
+    else:
+        added = cpu.load.fetch_cpu * fetch_delta
     inputs = replace(
         prepared.inputs,
-        fetch=np.maximum(prepared.inputs.fetch + cpu.load.fetch_cpu * fetch_delta, 0.0),
+        fetch=np.maximum(prepared.inputs.fetch + added, 0.0),
     )
     # The training processes keep the pooled stretch: their own class's (tried with the
     # fetches') moved the mixed regime's aligned shares at 1 worker by 3-12 points.
@@ -590,8 +602,10 @@ class PipelineModel(ReplayModel):
             rho_m = cpu_share.stretch(min(u_m, cpu_share.U_MAX_MEASURED), a)
         classes = cpu_share.class_stretches(load)
         state = CpuState(
-            load, rho_m, demand, a, measured_t, fetch_rho=None if classes is None else classes[0]
-        )
+            load, rho_m, demand, a, measured_t,
+            fetch_rho=None if classes is None else classes[0],
+            u_cap=cpu_share.wall_cap(measured_period(prepared), measured_t, u_m),
+        )  # fmt: skip
         return PreparedPipeline(prepared.inputs, prepared.calibration, state)
 
     def supports(self, policy: Policy) -> bool:
@@ -649,6 +663,30 @@ class PipelineModel(ReplayModel):
         if cpu_load(arrays) is not None:  # one stretch for the whole run: never cut it
             return np.zeros(1, dtype=np.int64)
         return segments_of(arrays.epoch, arrays.iteration)[:, 0]
+
+
+def measured_period(prepared: PreparedPipeline) -> float:
+    """The measured run's wall period: the mean interval between consecutive iteration ends.
+
+    An iteration ends on the node when its latest rank's step does: the last
+    arrival plus the largest calibrated ``after``. Over the steady rows, as
+    ``_mean_iteration`` takes T_m (each segment's first and last P_m*W_m left
+    out), and per segment, so that the gap between epochs is not an interval;
+    segments weigh by their steady rows. 0.0 where no segment has two.
+    Why: ``cpu_share.wall_cap`` maps T to the wall clock with it.
+    """
+    inputs, c = prepared.inputs, prepared.calibration
+    if inputs.arrival.size == 0:
+        return 0.0
+    ends = np.max(inputs.arrival, axis=1) + np.max(c.after, axis=1)
+    edge = max(c.workers * c.prefetch, 1)
+    span, steps = 0.0, 0
+    for lo, hi in inputs.segments:
+        first, last = lo + edge, hi - edge - 1
+        if last > first and np.isfinite(ends[first]) and np.isfinite(ends[last]):
+            span += float(ends[last] - ends[first])
+            steps += int(last - first)
+    return span / steps if steps else 0.0
 
 
 def _mean_iteration(
@@ -724,7 +762,7 @@ def solve_contention(
     def t_of(rho: float) -> float:
         return _mean_iteration(_stretched(prepared, rho), replayed, workers, prefetch)
 
-    return cpu_share.solve(t_of, cpu.demand_s, cpu.load.cores, cpu.a)
+    return cpu_share.solve(t_of, cpu.demand_s, cpu.load.cores, cpu.a, u_cap=cpu.u_cap)
 
 
 def contended(
