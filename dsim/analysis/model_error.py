@@ -17,7 +17,7 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (more workers, another prefetch): 406 cells of 28 sweeps, 2 and 16 cores, GPU
+#: Loader what-ifs (more workers, another prefetch): 408 cells of 29 sweeps, 2 and 16 cores, GPU
 #: runs included; 15.1 %, where the mean is 4.9 % (16.2 % over 388 cells before each batch's
 #: wait for a core scaled with its CPU and the cores' wall-clock bound, 2026-12-07:
 #: validation/README.md, "The twenty-third held-out sweep"; 15.3 % over 358 before the second
@@ -25,29 +25,30 @@ from __future__ import annotations
 #: of one 2-core sweep, until 2026-11-28) made bands of about ±10 % where tune's predictions
 #: missed the 16-core sweep's re-runs by up to 28 %.
 LOADER_WHATIF_ERROR = 0.151
-#: Alignment what-ifs (fetch and start alignment): 194 cells of 19 sweeps; 12.4 %, where the
-#: mean is 4.5 % (10.6 % over 186 cells before the 16-core sweeps of 2026-11-29, whose cpu
+#: Alignment what-ifs (fetch and start alignment): 202 cells of 20 sweeps; 12.3 %, where the
+#: mean is 4.5 % (12.4 % over 194 cells before the twenty-fourth held-out sweep, 2026-12-07;
+#: 10.6 % over 186 cells before the 16-core sweeps of 2026-11-29, whose cpu
 #: regime's fetch alignments the model missed by 13-33 % too slow before busy hand-overs waited
 #: for the batch being built, and by up to 17 % too fast after: validation/README.md, "The
 #: twenty-first held-out sweep"). Most of the rest is the re-runs' own spread: the same work's
 #: CPU time moves by ±12 % between runs on the 2-core VM (validation/README.md, "The tenth
 #: held-out sweep").
-ALIGN_WHATIF_ERROR = 0.124
+ALIGN_WHATIF_ERROR = 0.123
 
-#: The effective-delay share of the same alignment cells, in percentage points: 9.4, where the
-#: mean is 3.0 (10.2 before each batch's wait for a core scaled with its CPU, 2026-12-07; 10.5
-#: before the 16-core sweeps of 2026-11-29; 12.4 before the busy worker's
-#: hand-over by quantile, 2026-11-29, which took the mixed regime's align mean at 2 workers
-#: from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over 11;
-#: validation/README.md, "The busy worker's spread").
-ALIGN_SHARE_ERROR_PTS = 9.4
-#: ... of the loader cells: 45.2 points (406 cells; 45.3 over 388). A loader change moves the
+#: The effective-delay share of the same alignment cells, in percentage points: 9.3, where the
+#: mean is 3.0 (9.4 before the twenty-fourth held-out sweep; 10.2 before each batch's wait for a
+#: core scaled with its CPU, 2026-12-07; 10.5 before the 16-core sweeps of 2026-11-29; 12.4
+#: before the busy worker's hand-over by quantile, 2026-11-29, which took the mixed regime's
+#: align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over
+#: 11; validation/README.md, "The busy worker's spread").
+ALIGN_SHARE_ERROR_PTS = 9.3
+#: ... of the loader cells: 45.2 points (408 cells; 45.3 over 388). A loader change moves the
 #: fetches' overlap and the stalls' spread together, and the share, a count of iterations over
 #: a 30 ms line, swings with both; the band says how little the predicted share of a loader
 #: what-if pins down.
 LOADER_SHARE_ERROR_PTS = 45.2
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 398 cells of 28 sweeps; 13.9 %, where the mean is 5.0 % (20.4 % over
+#: from every base run): 400 cells of 29 sweeps; 13.9 %, where the mean is 4.9 % (20.4 % over
 #: 380 cells before each batch's wait for a core scaled with its CPU, 2026-12-07; 29.7 and 9.2 %
 #: before the workers' population scaled their stretch, 2026-11-29: a run with 8 workers
 #: predicting 1 came out 20-34 % too slow on the 2-core sweeps; validation/README.md, "The
