@@ -248,12 +248,18 @@ def flattening(
             break
     if knee is None:
         top = curve[-1]
-        return Flattening(
-            None,
-            "loading-bound",
-            f"loading-bound up to the largest setting tried ({counted(top.workers, 'worker')}): "
-            "more workers may still help",
-        )
+        tried = f"loading-bound up to the largest setting tried ({counted(top.workers, 'worker')})"
+        if cpu_saturated_at is not None and cpu_saturated_at <= top.workers:
+            # Why: "may still help" alone overstated a CPU-bound run on 2 cores (saturated at
+            # 1 worker, 4 predicted 1.13x, re-runs 1.03x: validation/data-holdout21).
+            return Flattening(
+                None,
+                "loading-bound",
+                f"{tried}, but the node's CPU cores are saturated from "
+                f"{counted(cpu_saturated_at, 'worker')}: each worker more competes for them, so "
+                "more workers may help less than predicted",
+            )
+        return Flattening(None, "loading-bound", f"{tried}: more workers may still help")
     t = knee.mean_iteration_s
     compute_floor_s = t - knee.mean_stall_s
     if t <= compute_floor_s * (1 + COMPUTE_BOUND_WITHIN):

@@ -161,6 +161,16 @@ def test_flattening_names_one_slow_rank_and_loading_bound():
     assert flattening(even, cpu_saturated_at=4).reason == "stall-left"
     still = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5)]
     assert flattening(still).reason == "loading-bound" and flattening(still).workers is None
+    assert flattening(still).text.endswith(": more workers may still help")
+    # Still gaining by the model, but with the cores saturated it says so instead of promising
+    saturated = flattening(still, cpu_saturated_at=1)
+    assert saturated.reason == "loading-bound" and saturated.workers is None
+    assert saturated.text == (
+        "loading-bound up to the largest setting tried (2 workers), but the node's CPU cores "
+        "are saturated from 1 worker: each worker more competes for them, so more workers may "
+        "help less than predicted"
+    )
+    assert flattening(still, cpu_saturated_at=4).text == flattening(still).text  # past the grid
 
 
 def test_bootstrap_is_paired_and_deterministic():
