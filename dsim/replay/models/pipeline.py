@@ -678,14 +678,20 @@ def measured_period(prepared: PreparedPipeline) -> float:
     inputs, c = prepared.inputs, prepared.calibration
     if inputs.arrival.size == 0:
         return 0.0
-    ends = np.max(inputs.arrival, axis=1) + np.max(c.after, axis=1)
+
+    def end(row: int) -> float:  # only each segment's two end rows are read
+        return float(np.max(inputs.arrival[row]) + np.max(c.after[row]))
+
     edge = max(c.workers * c.prefetch, 1)
     span, steps = 0.0, 0
     for lo, hi in inputs.segments:
-        first, last = lo + edge, hi - edge - 1
-        if last > first and np.isfinite(ends[first]) and np.isfinite(ends[last]):
-            span += float(ends[last] - ends[first])
-            steps += int(last - first)
+        first, last = int(lo) + edge, int(hi) - edge - 1
+        if last <= first:
+            continue
+        start, stop = end(first), end(last)
+        if np.isfinite(start) and np.isfinite(stop):
+            span += stop - start
+            steps += last - first
     return span / steps if steps else 0.0
 
 
