@@ -106,3 +106,62 @@ def test_cpu_growth_table_on_the_committed_logs() -> None:
         ("decode", "2", "2"),
     ]
     assert float(rows[0][4]) == 1.0 and float(rows[1][4]) > 1.0
+
+
+def test_timeslice_rounds_rotate_and_the_table_divides_by_the_process_alone() -> None:
+    from validation.timeslice import Row, rounds, table
+
+    assert rounds([1, 2, 4], 4) == [[1, 2, 4], [2, 4, 1], [4, 1, 2], [1, 2, 4]]
+    text = table(
+        [Row("decode", 2, [1.1, 1.3]), Row("decode", 1, [1.0, 1.0]), Row("spin", 4, [2.0])]
+    )
+    lines = text.splitlines()
+    assert lines[2] == "| decode | 1 | 2 | 1.000 ± 0.000 | 1.000 |"
+    assert lines[3] == "| decode | 2 | 2 | 1.200 ± 0.141 | 1.200 |"
+    assert lines[4] == "| spin | 4 | 1 | 2.000 ± 0.000 | n/a |"  # no alone row to divide by
+
+
+def test_timeslice_command_times_both_works_on_one_core() -> None:
+    """Real processes pinned to one core: every cell measured, CPU per unit positive."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "validation.timeslice",
+            "--repeats",
+            "1",
+            "--units",
+            "5",
+            "--processes",
+            "1,2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [(r[1].strip(), r[2].strip()) for r in rows] == [
+        ("decode", "1"),
+        ("decode", "2"),
+        ("spin", "1"),
+        ("spin", "2"),
+    ]
+    assert all(float(r[4].split("±")[0]) > 0 for r in rows)
+    bad = subprocess.run(
+        [sys.executable, "-m", "validation.timeslice", "--processes", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "must be >= 1" in bad.stderr
+    too_many = subprocess.run(
+        [sys.executable, "-m", "validation.timeslice", "--cores", "4096"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert too_many.returncode == 2 and "--cores 4096: this process may use" in too_many.stderr

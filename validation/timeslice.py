@@ -1,0 +1,159 @@
+"""A unit of work's CPU time when processes take turns on one core.
+
+Why: the pipeline model keeps each batch's CPU time from the run it calibrates
+on and stretches only its wall time by the contention it solves for. In the
+decode regime that is where its worker what-ifs miss: the same batches cost
+7-15 % more CPU seconds with more workers (``cpugrowth.py``), while the cpu
+regime's hashing does not grow. This measures the mechanism directly, away
+from the job: ``k`` processes pinned to one core, each doing the same units of
+work (a decode regime sample: JPEG decode, crop, flip; or the cpu regime's
+hashing), started together so that the scheduler slices the core between
+them. A process's CPU time per unit, against the same work alone, is what
+taking turns costs it: each turn starts with caches the others filled.
+Repeats are interleaved (every ``k`` once per round, the order rotated).
+
+    python -m validation.timeslice [--processes 1,2,4,8] [--repeats 5] [--cores 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+WORKS = ("decode", "spin")
+#: The decode regime's image and crop sides (``regimes.py``'s decode regime).
+IMAGE_PX, CROP_PX = 448, 96
+#: Hash rounds of one spin unit (about a millisecond of one core).
+SPIN_ROUNDS = 1_000
+WARMUP = 10
+
+
+def unit_of(work: str, seed: int) -> Callable[[int], object]:
+    """One unit of ``work`` as a call (index → result); each process its own image."""
+    if work == "decode":
+        from validation.decode import augment, make_jpeg
+
+        jpeg = make_jpeg((seed, 7), IMAGE_PX, IMAGE_PX)
+        return lambda i: augment(jpeg, CROP_PX, i)
+    if work == "spin":
+        from validation.cpuwork import spin
+
+        return lambda _i: spin(SPIN_ROUNDS)
+    raise ValueError(f"work {work!r}: one of {', '.join(WORKS)}")
+
+
+def _turns(work: str, seed: int, units: int, core: int, start, out) -> None:
+    """A child: pinned to ``core``, warm, then wait for the others and time ``units``."""
+    os.sched_setaffinity(0, {core})
+    unit = unit_of(work, seed)
+    for i in range(WARMUP):
+        unit(i)
+    start.wait()
+    t0 = time.thread_time()
+    for i in range(units):
+        unit(i)
+    out.put((time.thread_time() - t0) * 1e3 / units)
+
+
+def measure(work: str, processes: int, units: int, cores: Sequence[int]) -> float:
+    """Mean CPU ms per unit over ``processes`` processes pinned round-robin to ``cores``
+    (one core: they all take turns on it)."""
+    ctx = mp.get_context("fork")
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    children = [
+        ctx.Process(target=_turns, args=(work, seed, units, cores[seed % len(cores)], start, out))
+        for seed in range(processes)
+    ]
+    for child in children:
+        child.start()
+    per_unit = [out.get(timeout=600) for _ in children]
+    for child in children:
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"a {work} process exited with {child.exitcode}")
+    return float(np.mean(per_unit))
+
+
+def rounds(counts: Sequence[int], repeats: int) -> list[list[int]]:
+    """Each round every count once, the order rotated by one per round (drift cancels)."""
+    return [[counts[(r + j) % len(counts)] for j in range(len(counts))] for r in range(repeats)]
+
+
+@dataclass(frozen=True)
+class Row:
+    work: str
+    processes: int
+    ms: list[float]  # one mean CPU ms per unit per repeat
+
+
+def table(rows: Sequence[Row]) -> str:
+    """Markdown: per work and process count, CPU ms per unit (mean ± sd) and / alone."""
+    alone = {r.work: float(np.mean(r.ms)) for r in rows if r.processes == 1}
+    lines = [
+        "| work | processes | repeats | CPU ms per unit | / alone |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r.work, r.processes)):
+        mean = float(np.mean(r.ms))
+        sd = float(np.std(r.ms, ddof=1)) if len(r.ms) > 1 else 0.0
+        ratio = f"{mean / alone[r.work]:.3f}" if r.work in alone else "n/a"
+        lines.append(
+            f"| {r.work} | {r.processes} | {len(r.ms)} | {mean:.3f} ± {sd:.3f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def run(
+    works: Sequence[str], counts: Sequence[int], repeats: int, units: int, cores: Sequence[int]
+) -> list[Row]:
+    ms: dict[tuple[str, int], list[float]] = {(w, k): [] for w in works for k in counts}
+    for order in rounds(list(counts), repeats):
+        for work in works:
+            for k in order:
+                ms[(work, k)].append(measure(work, k, units, cores))
+    return [Row(w, k, v) for (w, k), v in ms.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validation.timeslice", description=__doc__)
+    p.add_argument("--work", default=",".join(WORKS), help="comma-separated: decode, spin")
+    p.add_argument("--processes", default="1,2,4,8", help="comma-separated process counts")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--units", type=int, default=150, help="timed units per process")
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=1,
+        help="pin the processes round-robin to this many cores (2 with 2 processes: the "
+        "control, no turns)",
+    )
+    args = p.parse_args(argv)
+    try:
+        works = [w for w in args.work.split(",") if w]
+        counts = [int(k) for k in args.processes.split(",") if k]
+    except ValueError:
+        p.error("--processes: comma-separated integers")
+    if not works or any(w not in WORKS for w in works):
+        p.error(f"--work: comma-separated, each one of {', '.join(WORKS)}")
+    if not counts or min(counts, default=0) < 1 or min(args.repeats, args.units, args.cores) < 1:
+        p.error("--processes, --repeats, --units and --cores must be >= 1")
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.cores > len(allowed):
+        p.error(f"--cores {args.cores}: this process may use {len(allowed)}")
+    load0 = os.getloadavg()[0]
+    rows = run(works, counts, args.repeats, args.units, allowed[: args.cores])
+    print(f"{len(allowed[: args.cores])} core(s): {allowed[: args.cores]}\n")
+    print(table(rows))
+    print(f"\nload average (1 min) before {load0:.2f}, after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
