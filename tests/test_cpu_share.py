@@ -724,3 +724,31 @@ def _eight_worker_run(n: int, g: int):
         8, 2, *(np.zeros((n, g)),) * 2, ones * 0.004, *(np.zeros((n, g)),) * 3
     )
     return inputs, calibration
+
+
+def test_tune_calls_the_cores_saturated_where_the_model_has_them_busy(tmp_path: Path) -> None:
+    """``dsim tune``'s saturation check reads the solver's busy share of the wall clock.
+
+    4 ranks on 2 cores whose fetches are CPU work: already at 1 worker the solved
+    contention has the cores (almost) busy, so the check names 1 worker; the same job
+    loading at almost no CPU saturates nothing; without CPU times the model cannot say."""
+    from dsim.app.tune import SATURATED_DEMAND, cpu_saturated_at
+
+    _, _, busy = _prepared(tmp_path / "cpu")
+    levels = {w: solve_contention(busy, BASE, w, 2).busy for w in (1, 2, 4, 8)}
+    assert all(b <= 1.0 + 1e-9 for b in levels.values())
+    assert levels[1] >= SATURATED_DEMAND and levels[8] >= levels[1] - 1e-9
+    assert cpu_saturated_at(busy, [8, 4, 2, 1, 0], 2) == 1  # the fewest, whatever the order
+    _, _, light = _prepared(tmp_path / "light", cpu_s=0.0005, runq_s=0.0, train_cpu_s=0.0)
+    assert solve_contention(light, BASE, 8, 2).busy < SATURATED_DEMAND
+    assert cpu_saturated_at(light, [1, 2, 4, 8], 2) is None
+    _, _, blind = _prepared(tmp_path / "free", cpu_s=None, cores=None)
+    assert cpu_saturated_at(blind, [1, 2, 4, 8], 2) is None
+    # Busy is the demand over the pole the wall period sets, not the demand alone: the same
+    # half-CPU job saturates at 8 workers under a pole at 1 and at 2 under a pole at 0.6,
+    # where its demand never reaches 0.9.
+    _, _, mid = _prepared(tmp_path / "mid", cpu_s=0.008, runq_s=0.004, train_cpu_s=0.001)
+    assert mid.cpu.u_cap == 1.0 and cpu_saturated_at(mid, [1, 2, 4, 8], 2) == 8
+    low = replace(mid, cpu=replace(mid.cpu, u_cap=0.6))
+    assert cpu_saturated_at(low, [1, 2, 4, 8], 2) == 2
+    assert all(solve_contention(low, BASE, w, 2).demand < SATURATED_DEMAND for w in (1, 2, 4, 8))
