@@ -7,7 +7,9 @@ import csv
 import importlib
 import importlib.util
 import os
+import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,33 @@ def job_env() -> dict[str, str]:
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["HF_HUB_OFFLINE"] = "1"
     return env
+
+
+def run_job(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
+    """Run a framework job to completion and return its stderr; fail with its output.
+
+    The job runs in a session of its own with its output in files: on a timeout the
+    whole session (launcher, ranks, loader workers) is killed and the failure shows
+    what the job printed up to then, which a pipe to a killed launcher loses (a hang
+    once seen in CI left nothing to read)."""
+    out, err = cwd / "job.stdout", cwd / "job.stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        job = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+        try:
+            job.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+            pytest.fail(f"job timed out after {timeout} s; {_tails(out, err)}")
+    if job.returncode != 0:
+        pytest.fail(f"job exited with {job.returncode}; {_tails(out, err)}")
+    return err.read_text(errors="replace")
+
+
+def _tails(*files: Path, chars: int = 3000) -> str:
+    return "; ".join(f"{f.name} ends:\n{f.read_text(errors='replace')[-chars:]}" for f in files)
 
 
 def free_port() -> int:

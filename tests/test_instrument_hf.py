@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import run_dsim
-from fwcheck import HERE, RANKS, WORKERS, check_parse_and_replay, free_port, job_env, require
+from fwcheck import (
+    HERE,
+    RANKS,
+    WORKERS,
+    check_parse_and_replay,
+    free_port,
+    job_env,
+    require,
+    run_job,
+)
 
 # latest_only: not in CI's floors phase (.ci/run), where transformers is not installed
 pytestmark = [pytest.mark.torch, pytest.mark.latest_only]
@@ -31,10 +39,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                str(HERE / "fwjob_hf.py"), "both", str(root / "logs"), str(ITERATIONS)]  # fmt: skip
-    job = subprocess.run(
-        command, cwd=root, env=job_env(), capture_output=True, text=True, timeout=300
-    )
-    assert job.returncode == 0, job.stderr[-3000:]
+    run_job(command, root, job_env())
     return root
 
 

@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from fwcheck import HERE, check_cut_epoch, check_parse_and_replay, free_port, job_env, require
+from fwcheck import (
+    HERE,
+    check_cut_epoch,
+    check_parse_and_replay,
+    free_port,
+    job_env,
+    require,
+    run_job,
+)
 
 # latest_only: not in CI's floors phase (.ci/run), where Lightning is not installed
 pytestmark = [pytest.mark.torch, pytest.mark.latest_only]
@@ -24,11 +32,10 @@ def test_lightning_ddp_job_parses_and_replays(tmp_path: Path) -> None:
     require("torch", "lightning")
     env = {**job_env(), "MASTER_PORT": str(free_port())}
     # Lightning's "ddp" strategy starts rank 1 by running the same command again.
-    job = subprocess.run(
+    run_job(
         [sys.executable, str(HERE / "fwjob_lightning.py"), str(tmp_path / "logs"), str(ITERATIONS)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        tmp_path, env,
     )  # fmt: skip
-    assert job.returncode == 0, job.stderr[-3000:]
     check_parse_and_replay(tmp_path / "logs" / "lightning", tmp_path, ITERATIONS)
     # Lightning asks for batch i+1 after the step on batch i (it does not read ahead of a
     # loader with a length): every iteration holds its step, the epoch's last one too.
