@@ -301,8 +301,10 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
 
 #: The more-processes-than-cores caveat's end for a run with CPU times (SPEC §5.7).
 CPU_AWARE_CORES = (
-    "; the model shares the cores between them from the logged CPU times, but on re-runs "
-    "whose loading was CPU work it still took extra workers for more than they gave "
+    "; the model shares the cores between them from the logged CPU times but keeps each "
+    "batch's CPU time, and a decode's grows when more processes take turns on a core "
+    "(+17 % at 8 per core, validation/README.md), so on re-runs whose loading decoded "
+    "images or was other CPU work it still took extra workers for more than they gave "
     "(FIDELITY.md: the cpu and decode regimes' loader cells)"
 )
 
