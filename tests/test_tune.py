@@ -452,7 +452,8 @@ def test_a_costlier_setting_whose_band_reaches_one_is_said_to_be_within_the_erro
 
 
 def test_the_cores_caveat_says_what_a_cpu_aware_model_still_misses():
-    from dsim.app.tune import BLIND_CORES, CPU_AWARE_CORES, caveats
+    from dsim.analysis.verdict import BLIND_CORES, CPU_AWARE_CORES
+    from dsim.app.tune import caveats
     from dsim.replay.params import LoaderSettings
 
     recorded = LoaderSettings(workers=1, prefetch_factor=2)

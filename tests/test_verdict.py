@@ -21,6 +21,9 @@ from dsim.analysis.model_error import (
 )
 from dsim.analysis.summary import add_what_if
 from dsim.analysis.verdict import (
+    BLIND_CORES,
+    CPU_AWARE_CORES,
+    cores_caveat,
     format_duration,
     format_pair,
     original_line,
@@ -369,8 +372,15 @@ def test_caveats_for_too_many_workers_and_too_few_iterations() -> None:
     assert v.caveats == (
         "only 12 iterations selected (fewer than 30): read the interval, not the number",
         "8 workers per rank are 32 worker processes on a node whose run recorded 2 cores: "
-        "they cannot all run at once",
+        f"they cannot all run at once{BLIND_CORES}",
     )
+    # The same words as dsim tune's; where the model shared the cores from CPU times, its end
+    # says what that sharing still misses.
+    cpu = {"cpu": {"cores": 2, "ranks_per_node": 4}}
+    aware = verdict(rows_wi, trace=trace, model="pipeline", loader_record=cpu)
+    assert aware.caveats[1] == cores_caveat(8, 4, 2, cpu_aware=True)
+    assert aware.caveats[1].endswith(CPU_AWARE_CORES)
+    assert verdict(rows_wi, trace=trace, loader_record=cpu).caveats[1].endswith(BLIND_CORES)
     table["iterations"] = 30
     many = verdict(table[table["loader_changed"]].to_dict("records"), trace={"gpus": 4})
     assert many.speedup_low is None and many.caveats == ()

@@ -352,7 +352,8 @@ def verdict(
     speedup = base_iter / after_iter if after_iter > 0 else math.inf
     interval = _interval(rows, best, base_iter, after_iter)
     parts = _split(rows, measured_rows, policy, base_iter) if loader is not None else (None, None)
-    notes = _caveats(rows, best, trace)
+    cpu_aware = model == PIPELINE_MODEL and isinstance((loader_record or {}).get("cpu"), Mapping)
+    notes = _caveats(rows, best, trace, cpu_aware)
     if model == PIPELINE_MODEL and _streamed(trace):
         notes.append(STREAM_NOTE)
     model_error = share_error = None
@@ -551,8 +552,10 @@ def _caveats(
     rows: Sequence[Mapping[str, Any]],
     best: Mapping[str, Any],
     trace: Mapping[str, Any] | None,
+    cpu_aware: bool = False,
 ) -> list[str]:
-    """What the verdict's numbers cannot promise, in words."""
+    """What the verdict's numbers cannot promise, in words; ``cpu_aware``: the pipeline
+    model shared the cores from the logged CPU times."""
     notes = []
     n = best.get("iterations")
     if _finite(n) and 0 < int(n) < FEW_ITERATIONS:
@@ -566,15 +569,37 @@ def _caveats(
         cores, node = loader.get("cores"), loader.get("local_world_size")
         ranks = node if _finite(node) and node > 0 else (trace or {}).get("gpus")
         if _finite(cores) and cores > 0 and _finite(ranks):
-            processes = int(workers) * int(ranks)
-            if processes > cores:
-                notes.append(
-                    f"{counted(int(workers), 'worker')} per rank are "
-                    f"{counted(processes, 'worker process')} "
-                    f"on a node whose run recorded {counted(int(cores), 'core')}: they cannot "
-                    "all run at once"
-                )
+            note = cores_caveat(int(workers), int(ranks), int(cores), cpu_aware)
+            if note is not None:
+                notes.append(note)
     return notes
+
+
+#: The cores caveat's end where the pipeline model shared the cores from the logged CPU times
+#: (SPEC §4.2, §5.7): what it still does not model, measured (validation/README.md).
+CPU_AWARE_CORES = (
+    "; the model shares the cores between them from the logged CPU times but keeps each "
+    "batch's CPU time, and a decode's grows when more processes take turns on a core "
+    "(+17 % at 8 per core, validation/README.md), so on re-runs whose loading decoded "
+    "images or was other CPU work it still took extra workers for more than they gave "
+    "(FIDELITY.md: the cpu and decode regimes' loader cells)"
+)
+
+#: Its end for a run without CPU times: the model takes fetch durations as load-free.
+BLIND_CORES = ", and a model that does not know the cores predicts too much"
+
+
+def cores_caveat(workers: int, ranks_on_node: int, cores: int, cpu_aware: bool) -> str | None:
+    """The caveat for a loader setting whose worker processes outnumber the recorded cores
+    (``None`` when they do not), the same words in ``dsim run``'s verdict and ``dsim tune``."""
+    processes = workers * ranks_on_node
+    if processes <= cores:
+        return None
+    return (
+        f"{counted(workers, 'worker')} per rank are {counted(processes, 'worker process')} "
+        f"on a node whose run recorded {counted(cores, 'core')}: they cannot all run at once"
+        + (CPU_AWARE_CORES if cpu_aware else BLIND_CORES)
+    )
 
 
 def _facts(

@@ -21,6 +21,7 @@ from dsim.analysis.model_error import (
     LOADER_WHATIF_ERROR,
 )
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
+from dsim.analysis.verdict import cores_caveat
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
 from dsim.io.memory import release_freed
@@ -299,18 +300,6 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
     return LOADER_WHATIF_ERROR, "loader"
 
 
-#: The more-processes-than-cores caveat's end for a run with CPU times (SPEC §5.7).
-CPU_AWARE_CORES = (
-    "; the model shares the cores between them from the logged CPU times but keeps each "
-    "batch's CPU time, and a decode's grows when more processes take turns on a core "
-    "(+17 % at 8 per core, validation/README.md), so on re-runs whose loading decoded "
-    "images or was other CPU work it still took extra workers for more than they gave "
-    "(FIDELITY.md: the cpu and decode regimes' loader cells)"
-)
-
-#: Its end for a run without CPU times: the model takes fetch durations as load-free.
-BLIND_CORES = ", and a model that does not know the cores predicts too much"
-
 #: Why ``dsim tune`` swept one worker count (SPEC §4.2, §5.7).
 STREAM_CAVEAT = (
     "the run read an IterableDataset: each worker streamed its own shard and no sampler "
@@ -398,16 +387,11 @@ def caveats(
             "interval, "
             "not the number"
         )
-    if cores is not None:
-        processes = workers * (ranks_on_node or ranks)
-        if processes > cores:
-            head = (
-                f"{counted(workers, 'worker')} per rank are {counted(processes, 'worker process')} "
-                f"on a node whose run recorded {counted(cores, 'core')}: they cannot all run "
-                "at once"
-            )
-            tail = CPU_AWARE_CORES if cpu_aware else BLIND_CORES
-            notes.append(head + tail)
+    note = (
+        None if cores is None else cores_caveat(workers, ranks_on_node or ranks, cores, cpu_aware)
+    )
+    if note is not None:
+        notes.append(note)
     if measured.source == "log+ids":
         notes.append(
             "the run's LOADER lines say fewer workers than its fetch lines come from: taken as "
