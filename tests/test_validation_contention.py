@@ -121,25 +121,19 @@ def test_timeslice_rounds_rotate_and_the_table_divides_by_the_process_alone() ->
     assert lines[4] == "| spin | 4 | 1 | 2.000 ± 0.000 | n/a |"  # no alone row to divide by
 
 
-def test_timeslice_command_times_both_works_on_one_core() -> None:
-    """Real processes pinned to one core: every cell measured, CPU per unit positive."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "validation.timeslice",
-            "--repeats",
-            "1",
-            "--units",
-            "5",
-            "--processes",
-            "1,2",
-        ],
+def _timeslice(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "validation.timeslice", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_timeslice_command_times_both_works_on_one_core() -> None:
+    """Real processes pinned to one core: every cell measured, CPU per unit positive."""
+    done = _timeslice("--repeats", "1", "--units", "5", "--processes", "1,2")
     assert done.returncode == 0, done.stderr
     rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")][1:]
     assert [(r[1].strip(), r[2].strip()) for r in rows] == [
@@ -149,19 +143,7 @@ def test_timeslice_command_times_both_works_on_one_core() -> None:
         ("spin", "2"),
     ]
     assert all(float(r[4].split("±")[0]) > 0 for r in rows)
-    bad = subprocess.run(
-        [sys.executable, "-m", "validation.timeslice", "--processes", "0"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = _timeslice("--processes", "0")
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
-    too_many = subprocess.run(
-        [sys.executable, "-m", "validation.timeslice", "--cores", "4096"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    too_many = _timeslice("--cores", "4096")
     assert too_many.returncode == 2 and "--cores 4096: this process may use" in too_many.stderr
