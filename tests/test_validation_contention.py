@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import REPO
 
 if str(REPO) not in sys.path:
@@ -119,6 +120,9 @@ def test_timeslice_rounds_rotate_and_the_table_divides_by_the_process_alone() ->
     assert lines[2] == "| decode | 1 | 2 | 1.000 ± 0.000 | 1.000 |"
     assert lines[3] == "| decode | 2 | 2 | 1.200 ± 0.141 | 1.200 |"
     assert lines[4] == "| spin | 4 | 1 | 2.000 ± 0.000 | n/a |"  # no alone row to divide by
+    # beside a training process: divided by the work alone, without one
+    beside = table([Row("decode", 1, [1.0]), Row("decode + train", 2, [1.5])])
+    assert beside.splitlines()[3] == "| decode + train | 2 | 1 | 1.500 ± 0.000 | 1.500 |"
 
 
 def _timeslice(*args: str) -> subprocess.CompletedProcess:
@@ -147,3 +151,14 @@ def test_timeslice_command_times_both_works_on_one_core() -> None:
     assert bad.returncode == 2 and "must be >= 1" in bad.stderr
     too_many = _timeslice("--cores", "4096")
     assert too_many.returncode == 2 and "--cores 4096: this process may use" in too_many.stderr
+
+
+def test_timeslice_beside_a_training_process() -> None:
+    pytest.importorskip("torch")
+    done = _timeslice("--work", "decode", "--repeats", "1", "--units", "3", "--processes", "1",
+                      "--beside-train")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [line.split("|")[1].strip() for line in done.stdout.splitlines()[4:6]] == [
+        "decode",
+        "decode + train",
+    ]

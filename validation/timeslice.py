@@ -10,9 +10,14 @@ work (a decode regime sample: JPEG decode, crop, flip; or the cpu regime's
 hashing), started together so that the scheduler slices the core between
 them. A process's CPU time per unit, against the same work alone, is what
 taking turns costs it: each turn starts with caches the others filled.
-Repeats are interleaved (every ``k`` once per round, the order rotated).
+``--beside-train`` measures every cell again with the decode regime's
+training step (``job.conv_net``, forward, backward, SGD on one thread) taking
+turns on the first core too: in the job a loader worker shares its core with
+a training process, not only with other workers. Repeats are interleaved
+(every ``k`` once per round, the order rotated).
 
     python -m validation.timeslice [--processes 1,2,4,8] [--repeats 5] [--cores 1]
+        [--beside-train]
 """
 
 from __future__ import annotations
@@ -62,18 +67,53 @@ def _turns(work: str, seed: int, units: int, core: int, start, out) -> None:
     out.put((time.thread_time() - t0) * 1e3 / units)
 
 
-def measure(work: str, processes: int, units: int, cores: Sequence[int]) -> float:
+def _trainer(core: int, start, stop) -> None:
+    """A child: the decode regime's training step (``job.conv_net`` on a batch of crops,
+    forward, backward, SGD, one thread) over and over on ``core`` until ``stop``."""
+    os.sched_setaffinity(0, {core})
+    import torch
+    from torch import nn
+
+    from validation.job import CLASSES, conv_net
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net, loss_fn = conv_net(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    x, y = torch.rand(8, 3, CROP_PX, CROP_PX), torch.randint(0, CLASSES, (8,))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss_fn(net(x), y).backward()
+        optimizer.step()
+
+    for _ in range(WARMUP):
+        step()
+    start.wait()
+    while not stop.is_set():
+        step()
+
+
+def measure(
+    work: str, processes: int, units: int, cores: Sequence[int], beside: str | None = None
+) -> float:
     """Mean CPU ms per unit over ``processes`` processes pinned round-robin to ``cores``
-    (one core: they all take turns on it)."""
+    (one core: they all take turns on it); ``beside="train"``: a training process takes
+    turns on the first core with them."""
     ctx = mp.get_context("fork")
-    start, out = ctx.Barrier(processes), ctx.Queue()
+    start, out, stop = ctx.Barrier(processes + (beside is not None)), ctx.Queue(), ctx.Event()
     children = [
         ctx.Process(target=_turns, args=(work, seed, units, cores[seed % len(cores)], start, out))
         for seed in range(processes)
     ]
+    if beside == "train":
+        children.append(ctx.Process(target=_trainer, args=(cores[0], start, stop)))
+    elif beside is not None:
+        raise ValueError(f"beside {beside!r}: only 'train'")
     for child in children:
         child.start()
-    per_unit = [out.get(timeout=600) for _ in children]
+    per_unit = [out.get(timeout=600) for _ in range(processes)]
+    stop.set()
     for child in children:
         child.join()
         if child.exitcode != 0:
@@ -93,9 +133,15 @@ class Row:
     ms: list[float]  # one mean CPU ms per unit per repeat
 
 
+#: How a row's work is named when a training process takes turns with it.
+BESIDE_TRAIN = " + train"
+
+
 def table(rows: Sequence[Row]) -> str:
-    """Markdown: per work and process count, CPU ms per unit (mean ± sd) and / alone."""
+    """Markdown: per work and process count, CPU ms per unit (mean ± sd) and / alone (the
+    same work's one process alone, a training process beside it or not)."""
     alone = {r.work: float(np.mean(r.ms)) for r in rows if r.processes == 1}
+    alone |= {f"{w}{BESIDE_TRAIN}": ms for w, ms in list(alone.items())}
     lines = [
         "| work | processes | repeats | CPU ms per unit | / alone |",
         "|---|---|---|---|---|",
@@ -111,13 +157,23 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def run(
-    works: Sequence[str], counts: Sequence[int], repeats: int, units: int, cores: Sequence[int]
+    works: Sequence[str],
+    counts: Sequence[int],
+    repeats: int,
+    units: int,
+    cores: Sequence[int],
+    beside_train: bool = False,
 ) -> list[Row]:
-    ms: dict[tuple[str, int], list[float]] = {(w, k): [] for w in works for k in counts}
+    """Every (work, count) once per round; with ``beside_train`` each also with a training
+    process on the first core (the row's work named ``work + train``)."""
+    besides: list[str | None] = [None, "train"] if beside_train else [None]
+    ms: dict[tuple[str, int], list[float]] = {}
     for order in rounds(list(counts), repeats):
         for work in works:
             for k in order:
-                ms[(work, k)].append(measure(work, k, units, cores))
+                for beside in besides:
+                    name = work + (BESIDE_TRAIN if beside else "")
+                    ms.setdefault((name, k), []).append(measure(work, k, units, cores, beside))
     return [Row(w, k, v) for (w, k), v in ms.items()]
 
 
@@ -134,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pin the processes round-robin to this many cores (2 with 2 processes: the "
         "control, no turns)",
     )
+    p.add_argument(
+        "--beside-train",
+        action="store_true",
+        help="also measure each cell with the decode regime's training step taking turns on "
+        "the first core (needs torch)",
+    )
     args = p.parse_args(argv)
     try:
         works = [w for w in args.work.split(",") if w]
@@ -148,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cores > len(allowed):
         p.error(f"--cores {args.cores}: this process may use {len(allowed)}")
     load0 = os.getloadavg()[0]
-    rows = run(works, counts, args.repeats, args.units, allowed[: args.cores])
+    rows = run(works, counts, args.repeats, args.units, allowed[: args.cores], args.beside_train)
     print(f"{len(allowed[: args.cores])} core(s): {allowed[: args.cores]}\n")
     print(table(rows))
     print(f"\nload average (1 min) before {load0:.2f}, after {os.getloadavg()[0]:.2f}")
