@@ -580,7 +580,7 @@ def _caveats(
 CPU_AWARE_CORES = (
     "; the model shares the cores between them from the logged CPU times but keeps each "
     "batch's CPU time, and a decode's grows when more processes take turns on a core "
-    "(+17 % at 8 per core, validation/README.md), so on re-runs whose loading decoded "
+    "(+17 % at 8 per core, validation/README.md); on re-runs whose loading decoded "
     "images or was other CPU work it still took extra workers for more than they gave "
     "(FIDELITY.md: the cpu and decode regimes' loader cells)"
 )
