@@ -107,6 +107,9 @@ def test_cpu_growth_table_on_the_committed_logs() -> None:
         ("decode", "2", "2"),
     ]
     assert float(rows[0][4]) == 1.0 and float(rows[1][4]) > 1.0
+    # and each batch waited longer for a core (it took more turns) at 2 workers
+    wait = [float(r[6].split("±")[0]) for r in rows]
+    assert 0 < wait[0] < wait[1]
 
 
 def test_timeslice_rounds_rotate_and_the_table_divides_by_the_process_alone() -> None:

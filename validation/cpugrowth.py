@@ -7,7 +7,9 @@ misses") find the decode regime's worker what-ifs missing by that CPU time:
 the same batches cost more CPU seconds with more workers. This prints, per
 regime with CPU times and per worker count (runs without alignment), the mean
 CPU time per batch over the cell's repeats, its ratio to the fewest-worker
-cell's, the measured stretch ρ_m, and, within each run, the correlation of a
+cell's, the measured stretch ρ_m, the batches' run-queue wait per CPU second
+(how much a batch took turns on a core: ``timeslice.py`` measures what turns
+cost a decode), and, within each run, the correlation of a
 batch's CPU time with the fetches in flight beside it: were that correlation
 clearly positive, one run could calibrate the growth; it is not.
 
@@ -59,7 +61,15 @@ def run_figures(trace_dir: Path) -> dict[str, float] | None:
     work = fetch["cpu_s"].to_numpy()[keep] * 1e3
     flight = beside[keep]
     corr = float(np.corrcoef(flight, work)[0, 1]) if flight.std() > 0 else float("nan")
-    return {"cpu_ms": float(work.mean()), "rho": float(cpu.rho_measured), "corr": corr}
+    wait = float("nan")
+    if "runq_s" in fetch and fetch["runq_s"].notna().to_numpy()[keep].all() and work.sum() > 0:
+        wait = float(fetch["runq_s"].to_numpy()[keep].sum() * 1e3 / work.sum())
+    return {
+        "cpu_ms": float(work.mean()),
+        "rho": float(cpu.rho_measured),
+        "wait": wait,
+        "corr": corr,
+    }
 
 
 def table(data: Path, only: str | None = None) -> str:
@@ -74,8 +84,9 @@ def table(data: Path, only: str | None = None) -> str:
                 cells[(cell.regime, cell.workers)].append(found)
     lines = [
         "| regime | workers | runs | CPU ms per batch | / fewest workers' | stretch ρ_m "
+        "| batches' run-queue wait per CPU second "
         "| within a run: corr(CPU time, fetches in flight) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     fewest: dict[str, float] = {}
     for (regime, workers), runs in sorted(cells.items()):
@@ -84,7 +95,7 @@ def table(data: Path, only: str | None = None) -> str:
         lines.append(
             f"| {regime} | {workers} | {len(runs)} | {spread(runs, 'cpu_ms', digits=2)} "
             f"| {mean / fewest[regime]:.3f} | {spread(runs, 'rho', digits=2)} "
-            f"| {spread(runs, 'corr', digits=2)} |"
+            f"| {spread(runs, 'wait', digits=2)} | {spread(runs, 'corr', digits=2)} |"
         )
     if len(lines) == 2:
         lines.append("(no run here without alignment has CPU times in its logs)")
