@@ -3,7 +3,7 @@
 Why: the pipeline model keeps each batch's CPU time from the run it calibrates
 on and stretches only its wall time by the contention it solves for. In the
 decode regime that is where its worker what-ifs miss: the same batches cost
-7-15 % more CPU seconds with more workers (``cpugrowth.py``), while the cpu
+1-12 % more CPU seconds with more workers (``cpugrowth.py``), while the cpu
 regime's hashing does not grow. This measures the mechanism directly, away
 from the job: ``k`` processes pinned to one core, each doing the same units of
 work (a decode regime sample: JPEG decode, crop, flip; or the cpu regime's
