@@ -3,6 +3,7 @@ and the checks of a 2-rank job's logs through the real `dsim parse` and `dsim ru
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 import importlib.util
@@ -55,7 +56,8 @@ def run_job(command: list[str], cwd: Path, env: dict[str, str], timeout: float =
         try:
             job.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the session may end meanwhile
+                os.killpg(job.pid, signal.SIGKILL)
             job.wait()
             pytest.fail(f"job timed out after {timeout} s; {_tails(out, err)}")
     if job.returncode != 0:

@@ -165,3 +165,17 @@ def test_timeslice_beside_a_training_process() -> None:
         "decode",
         "decode + train",
     ]
+
+
+def test_a_timeslice_process_that_dies_is_an_error_not_a_hang() -> None:
+    """A child that fails (here: a work it does not know) before the start: the others would
+    wait at the barrier and no result would come; the cell ends in seconds with the reason."""
+    import os
+    import time
+
+    from validation.timeslice import measure
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        measure("nonsense", 2, 1, [min(os.sched_getaffinity(0))])
+    assert time.monotonic() - t0 < 60

@@ -23,8 +23,10 @@ a training process, not only with other workers. Repeats are interleaved
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +40,8 @@ IMAGE_PX, CROP_PX = 448, 96
 #: Hash rounds of one spin unit (about a millisecond of one core).
 SPIN_ROUNDS = 1_000
 WARMUP = 10
+#: Seconds a process waits at the start for the others (one that died never comes).
+START_TIMEOUT_S = 120
 
 
 def unit_of(work: str, seed: int) -> Callable[[int], object]:
@@ -60,7 +64,7 @@ def _turns(work: str, seed: int, units: int, core: int, start, out) -> None:
     unit = unit_of(work, seed)
     for i in range(WARMUP):
         unit(i)
-    start.wait()
+    start.wait(timeout=START_TIMEOUT_S)
     t0 = time.thread_time()
     for i in range(units):
         unit(i)
@@ -89,7 +93,7 @@ def _trainer(core: int, start, stop) -> None:
 
     for _ in range(WARMUP):
         step()
-    start.wait()
+    start.wait(timeout=START_TIMEOUT_S)
     while not stop.is_set():
         step()
 
@@ -112,7 +116,18 @@ def measure(
         raise ValueError(f"beside {beside!r}: only 'train'")
     for child in children:
         child.start()
-    per_unit = [out.get(timeout=600) for _ in range(processes)]
+    per_unit: list[float] = []
+    while len(per_unit) < processes:
+        try:
+            per_unit.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [c.exitcode for c in children if c.exitcode not in (None, 0)]
+            if dead:  # one failed: the others cannot pass the start, or no result comes
+                stop.set()
+                for child in children:
+                    child.kill()
+                    child.join()
+                raise RuntimeError(f"a {work} cell's process exited with {dead[0]}") from None
     stop.set()
     for child in children:
         child.join()
@@ -210,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cores > len(allowed):
         p.error(f"--cores {args.cores}: this process may use {len(allowed)}")
     load0 = os.getloadavg()[0]
-    rows = run(works, counts, args.repeats, args.units, allowed[: args.cores], args.beside_train)
+    if args.beside_train and importlib.util.find_spec("torch") is None:
+        p.error("--beside-train needs torch (pip install torch)")
+    try:
+        rows = run(
+            works, counts, args.repeats, args.units, allowed[: args.cores], args.beside_train
+        )
+    except RuntimeError as exc:
+        print(f"python -m validation.timeslice: {exc}", file=sys.stderr)
+        return 1
     print(f"{len(allowed[: args.cores])} core(s): {allowed[: args.cores]}\n")
     print(table(rows))
     print(f"\nload average (1 min) before {load0:.2f}, after {os.getloadavg()[0]:.2f}")
