@@ -366,9 +366,7 @@ def nothing_to_run(traces: Path, command: str) -> str:
     if len(names) == 1:
         return f"{head}; {traces} holds one parsed run: dsim {command}{flag} {first}"
     listed = f"{head}; {traces} holds {len(names)} parsed runs ({_listing(names)})"
-    if command == "run":  # its names may be globs (config FILE)
-        return f"{listed}: dsim run{flag} '*' takes them all"
-    return f"{listed}: name one or more (dsim {command}{flag} {first} …)"
+    return f"{listed}: dsim {command}{flag} '*' takes them all"
 
 
 def available_runs(traces: Path) -> list[str]:
@@ -511,6 +509,20 @@ def _resolve_runs(patterns: list[str], traces: Path, problems: _Problems) -> lis
             hint = f"no parsed runs in {traces} (run `dsim parse` first)"
         problems.add(f"run(s) not found: {', '.join(map(_guess(available), missing))}; {hint}")
     return list(dict.fromkeys(found))
+
+
+def resolve_run_names(patterns: list[str], traces: Path, where: str) -> list[str]:
+    """The parsed runs under ``traces`` that ``patterns`` name (names, globs such as
+    ``'*'``, or paths to run directories in ``traces``), in the order given, each once, as
+    ``dsim run`` resolves them; ``UsageError`` listing every problem (a name not found,
+    with the closest ones; a path outside ``traces``) under ``where``.
+
+    Why shared: ``dsim tune '*'`` read its argument as one run's name and refused it where
+    ``dsim run '*'`` took every run; a command that names runs takes them the same way."""
+    problems = _Problems()
+    runs = _resolve_runs(patterns, traces, problems)
+    problems.raise_if_any(where)
+    return runs
 
 
 def _check_epochs(

@@ -234,10 +234,30 @@ def test_tune_without_a_run_names_the_runs_there_are(traces, tmp_path, dsim_cli)
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "dsim: error: nothing to run: give run names (dsim tune RUN); "
-        f"{parent} holds 2 parsed runs (computebound, loadbound): name one or more "
-        f"(dsim tune --traces {parent} computebound …)"
+        f"{parent} holds 2 parsed runs (computebound, loadbound): "
+        f"dsim tune --traces {parent} '*' takes them all"
     )
     assert not (tmp_path / "tune").exists()
+
+
+def test_tune_takes_runs_as_dsim_run_does(traces, tmp_path, dsim_cli):
+    """``dsim tune '*'`` read the glob as one run's name ("no parsed run '*'") where
+    ``dsim run '*'`` took every run; a name not found now gets run's message (exit 2, the
+    closest names), and a run given twice (by glob and by its directory) is tuned once."""
+    parent = traces["compute"].parent
+    common = ("--traces", parent, "--out", tmp_path, "--workers", "1,2", "--prefetch", "2")
+    done = dsim_cli("tune", "*", *common, "--json")
+    assert done.returncode == 0, done.stderr
+    assert [doc["run"] for doc in json.loads(done.stdout)] == ["computebound", "loadbound"]
+    twice = dsim_cli("tune", traces["loading"], "load*", *common, "--json")
+    assert twice.returncode == 0, twice.stderr
+    assert [doc["run"] for doc in json.loads(twice.stdout)] == ["loadbound"]
+    typo = dsim_cli("tune", "computebond", *common)
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == (
+        "dsim: error: runs to tune: 1 problem: run(s) not found: computebond (did you mean "
+        f"computebound?); available in {parent}: computebound, loadbound"
+    )
 
 
 def test_the_report_shows_the_tune_heatmap(traces, tmp_path):

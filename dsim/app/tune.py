@@ -454,18 +454,27 @@ def write_table(result: TuneResult, out: Path) -> tuple[Path, ...]:
     return parquet, csv
 
 
-def resolve_run(run: str, traces: Path) -> Path:
-    """A run name under ``traces`` or a run directory (with its ``run.json``)."""
-    path = Path(run)
-    if (path / "run.json").is_file():
-        return path
-    candidate = traces / run
-    if (candidate / "run.json").is_file():
-        return candidate
-    raise InputError(
-        f"no parsed run {run!r} (looked for {candidate}/run.json and {path}/run.json; "
-        "run `dsim parse` first)"
-    )
+def resolve_runs(runs: list[str], traces: Path) -> list[Path]:
+    """The run directories ``runs`` name, in the order given, each once: a directory
+    holding ``run.json`` anywhere is itself; anything else is a name, a glob (``'*'``) or a
+    path under ``traces``, resolved as ``dsim run`` resolves them
+    (``config.resolve_run_names``: every problem reported at once, before any work)."""
+    from dsim.config import resolve_run_names
+
+    def direct(run: str) -> bool:
+        return (Path(run) / RUN_FILE).is_file()
+
+    where = "runs to tune"
+    named = [run for run in runs if not direct(run)]
+    if named:
+        resolve_run_names(named, traces, where)  # all problems together
+    found: list[Path] = []
+    for run in runs:
+        if direct(run):
+            found.append(Path(run))
+        else:
+            found.extend(traces / name for name in resolve_run_names([run], traces, where))
+    return list(dict.fromkeys(found))
 
 
 def loader_grids(

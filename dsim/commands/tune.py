@@ -35,7 +35,11 @@ Examples:
 def command(
     runs: Annotated[
         list[str] | None,
-        typer.Argument(metavar="RUN", help="Run names or directories.", show_default=False),
+        typer.Argument(
+            metavar="RUN",
+            help="Run names, globs ('*': every run) or run directories.",
+            show_default=False,
+        ),
     ] = None,
     traces: Annotated[
         Path, typer.Option("--traces", help="Directory of parsed runs (dsim parse --out).")
@@ -74,7 +78,7 @@ def command(
     ] = False,
     quiet: Quiet = False,
 ) -> None:
-    from dsim.app.tune import loader_grids, resolve_run, tune_run
+    from dsim.app.tune import loader_grids, resolve_runs, tune_run
     from dsim.config import nothing_to_run
     from dsim.errors import UsageError
     from dsim.options import parse_epochs_option
@@ -85,7 +89,7 @@ def command(
     # a repeated option adds its values to the grid (issue #19: never last-wins)
     grid_w, grid_p = loader_grids(_joined(workers), _joined(prefetch))
     chosen = parse_epochs_option(epochs)
-    dirs = [resolve_run(run, traces) for run in runs]
+    dirs = resolve_runs(runs, traces)
     results = [
         tune_run(
             d,
