@@ -135,8 +135,49 @@ def _in_child(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _logs(work: Path, shape: dict[str, int]) -> Path:
-    """The cached synthetic logs of ``shape`` (written once)."""
+#: ``--cpu``: each batch's CPU time, run-queue wait and worker-process CPU as shares of its
+#: fetch time, each iteration's training CPU and wait as shares of its time (any values
+#: the grammar takes serve: memory does not depend on them).
+CPU_SHARES = {"cpu": 0.6, "runq": 0.2, "proc": 0.65, "CPU": 0.4, "Runq": 0.1}
+
+
+def _with_cpu_fields(src: Path, dst: Path, gpus: int) -> None:
+    """``src``'s lines with the CPU fields ``dsim.instrument`` writes (SPEC §1.2) and one
+    LOADER line per rank naming the node's cores, so that ``dsim run``'s headline takes the
+    CPU-aware path. Why: ``dsim.synth`` writes none, and the CPU-aware pipeline model holds
+    its own [iterations, GPUs] arrays, which a trace without CPU times never allocates."""
+    share = CPU_SHARES
+    tmp = dst.with_name(f".{dst.name}.partial")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        for n, line in enumerate(fin):
+            if n == 0:
+                loader = (
+                    b" GPU: %d LOADER num_workers 4 prefetch_factor 2 batch_size 256"
+                    b" persistent_workers 0 pin_memory 1 cores %d local_world_size %d\n"
+                )
+                fout.writelines(line[:26] + loader % (r, gpus, gpus) for r in range(gpus))
+            if b"END FETCH" in line:
+                at = line.index(b"at_time ") + 8
+                f = float(line[at : line.index(b" ", at)])
+                extra = b" cpu %.6f runq %.6f proc %.6f\n" % (
+                    share["cpu"] * f,
+                    share["runq"] * f,
+                    share["proc"] * f,
+                )
+                fout.write(line[:-1] + extra)
+            elif b"Epoch:" in line:
+                at = line.index(b"Time ") + 5
+                t = float(line[at : line.index(b" ", at)])
+                c, q = share["CPU"] * t, share["Runq"] * t
+                fout.write(line[:-1] + b"\tCPU %.6f (%.6f)\tRunq %.6f (%.6f)\n" % (c, c, q, q))
+            else:
+                fout.write(line)
+    tmp.replace(dst)
+
+
+def _logs(work: Path, shape: dict[str, int], cpu: bool = False) -> Path:
+    """The cached synthetic logs of ``shape`` (written once); with ``cpu``, with CPU fields."""
     from dsim.synth import SynthParams, synthesize
 
     params = SynthParams(
@@ -149,7 +190,12 @@ def _logs(work: Path, shape: dict[str, int]) -> Path:
     target = work / "logs" / params.run_name
     if not target.exists():
         synthesize(params, work / "logs")
-    return target
+    if not cpu:
+        return target
+    with_cpu = work / "logs" / f"{params.run_name}_cpu"
+    if not (with_cpu / "output.log").exists():
+        _with_cpu_fields(target / "output.log", with_cpu / "output.log", shape["gpus"])
+    return with_cpu
 
 
 def _bytes_under(path: Path) -> int:
@@ -175,9 +221,9 @@ def _disk(trace: Path, out: Path) -> dict[str, int]:
     }
 
 
-def measure_one(work: Path, shape: dict[str, int]) -> dict[str, Any]:
+def measure_one(work: Path, shape: dict[str, int], cpu: bool = False) -> dict[str, Any]:
     """Parse, run and disk figures of one synthetic run of ``shape``."""
-    logs, warm = _logs(work, shape), _logs(work, WARM)
+    logs, warm = _logs(work, shape, cpu), _logs(work, WARM, cpu)
     gpu_iterations = shape["gpus"] * shape["iterations"] * shape["epochs"]
     with tempfile.TemporaryDirectory(prefix="mem-", dir=work) as tmp:
         traces, out = Path(tmp) / "traces", Path(tmp) / "results"
@@ -195,10 +241,10 @@ def measure_one(work: Path, shape: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def measure(work: Path, shapes: tuple[dict[str, int], ...]) -> dict[str, Any]:
+def measure(work: Path, shapes: tuple[dict[str, int], ...], cpu: bool = False) -> dict[str, Any]:
     """Every size; the figures of the largest, and per step the slope between the two
     largest (bytes per further GPU-iteration) and its fixed part."""
-    sizes = [measure_one(work, shape) for shape in shapes]
+    sizes = [measure_one(work, shape, cpu) for shape in shapes]
     res = {**sizes[-1], "sizes": sizes}
     if len(sizes) >= 2:
         small, large = sizes[-2], sizes[-1]
@@ -215,6 +261,7 @@ def print_report(res: dict[str, Any]) -> None:
     print(
         f"one run of {shape['gpus']} GPUs x {shape['iterations']:,} iterations x "
         f"{shape['epochs']} epoch(s) = {res['gpu_iterations']:,} GPU-iterations, 9 policies"
+        + (", with CPU times (CPU-aware headline)" if res.get("cpu_fields") else "")
     )
     print(
         f"{'step':>6} {'peak MB':>9} {'B per GPU-it':>13} {'target':>7}"
@@ -251,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, help="GPUs (default 8)")
     parser.add_argument("--iterations", type=int, help="iterations per epoch (default 125,000)")
     parser.add_argument("--epochs", type=int, help="epochs (default 2)")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="logs with CPU times and the node's cores (the CPU-aware headline's memory)",
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dsim-bench")
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -266,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                 shape[key] = getattr(args, key)
         shapes = (shape,)
     args.work.mkdir(parents=True, exist_ok=True)
-    res = measure(args.work / "memory", shapes)
+    res = measure(args.work / "memory", shapes, args.cpu)
     res["quick"] = args.quick
+    res["cpu_fields"] = args.cpu
     print_report(res)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
