@@ -313,6 +313,45 @@ def test_overlap_rate_integrates_the_intervals_over_each_span() -> None:
     np.testing.assert_array_equal(empty, [0.0])
 
 
+def _overlap_reference(starts, ends, rates, span_lo, span_hi) -> np.ndarray:
+    """Each span's mean demand by its definition: Σ_j rate_j |[s_j, e_j) ∩ [lo, hi)| / (hi − lo)
+    over the intervals that are finite, not empty and of a finite rate."""
+    out = []
+    for lo, hi in zip(span_lo, span_hi, strict=True):
+        if not hi > lo:
+            out.append(np.nan)
+            continue
+        total = 0.0
+        for s, e, r in zip(starts, ends, rates, strict=True):
+            if np.isfinite(s) and np.isfinite(e) and e > s and np.isfinite(r):
+                total += r * max(0.0, min(e, hi) - max(s, lo))
+        out.append(total / (hi - lo))
+    return np.array(out)
+
+
+def test_overlap_rate_equals_its_definition_on_random_intervals() -> None:
+    """The sweep (a sort, two cumulative sums, in place) against the per-span sum, with
+    ties, empty and reversed intervals, NaN times and infinite rates, flat or [N, G] input."""
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n, m = int(rng.integers(0, 40)), int(rng.integers(1, 12))
+        starts = rng.uniform(0.0, 10.0, n)
+        ends = starts + rng.exponential(1.0, n) * (rng.random(n) > 0.1)
+        rates = rng.exponential(1.0, n)
+        if trial % 3 == 0 and n >= 3:
+            starts[0], rates[1], ends[2] = np.nan, np.inf, starts[2] - 1.0
+        if trial % 4 == 0:
+            starts, ends = np.round(starts, 1), np.round(ends, 1)  # shared end points
+        span_lo = rng.uniform(-1.0, 11.0, m)
+        span_hi = span_lo + rng.uniform(-0.5, 3.0, m)
+        shape = (-1, 2) if n % 2 == 0 and n else (-1,)
+        got = cpu_share.overlap_rate(
+            starts.reshape(shape), ends.reshape(shape), rates.reshape(shape), span_lo, span_hi
+        )
+        want = _overlap_reference(starts, ends, rates, span_lo, span_hi)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9, err_msg=f"trial {trial}")
+
+
 def test_trainer_stretch_keeps_the_body_and_falls_with_the_demand() -> None:
     demand = np.array([3.0, 2.0, 2.0, 2.0, 1.0, 0.5])
     body = np.array([False, True, True, True, False, False])

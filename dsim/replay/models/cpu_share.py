@@ -294,11 +294,27 @@ def overlap_rate(
     if not ok.any():
         out[positive] = 0.0
         return out
-    times = np.concatenate([starts[ok], ends[ok]])
-    steps = np.concatenate([rates[ok], -rates[ok]])
+    # The same sums as concatenating, sorting and integrating whole arrays, with each
+    # temporary freed as soon as it is used: this runs on every fetch of a node at once,
+    # and its temporaries were the largest part of a CPU-aware replay's peak (~15
+    # arrays of the node's fetches; BENCHMARKS.md, "The CPU-aware headline's memory").
+    every = bool(ok.all())
+    times = np.concatenate([starts, ends] if every else [starts[ok], ends[ok]])
+    steps = np.concatenate([rates, rates] if every else [rates[ok], rates[ok]])
+    del ok
+    steps[steps.size // 2 :] *= -1.0
     order = np.argsort(times, kind="stable")
-    times, level = times[order], np.cumsum(steps[order])
-    area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+    times.sort(kind="stable")  # the values times[order] holds
+    level = steps[order]
+    del steps, order
+    np.cumsum(level, out=level)
+    width = np.diff(times)
+    width *= level[:-1]
+    del level
+    area = np.empty(times.size)
+    area[0] = 0.0
+    np.cumsum(width, out=area[1:])
+    del width
     covered = np.interp(span_hi, times, area) - np.interp(span_lo, times, area)
     out[positive] = covered[positive] / length[positive]
     return out

@@ -124,6 +124,8 @@ def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
     def cells(values: np.ndarray | None) -> np.ndarray:
         if values is None:
             return np.zeros(arrays.fetch.shape)
+        if np.isfinite(values).all():  # nothing to zero: the arrays' own, not a copy
+            return np.ascontiguousarray(values)
         return np.ascontiguousarray(np.nan_to_num(values, nan=0.0))
 
     return cpu_share.CpuLoad(
@@ -220,23 +222,28 @@ def _stretched(
     cpu = prepared.cpu
     assert cpu is not None
     fetch_delta = cpu_share.class_delta(rho, cpu.rho_measured, cpu.fetch_rho, cpu.fetch_population)
+    # Each [N, G] term is built in one array, in place: this runs on every step of the
+    # contention solver and every trainer pass (BENCHMARKS.md, "The CPU-aware headline's
+    # memory"); the sums are the same, term for term.
     if cpu.fetch_rho is not None and cpu.fetch_rho > 0.0 and cpu.load.runq_known:
         # each batch's CPU and its wait for a core scale together
-        added = (cpu.load.fetch_cpu + cpu.load.fetch_runq) * (fetch_delta / cpu.fetch_rho)
+        fetch = np.add(cpu.load.fetch_cpu, cpu.load.fetch_runq)
+        fetch *= fetch_delta / cpu.fetch_rho
     else:
-        added = cpu.load.fetch_cpu * fetch_delta
-    inputs = replace(
-        prepared.inputs,
-        fetch=np.maximum(prepared.inputs.fetch + added, 0.0),
-    )
+        fetch = cpu.load.fetch_cpu * fetch_delta
+    fetch += prepared.inputs.fetch
+    np.maximum(fetch, 0.0, out=fetch)
+    inputs = replace(prepared.inputs, fetch=fetch)
     # The training processes keep the pooled stretch: their own class's (tried with the
     # fetches') moved the mixed regime's aligned shares at 1 worker by 3-12 points.
     delta = rho - cpu.rho_measured
-    trainer_delta = delta if trainer_rho is None else trainer_rho - cpu.rho_measured
-    calibration = replace(
-        prepared.calibration,
-        after=prepared.calibration.after + cpu.load.train_cpu * trainer_delta,
-    )
+    if trainer_rho is None:
+        after = cpu.load.train_cpu * delta
+    else:
+        after = np.subtract(trainer_rho, cpu.rho_measured)
+        after *= cpu.load.train_cpu
+    after += prepared.calibration.after
+    calibration = replace(prepared.calibration, after=after)
     calibration = replace(calibration, hand=hand_spread(calibration.hand, rho, cpu.rho_measured))
     if calibration.idle_hand is not None and cpu.rho_measured > 0:
         # An idle worker's hand-over, put in where the measured one was a busy worker's, is
@@ -274,7 +281,10 @@ def hand_spread(hand: np.ndarray, rho: float, rho_measured: float) -> np.ndarray
     counts = finite.sum(axis=1, keepdims=True)
     sums = np.where(finite, hand, 0.0).sum(axis=1, keepdims=True)
     mean = np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
-    return mean + (hand - mean) * shrink
+    spread = np.subtract(hand, mean)
+    spread *= shrink
+    spread += mean
+    return spread
 
 
 def ready_batches(prepared: PreparedPipeline) -> np.ndarray:
@@ -432,10 +442,16 @@ def trainer_stretches(
     body = body_rows(prepared.inputs.segments, n, startup)
     first = np.zeros(n, dtype=bool)
     first[prepared.inputs.segments[:, 0]] = True
-    nodes = np.arange(g) // max(load.ranks_per_node, 1)
-    rho_t = np.full((n, g), float(rho))
+    per_node = max(load.ranks_per_node, 1)
+    # a node's ranks are consecutive (torchrun's numbering): its columns are a slice, so
+    # that no pass copies them out (a CPU-aware replay's peak, BENCHMARKS.md)
+    nodes = [slice(lo, min(lo + per_node, g)) for lo in range(0, g, per_node)]
+    work = load.fetch_cpu if load.fetch_extra is None else load.fetch_cpu + load.fetch_extra
+    trainer_cpu = [load.train_cpu[:, cols].sum(axis=1) for cols in nodes]
+    rho_t = np.full((n, g), float(rho))  # one value per node and row (its columns alike)
     for _ in range(TRAINER_PASSES):
-        previous = rho_t.copy()
+        # views of a column of each node, each read before its node is written
+        previous = [rho_t[:, cols.start] for cols in nodes]
         stretched = _stretched(prepared, rho, rho_t, drain)
         out = replay_pipeline(
             stretched.inputs,
@@ -445,27 +461,24 @@ def trainer_stretches(
             prefetch,
             starts=True,
         )
+        del out["gpu_stall_s"]  # not read here
         start, fetch, end = out["gpu_start_s"], stretched.inputs.fetch, out["gpu_end_s"]
-        work = load.fetch_cpu if load.fetch_extra is None else load.fetch_cpu + load.fetch_extra
         rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
-        for node in np.unique(nodes):
-            cols = nodes == node
+        for cols, train_cpu, before in zip(nodes, trainer_cpu, previous, strict=True):
             span_hi = end[:, cols].max(axis=1)
             span_lo = np.empty(n)
             span_lo[1:] = end[:-1, cols].min(axis=1)
             span_lo[first] = span_hi[first] - out["iteration_s"][first]
-            demand = cpu_share.overlap_rate(
-                start[:, cols], start[:, cols] + fetch[:, cols], rate[:, cols], span_lo, span_hi
-            )
+            ends = start[:, cols] + fetch[:, cols]
+            demand = cpu_share.overlap_rate(start[:, cols], ends, rate[:, cols], span_lo, span_hi)
+            del ends
             length = span_hi - span_lo
-            trainers = np.divide(
-                load.train_cpu[:, cols].sum(axis=1), length,
-                out=np.zeros(n), where=length > 0,
-            )  # fmt: skip
-            rho_t[:, cols] = cpu_share.trainer_stretch(
-                rho, demand + trainers, body, (load.cores, cpu.a)
-            )[:, None]
-        rho_t = 0.5 * (previous + rho_t)  # damped: undamped passes alternate (TRAINER_PASSES)
+            trainers = np.divide(train_cpu, length, out=np.zeros(n), where=length > 0)
+            damped = cpu_share.trainer_stretch(rho, demand + trainers, body, (load.cores, cpu.a))
+            damped += before  # damped: undamped passes alternate (TRAINER_PASSES)
+            damped *= 0.5
+            rho_t[:, cols] = damped[:, None]
+        del stretched, out, start, fetch, end, rate, previous
     return rho_t
 
 
