@@ -816,3 +816,47 @@ def test_a_cpu_aware_replay_holds_few_arrays_beside_the_run(tmp_path: Path) -> N
     finally:
         tracemalloc.stop()
     assert peak / cells < 230, peak / cells
+
+
+def test_only_the_pipeline_model_reads_the_cpu_times(tmp_path: Path) -> None:
+    """``dsim run`` with the per-iteration model leaves a trace's CPU columns unread (five
+    [N, G] arrays nothing of it reads: 40 bytes per GPU-iteration); the pipeline model, whose
+    CPU-aware path needs them, reads them. Everything else of the plan, its cache keys
+    among it, is what the whole trace gives."""
+    from dataclasses import fields
+
+    import dsim
+    from dsim.app.runplan import plan_runs_of, unread
+    from dsim.config import Overrides, load_config
+    from dsim.model.tables import read_run
+    from dsim.replay.arrays import CPU_FIELDS, IterationArrays
+
+    write_cpu_logs(tmp_path / "logs" / "cpurun", proc_s=0.024)
+    dsim.parse(tmp_path / "logs" / "cpurun", out=tmp_path / "traces", quiet=True)
+    run_dir = tmp_path / "traces" / "cpurun"
+    whole = read_run(run_dir)
+    assert "cpu_s" in whole.fetch.column_names and "cpu_s" in whole.train.column_names
+    slim = read_run(run_dir, unread("per-iteration"))
+    assert "cpu_s" not in slim.fetch.column_names + slim.train.column_names
+    assert unread("pipeline") == {"fetch.parquet": ("end",)}
+
+    def plan(model: str, tables=None):
+        config = load_config(
+            None, Overrides(runs=("cpurun",), traces=tmp_path / "traces", model=model)
+        )
+        (only,) = plan_runs_of("cpurun", run_dir, config, tables)
+        return only
+
+    per_iteration, pipeline = plan("per-iteration"), plan("pipeline")
+    assert all(getattr(per_iteration.arrays, f) is None for f in CPU_FIELDS)
+    held = [f for f in CPU_FIELDS if getattr(pipeline.arrays, f) is not None]
+    assert held == ["fetch_cpu", "fetch_runq", "train_cpu", "fetch_proc"]  # no Runq logged
+    read_whole = plan("per-iteration", read_run(run_dir))
+    assert per_iteration.keys == read_whole.keys
+    for field in fields(IterationArrays):
+        if field.name not in CPU_FIELDS:
+            a, b = getattr(per_iteration.arrays, field.name), getattr(read_whole.arrays, field.name)
+            if isinstance(a, np.ndarray):
+                np.testing.assert_array_equal(a, b, err_msg=field.name)
+            else:
+                assert a == b, field.name

@@ -45,12 +45,12 @@ from dsim.app.answer import (
 from dsim.app.attribution import run_table_path, write_directory_attributions
 from dsim.app.runmemo import memo_candidate, reuse_inputs
 from dsim.app.runplan import (
-    UNREAD,
     RunPlan,
     logged_loader,
     pending_policies,
     plan_runs_of,
     refusal,
+    unread,
 )
 from dsim.app.runtask import (
     Reusable,
@@ -242,7 +242,7 @@ def _plan(
     here, so that the plans hold only what they keep of them (``plan_runs_of``).
     ``checkpoint``: where a run planned on a thread stops once the sweep is cancelled
     (after the read, before the arrays are built)."""
-    tables = read_run(run_dir, UNREAD)
+    tables = read_run(run_dir, unread(config.model))
     if checkpoint is not None:
         checkpoint()
     refused = refusal(name, tables, config)

@@ -38,7 +38,6 @@ from dsim.analysis.summary import policy_row, run_selection, summary_rows
 from dsim.app.attribution import parse_selection, run_attribution, run_table_path
 from dsim.app.runmemo import reuse_inputs, vouched_directories, write_memo
 from dsim.app.runplan import (
-    UNREAD,
     RunPlan,
     cuts_of,
     pending_policies,
@@ -46,6 +45,7 @@ from dsim.app.runplan import (
     refusal,
     replay_params,
     result_info,
+    unread,
 )
 from dsim.config import SimConfig
 from dsim.errors import DsimError
@@ -114,7 +114,7 @@ def run_task(task: RunTask) -> RunReport:
         reuse = reusable(task.name, task.config, inputs)
         if reuse is not None:  # every replay cached, the trace not read (§7.2)
             return reuse_run(reuse, task.config)
-        tables = read_run(task.run_dir, UNREAD)
+        tables = read_run(task.run_dir, unread(task.config.model))
         refused = refusal(task.name, tables, task.config)
         if refused is not None:  # another run may still replay what was asked (§4.3)
             return RunReport(task.name, skipped=refused)
