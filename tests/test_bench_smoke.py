@@ -103,6 +103,33 @@ def test_bench_pipeline_quick(tmp_path: Path) -> None:
     assert "damped drain passes" in done.stdout
 
 
+def test_the_cpu_aware_headline_benches_run(tmp_path: Path) -> None:
+    """``bench_memory.py --cpu`` and ``bench_headline.py`` reach the pipeline model's
+    CPU-aware path (logs with CPU times and the node's cores), which synthetic logs alone
+    never do; figures printed and saved, not judged."""
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, *args, "--work", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    memory = bench(str(BENCH / "bench_memory.py"), "--quick", "--cpu")
+    assert "with CPU times (CPU-aware headline)" in memory.stdout
+    out = tmp_path / "headline.json"
+    bench(str(BENCH / "bench_headline.py"), "--quick", "--repeats", "1", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert set(res["results"]) == {"with CPU times", "without"}
+    for by_tree in res["results"].values():
+        ((_, (run,)),) = by_tree.items()  # today's tree, one repeat
+        assert run["ok"] and run["cpu_s"] > 0
+
+
 def test_compressed_and_profiler_benches_run(tmp_path: Path) -> None:
     """bench_compressed.py and bench_profiler_read.py on tiny inputs: they run and report."""
     for script, args in (

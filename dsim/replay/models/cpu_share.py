@@ -304,9 +304,10 @@ def overlap_rate(
     del ok
     steps[steps.size // 2 :] *= -1.0
     order = np.argsort(times, kind="stable")
-    times.sort(kind="stable")  # the values times[order] holds
     level = steps[order]
-    del steps, order
+    del steps
+    times = times[order]  # a gather, not a second sort (which cost a quarter of the sweep)
+    del order
     np.cumsum(level, out=level)
     width = np.diff(times)
     width *= level[:-1]

@@ -449,6 +449,7 @@ def trainer_stretches(
     work = load.fetch_cpu if load.fetch_extra is None else load.fetch_cpu + load.fetch_extra
     trainer_cpu = [load.train_cpu[:, cols].sum(axis=1) for cols in nodes]
     rho_t = np.full((n, g), float(rho))  # one value per node and row (its columns alike)
+    rate = None  # each fetch's CPU rate: its stretched fetch is ρ*'s, the same every pass
     for _ in range(TRAINER_PASSES):
         # views of a column of each node, each read before its node is written
         previous = [rho_t[:, cols.start] for cols in nodes]
@@ -463,7 +464,9 @@ def trainer_stretches(
         )
         del out["gpu_stall_s"]  # not read here
         start, fetch, end = out["gpu_start_s"], stretched.inputs.fetch, out["gpu_end_s"]
-        rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
+        if rate is None:
+            rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
+            del work
         for cols, train_cpu, before in zip(nodes, trainer_cpu, previous, strict=True):
             span_hi = end[:, cols].max(axis=1)
             span_lo = np.empty(n)
@@ -478,7 +481,7 @@ def trainer_stretches(
             damped += before  # damped: undamped passes alternate (TRAINER_PASSES)
             damped *= 0.5
             rho_t[:, cols] = damped[:, None]
-        del stretched, out, start, fetch, end, rate, previous
+        del stretched, out, start, fetch, end, previous
     return rho_t
 
 
