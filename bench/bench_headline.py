@@ -65,32 +65,27 @@ print(json.dumps({"cpu_s": cpu, "wall_s": wall, "ok": verdict is not None}))
 """
 
 
+def _output(cmd: list[str], what: str, env: dict[str, str] | None = None) -> str:
+    """Standard output of one child; a failure stops the benchmark with its error."""
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def _parse(logs: Path, traces: Path) -> Path:
     """``dsim parse`` of one run's logs with today's tree; the parsed run's directory."""
-    done = subprocess.run(
-        [sys.executable, "-m", "dsim", "parse", str(logs), "--out", str(traces), "-q"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"dsim parse {logs} failed:\n{done.stderr[-3000:]}")
+    cmd = [sys.executable, "-m", "dsim", "parse", str(logs), "--out", str(traces), "-q"]
+    _output(cmd, f"dsim parse {logs}")
     return traces / logs.name
 
 
 def _measure(tree: Path, trace: Path, warm: Path) -> dict[str, float]:
+    """One headline of ``trace`` in a fresh interpreter running ``tree``'s dsim."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(trace), str(warm)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"headline on {trace} with {tree} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-c", _CHILD, str(trace), str(warm)]
+    out = _output(cmd, f"headline on {trace} with {tree}", env)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
