@@ -263,3 +263,34 @@ def test_empty_selection_fails_before_touching_results(ran: Path) -> None:
     assert "no iterations selected" in proc.stderr and "Traceback" not in proc.stderr
     assert result_json.read_bytes() == before
     assert run_dsim("summarize", "results", "--quiet", cwd=project).returncode == 0
+
+
+def test_a_large_runs_headline_says_it_is_being_worked_out() -> None:
+    """After the replay's bar is gone, the headline replays every policy again (~11 s per
+    10^6 GPU-iterations on a trace with CPU times, BENCHMARKS.md): a large run gets a
+    transient status line on the terminal, a small one nothing, and off a terminal rich
+    draws nothing."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from dsim.commands.run import PROGRESS_MIN_ROWS, _headline_status
+
+    def status(iterations: int, terminal: bool = True) -> str:
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=terminal, width=100)
+        summary = pd.DataFrame(
+            {"results": ["a", "a", "b"], "iterations": [iterations] * 3, "gpus": [4, 4, 4]}
+        )
+        with _headline_status(console, summary):
+            pass
+        return out.getvalue()
+
+    edge = PROGRESS_MIN_ROWS // 8  # two results of 4 GPUs: the count the status compares
+    assert "working out the headline" in status(edge)
+    assert status(edge - 1) == ""
+    assert status(edge, terminal=False) == ""
+    empty = _headline_status(Console(file=io.StringIO()), pd.DataFrame())
+    with empty:
+        pass

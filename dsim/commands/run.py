@@ -101,6 +101,30 @@ def _progress_factory(console: Any, stack: Any) -> Callable[[int], Callable[[int
     return factory
 
 
+def _headline_status(console: Any, summary: Any) -> Any:
+    """A transient line on the terminal while the headline is worked out, where the runs'
+    selected GPU-iterations reach ``PROGRESS_MIN_ROWS``; otherwise nothing.
+
+    Why: the pipeline model replays every policy again for the headline after the replay's
+    bar is gone, and on a trace with CPU times its contention solver takes ~11 s per 10^6
+    GPU-iterations (BENCHMARKS.md, "The CPU-aware headline's memory"): minutes of a silent
+    terminal at 10^7. Off a terminal (a pipe, a file, the tests) rich draws nothing.
+    """
+    import contextlib
+
+    try:
+        rows = summary.drop_duplicates("results")
+        size = int((rows["iterations"] * rows["gpus"]).sum())
+    except (KeyError, TypeError, ValueError):
+        size = 0
+    if size < PROGRESS_MIN_ROWS:
+        return contextlib.nullcontext()
+    return console.status(
+        "working out the headline: the pipeline model replays every policy again",
+        spinner="dots",
+    )
+
+
 def _say(console: Any, text: str) -> None:
     console.print(text, highlight=False, soft_wrap=True, markup=False)
 
@@ -242,7 +266,9 @@ def command(
         )
     # The headline (the pipeline model's verdict) is what the terminal says first;
     # --json and --quiet print no verdict, and MLflow logs each run's own.
-    answer = outcome_answer(outcome, config, conditions, headline=not (as_json or quiet))
+    headline = not (as_json or quiet)
+    with _headline_status(err, outcome.summary) if headline else contextlib.nullcontext():
+        answer = outcome_answer(outcome, config, conditions, headline=headline)
     tracked = None
     if config.mlflow is not None:
         from dsim.app.tracking import track_answer
