@@ -839,6 +839,9 @@ def test_only_the_pipeline_model_reads_the_cpu_times(tmp_path: Path) -> None:
     slim = read_run(run_dir, unread("per-iteration"))
     assert "cpu_s" not in slim.fetch.column_names + slim.train.column_names
     assert unread("pipeline") == {"fetch.parquet": ("end",)}
+    from dsim.replay.models import MODELS
+
+    assert [name for name, m in MODELS.items() if m.reads_cpu] == ["pipeline"]
 
     def plan(model: str, tables=None):
         config = load_config(

@@ -56,15 +56,16 @@ UNREAD = {FETCH_FILE: ("end",)}
 
 def unread(model: str) -> dict[str, tuple[str, ...]]:
     """The trace columns ``dsim run`` leaves unread (``read_run``'s ``leave_out``) when it
-    replays with ``model``: besides ``UNREAD``, the CPU times, which only the pipeline model
-    reads (its CPU-aware path, SPEC §4.2).
+    replays with ``model`` (a registered name): besides ``UNREAD``, the CPU times, unless
+    the model reads them (``ReplayModel.reads_cpu``: the pipeline model's CPU-aware path,
+    SPEC §4.2).
 
     Why: decoded, the five CPU columns became five [N, G] arrays that the per-iteration
     replays, the dataset and attribution never read, 40 of the 172 bytes per GPU-iteration
     of ``dsim run``'s replays on a trace with CPU times (BENCHMARKS.md, "The CPU-aware
     headline's memory"). The headline's pipeline replay reads the trace again, whole.
     """
-    if model == "pipeline":
+    if get_model(model).reads_cpu:
         return UNREAD
     return {
         FETCH_FILE: (*UNREAD[FETCH_FILE], *CPU_COLUMNS, PROC_COLUMN),

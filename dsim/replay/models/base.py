@@ -68,6 +68,9 @@ class ReplayModel(ABC):
     uses_loader: ClassVar[bool] = False
     #: Whether the model replays fetch records (a run without them needs a model that does not).
     needs_fetch: ClassVar[bool] = True
+    #: Whether the model reads the trace's CPU times (SPEC §1.2); ``dsim run`` leaves them
+    #: unread for a model that does not (``dsim.app.runplan.unread``).
+    reads_cpu: ClassVar[bool] = False
 
     @abstractmethod
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedRun:

@@ -595,6 +595,7 @@ class PipelineModel(ReplayModel):
     name = "pipeline"
     params = ("workers", "prefetch_factor")
     uses_loader = True
+    reads_cpu = True  # the CPU-aware path (SPEC §4.2)
 
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedPipeline:
         from dsim.replay.models.pipeline_kernel import calibrate
