@@ -267,7 +267,11 @@ def command(
     # The headline (the pipeline model's verdict) is what the terminal says first;
     # --json and --quiet print no verdict, and MLflow logs each run's own.
     headline = not (as_json or quiet)
-    with _headline_status(err, outcome.summary) if headline else contextlib.nullcontext():
+    from dsim.replay.models import DEFAULT_MODEL
+
+    # only a per-iteration run's verdict is replayed again by the pipeline model
+    replays_again = headline and config.model == DEFAULT_MODEL
+    with _headline_status(err, outcome.summary) if replays_again else contextlib.nullcontext():
         answer = outcome_answer(outcome, config, conditions, headline=headline)
     tracked = None
     if config.mlflow is not None:
