@@ -352,6 +352,97 @@ def test_overlap_rate_equals_its_definition_on_random_intervals() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9, err_msg=f"trial {trial}")
 
 
+def _rows_of_fetches(rng, n: int, g: int, window: int, gaps: bool) -> tuple[np.ndarray, ...]:
+    """[n, g] fetch intervals as a replay lays them out: row k's fetches start at most
+    ``window`` rows before k's span and end within it; spans of consecutive rows."""
+    edges = np.cumsum(rng.exponential(0.02, n + 1))
+    span_lo, span_hi = edges[:-1].copy(), edges[1:].copy()
+    back = rng.integers(0, window + 1, (n, g))
+    starts = edges[np.maximum(np.arange(n)[:, None] - back, 0)] + rng.uniform(0, 0.01, (n, g))
+    ends = np.minimum(starts + rng.exponential(0.03, (n, g)), span_hi[:, None])
+    rates = rng.uniform(0.0, 1.0, (n, g))
+    if gaps:
+        starts[rng.random((n, g)) < 0.05] = np.nan
+        rates[rng.random((n, g)) < 0.02] = np.inf
+        ends[rng.random((n, g)) < 0.05] -= 1.0  # reversed
+        span_hi[rng.random(n) < 0.05] = span_lo[0] - 1.0  # a span of negative length
+        starts = np.round(starts, 2)  # shared end points
+    return starts, ends, rates, span_lo, span_hi
+
+
+@pytest.mark.parametrize("path", ["banded", "swept"])
+def test_the_banded_and_the_swept_demand_are_the_definitions_sum(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row-structured fetches, as a replay gives them, summed over each span's band of rows
+    (``overlap_kernel``) or swept: both the per-span definition, with NaN, infinite rates,
+    reversed intervals and spans of no length; the bands stay short on such input."""
+    from dsim.replay.models import overlap_kernel
+
+    monkeypatch.setattr(cpu_share, "BANDED_MAX_WORK", 10**9 if path == "banded" else -1)
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        n, g = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        args = _rows_of_fetches(rng, n, g, window=int(rng.integers(0, 6)), gaps=trial % 2 == 1)
+        got = cpu_share.overlap_rate(*args)
+        want = _overlap_reference(*(a.ravel() for a in args[:3]), *args[3:])
+        if path == "banded":  # the definition's terms in its order: the same bits
+            np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
+        else:  # two integrals over the whole run subtracted
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9, err_msg=f"trial {trial}")
+    starts, ends, rates, lo, hi = _rows_of_fetches(rng, 2000, 4, window=4, gaps=False)
+    first, stop = overlap_kernel.row_bands(starts, ends, rates, lo, hi)
+    assert (stop - first).max() <= 8  # a prefetch window and the rows the span reaches
+
+
+def test_each_iteration_span_is_the_nodes_earliest_and_latest_end() -> None:
+    """``node_spans`` is the NumPy min/max over the node's ranks, NaN ends included."""
+    from dsim.replay.models import overlap_kernel
+
+    rng = np.random.default_rng(5)
+    end = np.cumsum(rng.uniform(0.0, 0.1, (50, 3)), axis=0)
+    end[7, 1] = np.nan
+    first = np.zeros(50, dtype=bool)
+    first[[0, 20]] = True
+    iteration_s = rng.uniform(0.01, 0.05, 50)
+    lo, hi = overlap_kernel.node_spans(end, first, iteration_s)
+    want_hi = end.max(axis=1)
+    want_lo = np.r_[np.nan, end[:-1].min(axis=1)]
+    want_lo[first] = want_hi[first] - iteration_s[first]
+    np.testing.assert_array_equal(hi, want_hi)
+    np.testing.assert_array_equal(lo, want_lo)
+
+
+def test_each_segment_s_demand_counts_only_its_own_fetches() -> None:
+    """Segments replay from their own measured starts, so their replayed timelines may
+    overlap; each iteration's demand counts the fetches of its own segment only (two
+    copies of one segment, both from time 0, get the one segment's stretches)."""
+    from dataclasses import fields
+
+    from dsim.replay.models.pipeline import trainer_stretches
+
+    n = 64
+    one = _fast_drain_base(n)
+
+    def twice(obj):
+        doubled = {
+            f.name: np.concatenate([value, value])
+            for f in fields(obj)
+            if isinstance(value := getattr(obj, f.name), np.ndarray) and len(value) == n
+        }
+        return replace(obj, **doubled)
+
+    inputs = replace(twice(one.inputs), segments=np.array([[0, n], [n, 2 * n]]))
+    two = replace(one, inputs=inputs, calibration=twice(one.calibration))
+    two = replace(two, cpu=replace(one.cpu, load=twice(one.cpu.load), rho_measured=1.0))
+    one = replace(one, cpu=replace(one.cpu, rho_measured=1.0))
+    alone = trainer_stretches(one, BASE, None, None, 3.0)
+    both = trainer_stretches(two, BASE, None, None, 3.0)
+    assert alone.min() < 2.9  # the drain's stretch falls: the demand decides it
+    np.testing.assert_allclose(both[:n], alone, rtol=1e-12)
+    np.testing.assert_allclose(both[n:], alone, rtol=1e-12)
+
+
 def test_trainer_stretch_keeps_the_body_and_falls_with_the_demand() -> None:
     demand = np.array([3.0, 2.0, 2.0, 2.0, 1.0, 0.5])
     body = np.array([False, True, True, True, False, False])

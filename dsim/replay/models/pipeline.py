@@ -431,6 +431,7 @@ def trainer_stretches(
     each pass's stretches averaged with the previous pass's (damped: the
     undamped passes alternate between a fast and a slow drain).
     """
+    from dsim.replay.models import overlap_kernel
     from dsim.replay.models.pipeline_kernel import replay_pipeline
 
     cpu = prepared.cpu
@@ -468,12 +469,14 @@ def trainer_stretches(
             rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
             del work
         for cols, train_cpu, before in zip(nodes, trainer_cpu, previous, strict=True):
-            span_hi = end[:, cols].max(axis=1)
-            span_lo = np.empty(n)
-            span_lo[1:] = end[:-1, cols].min(axis=1)
-            span_lo[first] = span_hi[first] - out["iteration_s"][first]
+            span_lo, span_hi = overlap_kernel.node_spans(end[:, cols], first, out["iteration_s"])
             ends = start[:, cols] + fetch[:, cols]
-            demand = cpu_share.overlap_rate(start[:, cols], ends, rate[:, cols], span_lo, span_hi)
+            demand = np.empty(n)
+            for lo, hi in prepared.inputs.segments:  # each from its own start: none overlaps
+                demand[lo:hi] = cpu_share.overlap_rate(
+                    start[lo:hi, cols], ends[lo:hi], rate[lo:hi, cols], span_lo[lo:hi],
+                    span_hi[lo:hi],
+                )  # fmt: skip
             del ends
             length = span_hi - span_lo
             trainers = np.divide(train_cpu, length, out=np.zeros(n), where=length > 0)
