@@ -61,13 +61,17 @@ def once(trace):
     return time.process_time() - cpu, time.perf_counter() - wall, verdict
 once(Path(sys.argv[2]))  # a small run first: imports done, kernels from numba's cache
 cpu, wall, verdict = once(Path(sys.argv[1]))
-print(json.dumps({"cpu_s": cpu, "wall_s": wall, "ok": verdict is not None}))
+import dsim
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "ok": verdict is not None,
+                  "dsim": dsim.__file__}))
 """
 
 
-def _output(cmd: list[str], what: str, env: dict[str, str] | None = None) -> str:
+def _output(
+    cmd: list[str], what: str, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> str:
     """Standard output of one child; a failure stops the benchmark with its error."""
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
     return done.stdout
@@ -81,11 +85,20 @@ def _parse(logs: Path, traces: Path) -> Path:
 
 
 def _measure(tree: Path, trace: Path, warm: Path) -> dict[str, float]:
-    """One headline of ``trace`` in a fresh interpreter running ``tree``'s dsim."""
+    """One headline of ``trace`` in a fresh interpreter running ``tree``'s dsim.
+
+    Run from ``tree`` itself: ``python -c`` puts its working directory first on
+    ``sys.path``, so a child started in the repository imported today's dsim whatever
+    ``PYTHONPATH`` said (every tree measured the same code until this was found); the
+    child names the dsim it imported, and a different one stops the benchmark."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, "-c", _CHILD, str(trace), str(warm)]
-    out = _output(cmd, f"headline on {trace} with {tree}", env)
-    return json.loads(out.strip().splitlines()[-1])
+    cmd = [sys.executable, "-c", _CHILD, str(trace.resolve()), str(warm.resolve())]
+    out = _output(cmd, f"headline on {trace} with {tree}", env, cwd=tree)
+    got = json.loads(out.strip().splitlines()[-1])
+    imported = Path(got.pop("dsim")).resolve()
+    if not imported.is_relative_to(tree.resolve()):
+        raise SystemExit(f"the child for {tree} imported {imported}")
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
