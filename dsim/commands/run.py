@@ -106,8 +106,8 @@ def _headline_status(console: Any, summary: Any) -> Any:
     selected GPU-iterations reach ``PROGRESS_MIN_ROWS``; otherwise nothing.
 
     Why: the pipeline model replays every policy again for the headline after the replay's
-    bar is gone, and on a trace with CPU times its contention solver takes ~11 s per 10^6
-    GPU-iterations (BENCHMARKS.md, "The CPU-aware headline's memory"): minutes of a silent
+    bar is gone, and on a trace with CPU times its contention solver takes ~7 s per 10^6
+    GPU-iterations (BENCHMARKS.md, "The CPU-aware headline's time"): a minute of a silent
     terminal at 10^7. Off a terminal (a pipe, a file, the tests) rich draws nothing.
     """
     import contextlib
