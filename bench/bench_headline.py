@@ -67,9 +67,7 @@ print(json.dumps({"cpu_s": cpu, "wall_s": wall, "ok": verdict is not None,
 """
 
 
-def _output(
-    cmd: list[str], what: str, env: dict[str, str] | None = None, cwd: Path = REPO
-) -> str:
+def _output(cmd: list[str], what: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> str:
     """Standard output of one child; a failure stops the benchmark with its error."""
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
