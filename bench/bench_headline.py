@@ -63,6 +63,7 @@ once(Path(sys.argv[2]))  # a small run first: imports done, kernels from numba's
 cpu, wall, verdict = once(Path(sys.argv[1]))
 import dsim
 print(json.dumps({"cpu_s": cpu, "wall_s": wall, "ok": verdict is not None,
+                  "cpu_aware": verdict is not None and "CPU-aware" in verdict.text,
                   "dsim": dsim.__file__}))
 """
 
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind, trace in traces.items():
                 for label, tree in trees:
                     got = _measure(tree, trace, warm)
+                    if got.pop("cpu_aware") != (kind == "with CPU times"):
+                        raise SystemExit(f"{label}: the headline on {kind} took the wrong path")
                     results.setdefault(kind, {}).setdefault(label, []).append(got)
                     print(f"  {kind:15s} {label:24s} cpu {got['cpu_s']:7.2f} s  wall "
                           f"{got['wall_s']:7.2f} s", flush=True)  # fmt: skip

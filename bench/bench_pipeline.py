@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -161,22 +162,30 @@ def bench_reference(n: int, gpus: int) -> dict[str, Any]:
 
 
 def cpu_arrays(n: int, g: int, workers: int = 2) -> IterationArrays:
-    """``synthetic_arrays`` with CPU times and a 2-core node, so that the CPU-aware path runs:
+    """``synthetic_arrays`` with CPU times and one node, so that the CPU-aware path runs:
     each fetch half CPU work, half waiting, a quarter of it a run-queue wait; 2 ms of
-    training CPU per iteration; 2 ms per batch of worker CPU outside the building thread."""
+    training CPU per iteration; 2 ms per batch of worker CPU outside the building thread.
+    The node gets the cores that its logged CPU keeps 80 % busy (at least 2): fewer, and
+    the logs would be more than the cores can run, which the model replays independent
+    of load (SPEC §4.2; until 7 Dec 2026 this case logged 2 cores, ~4x over)."""
     from dataclasses import replace
+
+    from dsim.replay.models.pipeline import logged_busy, logged_cpu_load
 
     arrays = synthetic_arrays(n, g, workers)
     cpu = np.asfortranarray(0.5 * arrays.fetch)
-    return replace(
+    arrays = replace(
         arrays,
-        loader=LoaderSettings(workers, 2, "log", cores=2, local_world_size=g),
+        loader=LoaderSettings(workers, 2, "log", cores=1, local_world_size=g),
         fetch_cpu=cpu,
         fetch_runq=np.asfortranarray(0.25 * cpu),
         train_cpu=np.full((n, g), 0.002, order="F"),
         train_runq=np.full((n, g), 0.0002, order="F"),
         fetch_proc=np.asfortranarray(cpu + 0.002),
     )
+    per_core = logged_busy(arrays, logged_cpu_load(arrays))  # the node's CPU over 1 core
+    cores = max(2, math.ceil(per_core / 0.8))
+    return replace(arrays, loader=replace(arrays.loader, cores=cores))
 
 
 def bench_cpu_aware(sizes: list[int], gpus: int, repeats: int) -> list[dict[str, Any]]:

@@ -484,3 +484,22 @@ def test_the_cores_caveat_says_what_a_cpu_aware_model_still_misses():
     assert aware == [f"{head}: they cannot all run at once{CPU_AWARE_CORES}"]
     assert "does not know the cores" not in aware[0]
     assert caveats(100, 1, 8, 4, 4, recorded, cpu_aware=True) == []  # 4 processes, 8 cores
+
+
+def test_cpu_times_beyond_the_logged_cores_are_a_caveat_and_a_smooth_curve(tmp_path):
+    """Logs giving 4 ranks more CPU than their 1 logged core can run: the sweep is the
+    load-independent model's (clamped at the curve's pole, a second worker gained
+    nothing), and a caveat says why."""
+    from cpulogs import write_cpu_logs
+
+    from dsim.app.parse import discover_runs, parse_and_write
+    from dsim.app.tune import tune_run
+
+    logs = write_cpu_logs(tmp_path / "logs" / "onecore", cores=1, iterations=60)
+    fmt, (source,) = discover_runs([logs])
+    run_dir, _ = parse_and_write(source, tmp_path / "traces", fmt=fmt)
+    result = tune_run(run_dir, workers=[1, 2], prefetch=[2], alignment=False)
+    over = [c for c in result.caveats if c.startswith("the logs give each node 1.9")]
+    assert over and "CPU contention was left out" in over[0], result.caveats
+    times = {p.workers: float(p.iteration_s.mean()) for p in result.alone}
+    assert times[2] < 0.7 * times[1]  # load-independent: a second worker halves the wait

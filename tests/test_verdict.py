@@ -158,6 +158,16 @@ def test_pipeline_verdict_names_its_cpu_assumption() -> None:
     assert "4 ranks per node (assumed: all ranks on one node" in v.text
     per_iteration = verdict(rows(MEASURED, row), loader_record={"cpu": cpu})
     assert per_iteration.text.endswith("(per-iteration replay model)")
+    # CPU times beyond the logged cores: replayed independent of load, and said why
+    over = {"model": "load-independent", "cores": 8, "ranks_per_node": 8, "cpu_over_cores": 2.18}
+    v = verdict(rows(MEASURED, row), model="pipeline", loader_record={"cpu": over})
+    assert v.text.endswith(
+        "(pipeline replay model; fetch durations assumed independent of load: the logged "
+        "CPU times are more than the logged cores can run (see the caveat))"
+    )
+    assert any(n.startswith("the logs give each node 2.18× the CPU time its 8 logged cores")
+               for n in v.caveats)  # fmt: skip
+    assert not verdict(rows(MEASURED, row), loader_record={"cpu": over}).caveats
 
 
 def test_model_is_named_and_data_is_plain() -> None:

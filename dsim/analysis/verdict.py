@@ -352,8 +352,11 @@ def verdict(
     speedup = base_iter / after_iter if after_iter > 0 else math.inf
     interval = _interval(rows, best, base_iter, after_iter)
     parts = _split(rows, measured_rows, policy, base_iter) if loader is not None else (None, None)
-    cpu_aware = model == PIPELINE_MODEL and isinstance((loader_record or {}).get("cpu"), Mapping)
+    cpu = (loader_record or {}).get("cpu")
+    cpu_aware = model == PIPELINE_MODEL and cpu_is_aware(cpu)
     notes = _caveats(rows, best, trace, cpu_aware)
+    if model == PIPELINE_MODEL and isinstance(cpu, Mapping) and not cpu_aware:
+        notes.append(cpu_over_cores_note(cpu))
     if model == PIPELINE_MODEL and _streamed(trace):
         notes.append(STREAM_NOTE)
     model_error = share_error = None
@@ -468,10 +471,38 @@ def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
     cpu = (loader or {}).get("cpu")
     if not isinstance(cpu, Mapping):
         return "; fetch durations assumed independent of load: the logs carry no CPU times"
+    if not cpu_is_aware(cpu):
+        return (
+            "; fetch durations assumed independent of load: the logged CPU times are more "
+            "than the logged cores can run (see the caveat)"
+        )
+    return f"; CPU-aware: {counted(cpu.get('cores'), 'core')}, {_ranks_per_node(cpu)}"
+
+
+def _ranks_per_node(cpu: Mapping[str, Any]) -> str:
     ranks = f"{counted(cpu.get('ranks_per_node'), 'rank')} per node"
     if cpu.get("ranks_per_node_assumed"):
         ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"
-    return f"; CPU-aware: {counted(cpu.get('cores'), 'core')}, {ranks}"
+    return ranks
+
+
+def cpu_is_aware(cpu: Any) -> bool:
+    """Whether ``result.json``'s ``loader.cpu`` record is of a CPU-aware replay (SPEC §4.2):
+    a run whose logged CPU times exceed its cores has one too, of a load-independent one."""
+    return isinstance(cpu, Mapping) and cpu.get("model", "cpu-aware") == "cpu-aware"
+
+
+def cpu_over_cores_note(cpu: Mapping[str, Any]) -> str:
+    """The caveat of a run whose logged CPU times exceed its logged cores (SPEC §4.2)."""
+    over = cpu.get("cpu_over_cores")
+    times = f"{float(over):.2f}× " if _finite(over) else "more than "
+    return (
+        f"the logs give each node {times}the CPU time its "
+        f"{counted(cpu.get('cores'), 'logged core')} can run ({_ranks_per_node(cpu)}): the "
+        "cores or ranks per node logged are not the ones the job ran on (ranks bound to "
+        "cores of their own? several nodes without LOCAL_WORLD_SIZE?), so CPU contention "
+        "was left out and fetch durations taken as independent of load"
+    )
 
 
 def _row_of(rows: Sequence[Mapping[str, Any]], policy: Policy) -> Mapping[str, Any] | None:

@@ -291,6 +291,8 @@ def plan_run(
     run_params, loader = _loader_plan(model, arrays, params, name)
     if loader is not None:  # the measured settings shape the replay: they enter the key
         fingerprint = {**fingerprint, "loader": loader["measured"]}
+        if "cpu" in loader:  # so do the node's cores and ranks, from run.json (SPEC §7.2)
+            fingerprint["cpu"] = loader["cpu"]
     keys = {policy: replay_key(fingerprint, model, run_params, policy) for policy in policies}
     directory = variant_directory(name, model, loader)
     return RunPlan(

@@ -21,7 +21,7 @@ from dsim.analysis.model_error import (
     LOADER_WHATIF_ERROR,
 )
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
-from dsim.analysis.verdict import cores_caveat
+from dsim.analysis.verdict import cores_caveat, cpu_is_aware, cpu_over_cores_note
 from dsim.errors import InputError, OutputError
 from dsim.io import memory
 from dsim.io.memory import release_freed
@@ -213,7 +213,8 @@ def tune_run(
             cpu_aware=getattr(prepared, "cpu", None) is not None,
         )
         + ([STREAM_CAVEAT] if arrays.stream else [])
-        + [note for note in [busy_hand_over_note(prepared)] if note],
+        + [note for note in [busy_hand_over_note(prepared)] if note]
+        + _cpu_over_cores(arrays),
     )  # fmt: skip
     if out is not None:
         result = replace(result, files=write_table(result, out))
@@ -361,6 +362,14 @@ def _always_busy_note(prepared: Any) -> str | None:
         "more workers would remove (Python code in the dataset that holds the GIL makes it "
         "long), so its gain from more workers may be too small"
     )
+
+
+def _cpu_over_cores(arrays: Any) -> list[str]:
+    """The caveat of a run whose logged CPU times exceed its logged cores (SPEC §4.2)."""
+    from dsim.replay.models.pipeline import cpu_assumption
+
+    cpu = cpu_assumption(arrays)
+    return [] if cpu is None or cpu_is_aware(cpu) else [cpu_over_cores_note(cpu)]
 
 
 def caveats(

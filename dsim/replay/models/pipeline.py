@@ -19,6 +19,7 @@ into chunks: ρ belongs to the whole run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -113,8 +114,50 @@ class CpuState:
     u_cap: float = 1.0
 
 
+#: The logged CPU seconds per wall second of a node, over its recorded cores
+#: (``logged_busy``), above which the logs cannot be what those cores ran: on the committed
+#: validation runs it reached 0.91 with the cores saturated (316 runs of 2 and 16 cores);
+#: the margin over 1 is for clocks and the mean's rows.
+CPU_OVERCOMMITTED = 1.1
+
+
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
-    """The run's ``CpuLoad``, or ``None`` when the logs lack CPU times or the core count."""
+    """The run's ``CpuLoad``, or ``None`` when the logs lack CPU times or the core count,
+    or log more CPU time than the recorded cores can run (``logged_busy``): the CPU-aware
+    replay then has no contention it can calibrate, and replays as without CPU times
+    (``cpu_assumption`` says why)."""
+    load = logged_cpu_load(arrays)
+    if load is None or logged_busy(arrays, load) > CPU_OVERCOMMITTED:
+        return None
+    return load
+
+
+def logged_busy(arrays: IterationArrays, load: cpu_share.CpuLoad) -> float:
+    """The busiest node's logged CPU seconds per wall second over its recorded cores.
+
+    Why: a node cannot run more CPU seconds than its cores times the wall clock, so a
+    value well above 1 says the cores or the ranks per node recorded are not what the
+    job ran on (each rank bound to cores of its own, ``sched_getaffinity`` read inside
+    one rank's binding, or several nodes' ranks taken as one node for want of
+    ``LOCAL_WORLD_SIZE``). The curve cannot be calibrated there: clamped to the pole,
+    every what-if replayed as slow as those cores would allow (2.2x on a synthetic
+    trace whose logs gave 8 ranks 2.2x their 8 cores). The wall clock per iteration
+    is the slowest rank's iteration time, on average (at least the period at which
+    iterations follow each other): NaN where no iteration time was logged."""
+    times = arrays.iteration_time
+    if times.size == 0 or load.cores <= 0:
+        return math.nan
+    with np.errstate(all="ignore"):
+        slowest = np.nanmax(np.where(np.isfinite(times), times, -np.inf), axis=1)
+    slowest = slowest[np.isfinite(slowest) & (slowest > 0)]
+    if slowest.size == 0:
+        return math.nan
+    return cpu_share.node_demand(load) / (load.cores * float(slowest.mean()))
+
+
+def logged_cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
+    """The run's CPU times and node as logged, or ``None`` when the logs lack CPU times or
+    the core count (``cpu_load`` also checks they can be what the cores ran)."""
     loader = arrays.loader
     if arrays.fetch_cpu is None or loader is None or not loader.cores:
         return None
@@ -173,21 +216,33 @@ def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
 
     ``None`` when the logs carry no CPU times: fetch durations are then taken
     as independent of load, as before CPU times existed (the verdict says so).
+    Where they log more CPU time than the recorded cores can run (``cpu_load``),
+    ``model`` is ``load-independent`` and ``cpu_over_cores`` says by how much.
     """
-    load = cpu_load(arrays)
+    load = logged_cpu_load(arrays)
     if load is None:
         return None
     g = arrays.n_gpus
-    return {
-        "model": "cpu-aware",
+    node = {
         "cores": load.cores,
         "ranks_per_node": load.ranks_per_node,
         "ranks_per_node_assumed": load.ranks_per_node_assumed,
         "nodes": -(-g // load.ranks_per_node),
+    }
+    busy = logged_busy(arrays, load)
+    if busy > CPU_OVERCOMMITTED:
+        return {"model": LOAD_INDEPENDENT, **node, "cpu_over_cores": round(busy, 3)}
+    return {
+        "model": "cpu-aware",
+        **node,
         "runq_logged": load.runq_known,
         "training_cpu_logged": arrays.train_cpu is not None,
         "worker_process_cpu_logged": load.fetch_extra is not None,
     }
+
+
+#: ``cpu_assumption``'s model where the logged CPU times exceed the recorded cores.
+LOAD_INDEPENDENT = "load-independent"
 
 
 def _stretched(
