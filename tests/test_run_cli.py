@@ -157,6 +157,30 @@ def test_changed_trace_or_params_invalidate_the_cache(ran: Path) -> None:
     assert "9 replays computed" in proc.stderr
 
 
+def test_a_models_revision_enters_its_keys_and_the_original_analysis_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dsim whose pipeline model predicts differently computes its replays again (their
+    keys carry the model's revision, SPEC §7.2); the per-iteration model's numbers never
+    change, and its keys are those earlier versions wrote (pinned: none recomputed)."""
+    from dsim.execute.cache import replay_key
+    from dsim.replay.models import get_model
+    from dsim.replay.params import ReplayParams
+
+    trace = {
+        "fetch.parquet": {"bytes": 10, "sha256": "ab"},
+        "train.parquet": {"bytes": 20, "sha256": "cd"},
+    }
+    pipeline, original = get_model("pipeline"), get_model("per-iteration")
+    before = replay_key(trace, pipeline, ReplayParams(), ("min", "min"))
+    monkeypatch.setattr(type(pipeline), "revision", "2099-01-01")
+    assert replay_key(trace, pipeline, ReplayParams(), ("min", "min")) != before
+    assert original.revision is None
+    assert replay_key(trace, original, ReplayParams(), ("min", "min")) == (
+        "303215bc9c945f76cdbe8f7cff6cd9f86b35e384562f8d2beb103d1d9a1e8c55"
+    )
+
+
 def test_summary_options_do_not_recompute(ran: Path) -> None:
     project = ran
     proc = run_dsim(

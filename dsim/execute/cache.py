@@ -2,8 +2,9 @@
 
 A replay file stores the key it was computed with (``dsim.model.results``). The key
 hashes what determines its content: the trace's bytes (``fetch.parquet`` and
-``train.parquet``), the replay model's name and the parameters that model
-reads, the policy, and the results format version. Summary options (epochs,
+``train.parquet``), the replay model's name (and revision, for a model whose replays
+change between versions of dsim) and the parameters that model reads, the policy,
+and the results format version. Summary options (epochs,
 warm-up, threshold) are not part of it: a replay holds every iteration, and
 the summary is recomputed on every run.
 """
@@ -63,5 +64,7 @@ def replay_key(
         "params": params_document(model, params),
         "policy": policy_label(policy),
     }
+    if model.revision is not None:  # a model whose replays change between versions of dsim
+        document["model_revision"] = model.revision
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

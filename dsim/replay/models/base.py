@@ -71,6 +71,11 @@ class ReplayModel(ABC):
     #: Whether the model reads the trace's CPU times (SPEC §1.2); ``dsim run`` leaves them
     #: unread for a model that does not (``dsim.app.runplan.unread``).
     reads_cpu: ClassVar[bool] = False
+    #: The date the model's replays of a given trace and parameters last changed; it enters
+    #: their cache keys (SPEC §7.2), so that a cached replay of an earlier dsim is computed
+    #: again, not shown as today's. ``None``: the replays never change (a model whose
+    #: numbers are fixed by SPEC §3, as the original analysis's); its keys carry no revision.
+    revision: ClassVar[str | None] = None
 
     @abstractmethod
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedRun:

@@ -654,6 +654,9 @@ class PipelineModel(ReplayModel):
     params = ("workers", "prefetch_factor")
     uses_loader = True
     reads_cpu = True  # the CPU-aware path (SPEC §4.2)
+    #: Bump on every change of this model's predictions (its cache keys, SPEC §7.2): each
+    #: segment's demand its own, and CPU times beyond the cores replayed load-independent.
+    revision = "2026-12-07"
 
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedPipeline:
         from dsim.replay.models.pipeline_kernel import calibrate
