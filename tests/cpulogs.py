@@ -27,11 +27,13 @@ def write_cpu_logs(
     compute_s: float = 0.010,
     train_cpu_s: float | None = 0.002,
     proc_s: float | None = None,
+    cpus: list[str] | None = None,
 ) -> Path:
     """One ``rank<N>.log`` per rank; ``cpu_s=None`` writes the same job without CPU fields.
 
     ``proc_s``: the worker process's CPU per batch (``proc``, SPEC §1.2), on every
-    fetch line but the worker's first."""
+    fetch line but the worker's first. ``cpus``: each rank's CPU set (the loader line's
+    ``cpus``), by rank."""
     directory.mkdir(parents=True, exist_ok=True)
     settings = dict(
         num_workers=1, prefetch_factor=2, batch_size=8, persistent_workers=0, pin_memory=0
@@ -40,7 +42,8 @@ def write_cpu_logs(
         settings |= {"cores": cores, "local_world_size": local_world_size}
     origin = 1_700_000_000.0
     for rank in range(ranks):
-        lines = [loader_line(origin, rank, settings)]
+        own = settings if cpus is None else {**settings, "cpus": cpus[rank]}
+        lines = [loader_line(origin, rank, own)]
         end_prev = origin + 0.001  # the loop asks for batch 0
         fetch_end = origin + 0.001
         for i in range(iterations):

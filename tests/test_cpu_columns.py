@@ -74,3 +74,26 @@ def test_worker_process_cpu_is_a_fetch_column_nan_on_each_first_batch(tmp_path: 
     for gpu in (0, 1):
         got = back[back.gpu == gpu].proc_cpu_s.to_numpy()
         assert np.allclose(got, expected, equal_nan=True)
+
+
+def test_loader_lines_cpu_sets_parse_and_a_malformed_one_is_rejected(tmp_path: Path) -> None:
+    """``cpus`` after the node's fields (SPEC §1.2): each rank's own set here, so the
+    node's cores are their union and the logged count is kept as ``process_cores``; a
+    set that is no Linux CPU list makes the loader line malformed (named in rejects)."""
+    logs = write_logs(tmp_path / "logs", cpu=True)
+    for rank, cpus in ((0, "0-1"), (1, "2,3")):
+        path = logs / f"rank{rank}.log"
+        text = path.read_text()
+        first, rest = text.split("\n", 1)
+        path.write_text(f"{first} cpus {cpus}\n{rest}")
+    loader = parse(logs).info.loader
+    assert (loader["cores"], loader["process_cores"]) == (4, 2)
+    path = logs / "rank1.log"
+    first, rest = path.read_text().split("\n", 1)
+    path.write_text(first.replace("cpus 2,3", "cpus 2-") + "\n" + rest)
+    (source,) = discover_runs([logs], name="run")
+    parsed = parse_run(source, strict=False)
+    assert parsed.report["skipped"] == {"malformed loader line": 1}
+    assert (
+        parsed.tables.info.loader["cores"] == 2 and "process_cores" not in parsed.tables.info.loader
+    )

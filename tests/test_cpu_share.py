@@ -995,3 +995,38 @@ def test_only_the_pipeline_model_reads_the_cpu_times(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(a, b, err_msg=field.name)
             else:
                 assert a == b, field.name
+
+
+def test_a_nodes_cores_are_the_union_of_its_ranks_cpu_sets() -> None:
+    from dsim.sources.rawlog.cpusets import node_cores, union_size
+
+    assert union_size(["0-7", "8-15", "4-11"]) == 16 and union_size(["3", "3"]) == 1
+    assert union_size(["0-999999"]) == 1_000_000  # as intervals, not sets
+    bound = [{"gpu": r, "cpus": f"{8 * r}-{8 * r + 7}"} for r in range(8)]
+    assert node_cores(bound, 8) == 64  # 8 ranks bound to 8 CPUs each
+    assert node_cores(bound, 4) == 32  # two nodes of 4 ranks (CPU ids are per node)
+    assert node_cores(bound, None) == 64  # ranks per node unknown: one node
+    shared = [{"gpu": r, "cpus": "0-7"} for r in range(8)]
+    assert node_cores(shared, 8) == 8
+    assert node_cores([{"gpu": 0}], 8) is None  # older lines: no sets
+
+
+def test_ranks_bound_to_cpus_of_their_own_get_the_nodes_cores(tmp_path: Path) -> None:
+    """4 ranks, each bound to one CPU of its own: each process sees 1 core, the node has 4.
+    Read as 1 core, the logs were more CPU than it can run (load-independent, §4.2); the
+    sets give the node its 4, and the replay is CPU-aware on them (SPEC §1.2)."""
+    cpus = ["0", "1", "2", "3"]
+    _, arrays, prepared = _prepared(tmp_path / "bound", cores=1, cpus=cpus)
+    assert arrays.loader.cores == 4
+    assert prepared.cpu is not None and prepared.cpu.load.cores == 4
+    assert cpu_assumption(arrays)["model"] == "cpu-aware"
+    logs = write_cpu_logs(tmp_path / "logs" / "bound", cores=1, cpus=cpus)
+    parsed = run_dsim("parse", str(logs), "--out", "traces", cwd=tmp_path)
+    assert parsed.returncode == 0, parsed.stderr
+    said = " ".join(parsed.stdout.split())
+    assert "each rank's process could run on 1 CPU only, the ranks of a node on 4" in said
+    loader = json.loads((tmp_path / "traces" / "bound" / "run.json").read_text())["loader"]
+    assert (loader["cores"], loader["process_cores"]) == (4, 1)
+    # the same CPU for every rank: the count as logged, no note
+    _, arrays, prepared = _prepared(tmp_path / "shared", cores=1, cpus=["0"] * 4)
+    assert arrays.loader.cores == 1 and prepared.cpu is None  # and 1.9x its one core

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from dsim.errors import UsageError
 from dsim.instrument import FileSink, fetch_line, training_line
+from dsim.instrument.cpu import cpu_ranges
 
 pytestmark = pytest.mark.torch
 
@@ -45,7 +46,8 @@ LOADER_RE = re.compile(
     r" num_workers (?P<num_workers>\d+) prefetch_factor (?P<prefetch_factor>\d+|none)"
     r" batch_size (?P<batch_size>\d+|none) persistent_workers (?P<persistent_workers>[01])"
     r" pin_memory (?P<pin_memory>[01])"
-    r"( cores (?P<cores>\d+) local_world_size (?P<local_world_size>\d+|none))?"
+    r"( cores (?P<cores>\d+) local_world_size (?P<local_world_size>\d+|none)"
+    r"( cpus (?P<cpus>\d+(-\d+)?(,\d+(-\d+)?)*))?)?"
     r"( batch_bytes (?P<batch_bytes>\d+))?$"
 )
 
@@ -115,7 +117,20 @@ def test_cpu_fields_are_appended_only_when_known() -> None:
     assert m and m["cores"] == "2" and m["local_world_size"] == "none"
     assert loader_line(0.0, 0, {**base, "batch_bytes": None}) == old  # unknown: not written
     m = LOADER_RE.match(loader_line(0.0, 0, {**base, "cores": 2, "batch_bytes": 4096})[:-1])
-    assert m and m["cores"] == "2" and m["batch_bytes"] == "4096"
+    assert m and m["cores"] == "2" and m["batch_bytes"] == "4096" and m["cpus"] is None
+    node = {**base, "cores": 2, "local_world_size": 4, "cpus": "0-1,8", "batch_bytes": 64}
+    m = LOADER_RE.match(loader_line(0.0, 0, node)[:-1])
+    assert m and m["cpus"] == "0-1,8" and m["batch_bytes"] == "64"
+    assert "cpus" not in loader_line(0.0, 0, {**base, "cpus": "0-1"})  # only with the node's
+
+
+def test_cpu_sets_are_written_as_linux_lists_them() -> None:
+    from dsim.instrument.cpu import cpu_ranges, usable_cpus
+
+    assert cpu_ranges([0, 1, 2, 5]) == "0-2,5"
+    assert cpu_ranges([3]) == "3" and cpu_ranges([0, 2, 4]) == "0,2,4"
+    assert cpu_ranges(list(range(8)) + list(range(16, 24))) == "0-7,16-23"
+    assert usable_cpus() == cpu_ranges(sorted(os.sched_getaffinity(0)))
 
 
 def test_first_batch_hook_reports_once_and_steps_aside() -> None:
@@ -395,6 +410,7 @@ def test_instrumented_loader_yields_the_same_batches_and_one_fetch_per_batch(
             "pin_memory": "0",
             "cores": str(len(os.sched_getaffinity(0))),
             "local_world_size": os.environ.get("LOCAL_WORLD_SIZE", "none"),
+            "cpus": cpu_ranges(sorted(os.sched_getaffinity(0))),
         }
         sizes = [None if not e else tensor_bytes(e[0]) for e in expected]
         assert [{k: v for k, v in r.items() if k != "ts"} for r in loaders] == [

@@ -336,6 +336,14 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
             "cannot change the worker count (no sampler maps batches to workers; "
             "see --workers in `dsim run --help`)"
         )
+    bound = (info.loader or {}).get("process_cores")
+    if bound:
+        echo(
+            f"  note: each rank's process could run on {counted(bound, 'CPU')} only, the "
+            f"ranks of a node on {info.loader['cores']} together (their CPU sets differ: "
+            "bound to cores of their own); the node's cores are taken as "
+            f"{info.loader['cores']} (run.json loader.cores; SPEC §1.2)"
+        )
     if kineto:
         echo(
             "  note: profiler traces have no fetch records: the tables hold every rank's "

@@ -112,6 +112,35 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def usable_cpus() -> str | None:
+    """The CPUs this process may run on, as ranges (``0-7,16-23``); ``None`` where the
+    platform has no affinity mask.
+
+    Why beside ``usable_cores``: a launcher that binds each rank to cores of its own
+    (``srun --cpu-bind``, ``numactl`` per rank) gives every rank a mask of its share, so
+    its count alone says a node of 8 ranks has 8 cores where it has 64. The ranks' sets
+    tell: dsim takes a node's cores as the union of its ranks' sets (SPEC §1.2)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cpu_ranges(cpus) if cpus else None
+
+
+def cpu_ranges(cpus: list[int]) -> str:
+    """Sorted CPU ids as Linux's list format: ``[0, 1, 2, 5]`` is ``0-2,5``."""
+    parts: list[str] = []
+    start = prev = cpus[0]
+    for cpu in [*cpus[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(parts)
+
+
 def local_world_size() -> int | None:
     """Ranks on this node (``$LOCAL_WORLD_SIZE``, set by torchrun), else ``None``."""
     text = os.environ.get("LOCAL_WORLD_SIZE", "")

@@ -117,7 +117,8 @@ def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
     Integers as digits, booleans as 0/1, an unset value (``prefetch_factor``
     without workers, ``batch_size`` with a custom batch sampler) as ``none``.
     With ``cores`` in ``settings``, the node's fields follow: the cores the
-    process may use and the ranks on the node (``none`` when unknown).
+    process may use and the ranks on the node (``none`` when unknown), then,
+    when known, ``cpus``: the CPUs it may use, as ranges (``0-7,16-23``).
     ``batch_bytes`` (the bytes of the tensors of the epoch's first batch)
     comes last, only when known.
     """
@@ -127,6 +128,8 @@ def loader_line(wall: float, rank: int, settings: dict[str, object]) -> str:
         value = settings.get(name)
         text = "none" if value is None else str(int(value))
         fields.append(f"{name} {text}")
+    if "cores" in settings and settings.get("cpus"):
+        fields.append(f"cpus {settings['cpus']}")
     if settings.get("batch_bytes") is not None:
         fields.append(f"batch_bytes {int(settings['batch_bytes'])}")  # type: ignore[call-overload]
     return f"{format_timestamp(wall)} GPU: {rank} LOADER {' '.join(fields)}\n"

@@ -32,6 +32,7 @@ from dsim.instrument.cpu import (
     process_cpu_since_last_batch,
     thread_times,
     usable_cores,
+    usable_cpus,
 )
 from dsim.instrument.lines import LineSink, fetch_line, loader_line, make_sink, resolve_rank
 from dsim.instrument.proxy import DatasetProxy
@@ -284,6 +285,7 @@ def _settings(loader: Any) -> dict[str, object]:
         "pin_memory": bool(loader.pin_memory),
         "cores": usable_cores(),
         "local_world_size": local_world_size(),
+        "cpus": usable_cpus(),
     }
 
 

@@ -84,7 +84,10 @@ LOADER_PATTERN = (
     r"\s+pin_memory\s+(?P<pin_memory>[01])"
     # A process runs on at least one core, a node holds at least one rank: 0 is malformed.
     r"(?:\s+cores\s+(?P<cores>[1-9]\d{0,5})"
-    r"\s+local_world_size\s+(?P<local_world_size>[1-9]\d{0,5}|none))?"
+    r"\s+local_world_size\s+(?P<local_world_size>[1-9]\d{0,5}|none)"
+    # The CPUs the process may use, as Linux lists them (0-7,16-23): a node's cores are the
+    # union of its ranks' sets where a launcher bound each rank to its own (SPEC §1.2).
+    r"(?:\s+cpus\s+(?P<cpus>\d{1,6}(?:-\d{1,6})?(?:,\d{1,6}(?:-\d{1,6})?)*))?)?"
     # The bytes of the tensors of the epoch's first batch, when dsim.instrument counted them.
     r"(?:\s+batch_bytes\s+(?P<batch_bytes>\d{1,15}))?"
     r"\s*$"
@@ -430,6 +433,9 @@ def _loader_records(
             for name in NODE_FIELDS:
                 text = parts.field(name)[row].as_py()
                 record[name] = None if text == "none" else int(text)
+            cpus = parts.field("cpus")[row].as_py()
+            if cpus:
+                record["cpus"] = cpus
         if parts.field("batch_bytes")[row].as_py():
             record["batch_bytes"] = int(parts.field("batch_bytes")[row].as_py())
         out.append(record)

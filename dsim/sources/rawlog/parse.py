@@ -50,6 +50,7 @@ from dsim.sets import countable, distinct
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
+from dsim.sources.rawlog.cpusets import node_cores
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS, TRAIN_MARK
@@ -364,6 +365,12 @@ def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | Non
     sizes = [r["batch_bytes"] for r in records if r.get("batch_bytes") is not None]
     if sizes:  # varies with the batch, so not a setting to agree on: the largest one
         settings["batch_bytes"] = max(sizes)
+    # Each rank's CPU set differs where ranks are bound to cores of their own (not a setting
+    # to agree on): the node's cores are then their union, more than one process's count.
+    union = node_cores(records, settings.get("local_world_size"))
+    if union is not None and settings.get("cores") and union > settings["cores"]:
+        settings["process_cores"] = settings["cores"]
+        settings["cores"] = union
     settings["lines"] = len(records)
     odd = [r for r, k in zip(records, keys, strict=True) if k != common]
     if not odd:
