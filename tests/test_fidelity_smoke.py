@@ -219,3 +219,29 @@ def test_ranks_share_gpus_only_when_asked_and_then_all_reduce_with_gloo(monkeypa
     assert job.backend_of(cpu) == "gloo"
     with pytest.raises(SystemExit):
         job.parse_args(["--regime", "decode", "--share-gpus", "--name", "g"])
+
+
+def test_bound_ranks_log_their_own_cpus_and_parse_to_the_nodes(tmp_path: Path) -> None:
+    """``--bind`` (validation/job.py): each rank and its workers on their own share of the
+    CPUs, as srun --cpu-bind runs them; each loader line then names its rank's set, and
+    parse gives the node the union (SPEC §1.2)."""
+    pytest.importorskip("torch")
+    from validation.job import rank_cpus
+
+    assert [rank_cpus(r, 4, [0, 1]) for r in range(4)] == [[0], [0], [1], [1]]
+    assert [rank_cpus(r, 2, [0, 1, 2, 3]) for r in range(2)] == [[0, 1], [2, 3]]
+    cpus = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "runs"
+    args = ["--ranks", "2", "--iterations", "8", "--epochs", "1", "--batch-size", "4",
+            "--regime", "cpu", "--workers", "1", "--cpu-units-per-ms", "500", "--bind",
+            "--out", str(out), "--name", "bound"]  # fmt: skip
+    job = _python("-m", "validation.job", *args)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert json.loads((out / "bound" / "job.json").read_text())["bind"] is True
+    parse = run_dsim("parse", str(out / "bound"), "--out", str(tmp_path / "tr"))
+    assert parse.returncode == 0, parse.stderr
+    loader = json.loads((tmp_path / "tr" / "bound" / "run.json").read_text())["loader"]
+    shares = [rank_cpus(r, 2, cpus) for r in range(2)]
+    assert loader["cores"] == len({c for share in shares for c in share})
+    if len(cpus) > 1:  # one CPU: both ranks share it, and the count is the union's
+        assert loader["process_cores"] == len(shares[0])

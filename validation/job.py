@@ -309,7 +309,19 @@ def backend_of(args: argparse.Namespace) -> str:
     return "nccl"
 
 
+def rank_cpus(rank: int, world: int, cpus: list[int]) -> list[int]:
+    """Rank ``rank``'s own share of ``cpus`` under ``--bind``: consecutive slices, or, with
+    more ranks than CPUs, CPU ⌊r k / R⌋ (ranks 0, 1 on the first of 2, ranks 2, 3 on the
+    second)."""
+    k = len(cpus)
+    if world <= k:
+        return cpus[rank * k // world : (rank + 1) * k // world]
+    return [cpus[rank * k // world]]
+
+
 def _spawned(rank: int, world: int, args: argparse.Namespace, log_dir: Path) -> None:
+    if args.bind:  # before any worker forks: they inherit the mask
+        os.sched_setaffinity(0, rank_cpus(rank, world, sorted(os.sched_getaffinity(0))))
     train(rank, world, args, log_dir)
 
 
@@ -337,6 +349,7 @@ def settings(args: argparse.Namespace) -> dict[str, object]:
         "cpu_units_per_ms": args.cpu_units_per_ms,
         "cpu_calibrated_by": args.calibrated_by,
         "cores_available": cores_available(),
+        "bind": bool(args.bind),
         "local_world_size": args.ranks,
         "iterations": args.iterations,
         "epochs": args.epochs,
@@ -371,6 +384,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cpu-units-per-ms",
         type=float,
         help="CPU work units per ms of one uncontended core (cpu/mixed; default: measure now)",
+    )
+    p.add_argument(
+        "--bind",
+        action="store_true",
+        help="bind each rank and its workers to its own share of the CPUs (as srun "
+        "--cpu-bind does): with 4 ranks on 2, ranks 0-1 on the first, 2-3 on the second",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(

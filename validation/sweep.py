@@ -204,6 +204,8 @@ def job_command(
         extra += ["--device", args.device]
     if args.share_gpus:
         extra += ["--share-gpus"]
+    if args.bind:
+        extra += ["--bind"]
     return [
         sys.executable, "-m", "validation.job",
         "--regime", spec.regime,
@@ -226,6 +228,8 @@ def settings_of(spec: RunSpec, args: argparse.Namespace) -> dict[str, object]:
     device = {"device": args.device} if args.device != "cpu" else {}
     if args.share_gpus:
         device["share_gpus"] = True
+    if args.bind:
+        device["bind"] = True
     return {
         **spec.record(),
         **device,
@@ -399,6 +403,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-units-per-ms", type=float, help="skip the calibration (cpu plan)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU variant (NCCL, decode regime only)")  # fmt: skip
+    p.add_argument(
+        "--bind",
+        action="store_true",
+        help="each rank and its workers bound to their own share of the CPUs",
+    )
     p.add_argument("--share-gpus", action="store_true",
                    help="cuda, more ranks than GPUs: ranks share GPUs (gloo)")  # fmt: skip
     p.add_argument(
