@@ -147,9 +147,8 @@ def logged_busy(arrays: IterationArrays, load: cpu_share.CpuLoad) -> float:
     times = arrays.iteration_time
     if times.size == 0 or load.cores <= 0:
         return math.nan
-    with np.errstate(all="ignore"):
-        slowest = np.nanmax(np.where(np.isfinite(times), times, -np.inf), axis=1)
-    slowest = slowest[np.isfinite(slowest) & (slowest > 0)]
+    slowest = np.where(np.isfinite(times), times, -np.inf).max(axis=1)
+    slowest = slowest[slowest > 0]  # a row with no finite time is -inf
     if slowest.size == 0:
         return math.nan
     return cpu_share.node_demand(load) / (load.cores * float(slowest.mean()))
