@@ -111,7 +111,7 @@ def test_every_reader_gets_what_the_previous_encoding_gave(
 def test_constant_key_columns_are_written_as_their_dictionary(tmp_path: Path) -> None:
     """The writer is given the constant string columns as one-value dictionaries; the run's
     own columns carry no statistics, the policy's (which ``read_policy`` selects by) and
-    the per-row values do."""
+    the per-row values do; the one-value columns are not compressed, the rest are."""
     files = _write_both(tmp_path, IDENTS[0])
     piece = next(dataset.gpu_pieces(IDENTS[0], POLICIES[1], _replay(5, 3, 0), encoded=True))
     for name in ("run", "replay_model", "fetch_align", "start_align"):
@@ -126,6 +126,9 @@ def test_constant_key_columns_are_written_as_their_dictionary(tmp_path: Path) ->
             with_stats = {n for i, n in enumerate(names) if group.column(i).is_stats_set}
             assert with_stats == set(names) & dataset.STATISTICS_COLUMNS, (table, with_stats)
             assert {"fetch_align", "start_align", "epoch", "iteration"} <= with_stats
+            plain = {n for i, n in enumerate(names) if group.column(i).compression != "ZSTD"}
+            assert plain == set(names) & dataset.UNCOMPRESSED_COLUMNS, (table, plain)
+            assert "loader_changed" not in plain and "stall_s" not in plain
 
 
 def test_a_read_as_schema_of_other_columns_is_refused(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from dsim.app.attribution import run_attribution
 from dsim.app.runplan import plan_runs_of
 from dsim.config import Overrides, load_config
 from dsim.execute.units import ChunkJoin, join_chunks
-from dsim.io import parquetio
 from dsim.model import dataset
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.results import replay_table
@@ -110,8 +109,7 @@ def test_default_pieces_write_the_bytes_of_one_whole_write_per_policy(tmp_path: 
     meta = dataset.metadata(IDENT["run"], "d", {"min__min": "k"})
     path = tmp_path / "old.parquet"
     encoded = dataset._ENCODED[dataset.GPUS_SCHEMA]
-    read_as = dataset.GPUS_SCHEMA.with_metadata(meta)
-    old = parquetio.writer(path, encoded, read_as=read_as, statistics=dataset.STATISTICS_COLUMNS)
+    old = dataset.file_writer(path, dataset.GPUS_SCHEMA, meta, distinct=False)
     for r in replays:
         old.write_table(_old_gpus_table(r).cast(encoded))
     old.close()

@@ -78,7 +78,7 @@ def run_attribution(
             arrays = build_iteration_arrays(tables.fetch, tables.train, require_fetch=False)
         mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
         return attribute(run, arrays, arrays.worker, mask)
-    return _attribution(run, tables, epochs, warmup, arrays)[0]
+    return _attribution(run, tables, epochs, warmup, arrays, over_time=False)[0]
 
 
 #: The fetch columns attribution reads when it is given the run's arrays: for logs with
@@ -115,7 +115,9 @@ def trace_attribution(
     tables = read_replayed(run_dir, info)
     if tables.fetch.num_rows == 0:
         raise InputError(NO_FETCH_RECORDS, run_dir)
-    return _attribution(run, tables, epochs, warmup)
+    attribution, over_time = _attribution(run, tables, epochs, warmup)
+    assert over_time is not None
+    return attribution, over_time
 
 
 def _attribution(
@@ -124,7 +126,12 @@ def _attribution(
     epochs: list[int],
     warmup: int,
     arrays: IterationArrays | None = None,
-) -> tuple[Attribution, LastOverTime]:
+    *,
+    over_time: bool = True,
+) -> tuple[Attribution, LastOverTime | None]:
+    """The attribution and, where ``over_time``, who was last per window (the report's
+    alone: ``dsim run`` writes no such table, and made it for nothing, a quarter of its
+    attribution of a 10,000 x 8 run: 8.2 ms, now 6.2)."""
     if arrays is None:
         arrays = build_iteration_arrays(tables.fetch, tables.train)
         workers = worker_matrix(tables.fetch, arrays)
@@ -139,7 +146,7 @@ def _attribution(
             fetch["epoch"].to_numpy(), fetch["iteration"].to_numpy(), epochs, warmup
         )
         attribution = replace(attribution, stages=tuple(stage_shares(fetch, selected)))
-    return attribution, last_over_time(arrays, mask)
+    return attribution, last_over_time(arrays, mask) if over_time else None
 
 
 def find_trace(run: str, info: ResultInfo, traces: Path) -> tuple[Path | None, str]:

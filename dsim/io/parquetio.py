@@ -92,6 +92,8 @@ def writer(
     read_as: pa.Schema | None = None,
     statistics: Collection[str] | None = None,
     distinct: bool = False,
+    uncompressed: Collection[str] = (),
+    batch_size: int | None = None,
 ) -> pq.ParquetWriter:
     """A ``ParquetWriter`` with ``write_table``'s options, for files written in parts.
 
@@ -104,11 +106,22 @@ def writer(
     schema, the very ``ARROW:schema`` key pyarrow writes for ``read_as`` itself, so every
     reader gets the plain columns, as from a file written from ``read_as``'s tables.
     ``statistics``: the columns given min/max statistics (default: all); ``distinct`` as
-    in ``write_options``.
+    in ``write_options``. ``uncompressed``: columns written without zstd, for columns
+    whose pages are a few bytes whatever the codec (one value repeated, as a dictionary
+    or a delta run), where each page's zstd call costs more than it saves.
+    ``batch_size``: values per writer step (default ``WRITE_BATCH_SIZE``).
     """
     options = write_options(schema, distinct=distinct)
     if statistics is not None:
         options["write_statistics"] = [f.name for f in schema if f.name in statistics]
+    if uncompressed:
+        zstd = [f.name for f in schema if f.name not in uncompressed]
+        options["compression"] = {
+            f.name: "none" if f.name in uncompressed else "zstd" for f in schema
+        }
+        options["compression_level"] = dict.fromkeys(zstd, ZSTD_LEVEL)
+    if batch_size is not None:
+        options["write_batch_size"] = batch_size
     if read_as is None:
         return pq.ParquetWriter(path, schema, **options)
     if [f.name for f in schema] != read_as.names:
