@@ -9,6 +9,7 @@ and that files of the previous encoding still read.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,42 @@ def test_iterations_floats_are_plain_and_gpu_stalls_keep_their_dictionary(tmp_pa
                     continue
                 plain = table == dataset.ITERATIONS
                 assert column.has_dictionary_page is not plain, (table, column.path_in_schema)
+
+
+def test_a_small_files_policies_are_cut_from_one_read_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_policy`` gives the same tables whether a file is read whole once and each
+    policy cut from it (``WHOLE_FILE_ROWS``) or one policy's row groups at a time; one
+    read serves every policy of the file, and a file replaced since is read anew."""
+    monkeypatch.setattr(datasetfiles, "_LAST", threading.local())
+    _write_both(tmp_path, IDENTS[0])
+    out = tmp_path / "new"
+
+    def read_all() -> list[pa.Table]:
+        return [datasetfiles.read_policy(out, "d", p, (0, 3, 5), remedy="r") for p in POLICIES]
+
+    monkeypatch.setattr(datasetfiles, "WHOLE_FILE_ROWS", 0)
+    by_group = read_all()
+    monkeypatch.setattr(datasetfiles, "WHOLE_FILE_ROWS", 1 << 18)
+    reads: list[str] = []
+    real = pq.ParquetFile.read
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda h, **k: reads.append(".") or real(h, **k))
+    whole = read_all()
+    assert all(a.equals(b) for a, b in zip(whole, by_group, strict=True))
+    for a, b in zip(whole, by_group, strict=True):
+        assert a.schema.equals(b.schema, check_metadata=True)
+    assert len(reads) == 2  # each of the two files once, for every policy
+    for policy in POLICIES:  # a summary's columns: the iterations file once more
+        datasetfiles.read_policy(out, "d", policy, (0, 3, 5), remedy="r", gpus=False)
+    assert len(reads) == 2
+
+    meta = dataset.metadata(IDENTS[0]["run"], "d", {f"{f}__{s}": "k" for f, s in POLICIES})
+    writer = dataset.DatasetWriter(out, "d", meta)  # the same file, other numbers
+    replays = {p: _replay(301, 3, seed=10 + k) for k, p in enumerate(POLICIES)}
+    for policy, replay in replays.items():
+        writer.add_replay(IDENTS[0], policy, replay)
+    writer.commit()
+    again = datasetfiles.read_policy(out, "d", POLICIES[2], (0, 3, 5), remedy="r", gpus=False)
+    expected = replays[POLICIES[2]].select(again.column_names)
+    assert again.column("delay_s").equals(expected.column("delay_s"))
