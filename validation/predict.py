@@ -82,7 +82,13 @@ def prepare_pipeline(trace_dir: Path) -> PipelineBase:
     traced_workers, traced_prefetch, source = loader_settings(trace_dir, tables.fetch.to_pandas())
     node = json.loads((trace_dir / "run.json").read_text()).get("loader") or {}
     settings = LoaderSettings(
-        traced_workers, traced_prefetch, source, node.get("cores"), node.get("local_world_size")
+        traced_workers,
+        traced_prefetch,
+        source,
+        node.get("cores"),
+        node.get("local_world_size"),
+        node.get("process_cores"),
+        node.get("cpu_domain_ranks"),
     )  # the node's fields switch on the CPU-aware replay when the trace has CPU times
     arrays = replace(arrays, loader=settings)
     model = PipelineModel()

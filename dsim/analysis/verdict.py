@@ -480,6 +480,8 @@ def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
 
 
 def _ranks_per_node(cpu: Mapping[str, Any]) -> str:
+    if cpu.get("cpu_domains"):  # ranks bound in groups to CPUs of their own (SPEC §1.2)
+        return f"{counted(cpu.get('ranks_per_node'), 'rank')} bound to them"
     ranks = f"{counted(cpu.get('ranks_per_node'), 'rank')} per node"
     if cpu.get("ranks_per_node_assumed"):
         ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"

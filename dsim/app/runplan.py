@@ -121,6 +121,8 @@ _LOADER_KEYS = (
     ("prefetch_factor", 1, LOADER_SETTING_LIMIT),
     ("cores", 1, None),
     ("local_world_size", 1, None),
+    ("process_cores", 1, None),
+    ("cpu_domain_ranks", 1, None),
 )
 
 
@@ -151,12 +153,15 @@ def logged_loader(info: RunInfo, where: Path | None = None) -> LoaderSettings | 
     source = "log" if seen is None or int(seen) <= workers else "log+ids"
     prefetch = loader.get("prefetch_factor")
     cores, ranks = loader.get("cores"), loader.get("local_world_size")
+    own, domain = loader.get("process_cores"), loader.get("cpu_domain_ranks")
     return LoaderSettings(
         workers if source == "log" else int(seen),
         int(prefetch) if prefetch is not None else 2,
         source,
         None if cores is None else int(cores),
         None if ranks is None else int(ranks),
+        None if own is None else int(own),
+        None if domain is None else int(domain),
     )
 
 

@@ -73,6 +73,11 @@ class LoaderSettings:
     #: ranks per node (``None``: not logged). Only the CPU-aware pipeline model reads them.
     cores: int | None = None
     local_world_size: int | None = None
+    #: Where the ranks were bound to CPUs of their own (SPEC §1.2): each process's cores,
+    #: and the ranks that share one CPU set (a CPU domain), when they split so; ``None``
+    #: otherwise.
+    process_cores: int | None = None
+    cpu_domain_ranks: int | None = None
 
     @classmethod
     def implied(cls, worker: np.ndarray) -> LoaderSettings:
@@ -99,4 +104,8 @@ class LoaderSettings:
         if self.cores is not None:
             doc["cores"] = self.cores
             doc["local_world_size"] = self.local_world_size
+        if self.process_cores is not None:
+            doc["process_cores"] = self.process_cores
+        if self.cpu_domain_ranks is not None:
+            doc["cpu_domain_ranks"] = self.cpu_domain_ranks
         return doc

@@ -170,12 +170,17 @@ def logged_cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
             return np.ascontiguousarray(values)
         return np.ascontiguousarray(np.nan_to_num(values, nan=0.0))
 
+    cores = int(loader.cores)
+    if loader.cpu_domain_ranks and loader.process_cores:
+        # ranks bound in groups to CPUs of their own: each group is a node of its own
+        # (validation/README.md, "The twenty-fifth held-out sweep")
+        cores, ranks = int(loader.process_cores), int(loader.cpu_domain_ranks)
     return cpu_share.CpuLoad(
         fetch_cpu=cells(arrays.fetch_cpu),
         fetch_runq=cells(arrays.fetch_runq),
         train_cpu=cells(arrays.train_cpu),
         train_runq=cells(arrays.train_runq),
-        cores=int(loader.cores),
+        cores=cores,
         ranks_per_node=int(ranks) if ranks else g,
         ranks_per_node_assumed=not ranks,
         runq_known=arrays.fetch_runq is not None,
@@ -228,6 +233,8 @@ def cpu_assumption(arrays: IterationArrays) -> dict[str, Any] | None:
         "ranks_per_node_assumed": load.ranks_per_node_assumed,
         "nodes": -(-g // load.ranks_per_node),
     }
+    if arrays.loader is not None and arrays.loader.cpu_domain_ranks:
+        node["cpu_domains"] = True  # a "node" is a group of ranks bound to one CPU set
     busy = logged_busy(arrays, load)
     if busy > CPU_OVERCOMMITTED:
         return {"model": LOAD_INDEPENDENT, **node, "cpu_over_cores": round(busy, 3)}

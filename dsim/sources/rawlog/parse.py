@@ -50,7 +50,7 @@ from dsim.sets import countable, distinct
 from dsim.sources.base import ParsedRun, RunSource
 from dsim.sources.rawlog import checks, rejects
 from dsim.sources.rawlog.bounds import BAD_RANK, rank_ok
-from dsim.sources.rawlog.cpusets import node_cores
+from dsim.sources.rawlog.cpusets import cpu_domain_ranks, node_cores
 from dsim.sources.rawlog.discover import log_base, rank_from_file_name
 from dsim.sources.rawlog.epochs import assign_fetch_epochs, lexsort_order, tolerance
 from dsim.sources.rawlog.grammar import LOADER_FIELDS, MAX_DURATION_S, NODE_FIELDS, TRAIN_MARK
@@ -371,6 +371,9 @@ def loader_settings(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | Non
     if union is not None and settings.get("cores") and union > settings["cores"]:
         settings["process_cores"] = settings["cores"]
         settings["cores"] = union
+        domain = cpu_domain_ranks(records, settings.get("local_world_size"))
+        if domain is not None:  # groups of ranks, each on CPUs of its own
+            settings["cpu_domain_ranks"] = domain
     settings["lines"] = len(records)
     odd = [r for r, k in zip(records, keys, strict=True) if k != common]
     if not odd:
