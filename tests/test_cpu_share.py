@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, run_dsim
 from cpulogs import write_cpu_logs
 
+from dsim.analysis.verdict import cpu_note
 from dsim.app.run import logged_loader
 from dsim.replay.arrays import build_iteration_arrays
 from dsim.replay.models import cpu_share
@@ -1011,22 +1012,59 @@ def test_a_nodes_cores_are_the_union_of_its_ranks_cpu_sets() -> None:
     assert node_cores([{"gpu": 0}], 8) is None  # older lines: no sets
 
 
+def test_ranks_bound_in_groups_are_cpu_domains_and_other_sets_one_pool() -> None:
+    """Consecutive ranks sharing one set, disjoint from the others', sets of one size and
+    groups of one length: CPU domains of that many ranks (SPEC §1.2); anything else (sets
+    that overlap, groups of two lengths, a rank without a set or with two, one set for
+    all) leaves the node one pool of the union (``None``)."""
+    from dsim.sources.rawlog.cpusets import cpu_domain_ranks
+
+    def lines(*sets: str) -> list[dict]:
+        return [{"gpu": r, "cpus": c} for r, c in enumerate(sets)]
+
+    assert cpu_domain_ranks(lines("0", "0", "1", "1"), 4) == 2  # the bound sweeps' layout
+    assert cpu_domain_ranks(lines("0-7", "8-15", "16-23", "24-31"), 4) == 1  # a rank each
+    assert cpu_domain_ranks(lines("0-3", "0-3", "0-3", "0-3"), 4) == 4  # one set: one domain
+    eight = lines(*(f"{4 * (r // 2)}-{4 * (r // 2) + 3}" for r in range(8)))
+    assert cpu_domain_ranks(eight, 4) == 2  # two nodes of two domains (CPU ids per node)
+    assert cpu_domain_ranks(eight, None) == 2  # ranks per node unknown: one node
+    assert cpu_domain_ranks(lines("0-1", "1-2", "2-3", "3"), 4) is None  # overlapping sets
+    assert cpu_domain_ranks(lines("0", "0", "0", "1"), 4) is None  # groups of 3 and 1
+    assert cpu_domain_ranks(lines("0", "1", "0", "1"), 4) is None  # a set on two groups
+    assert cpu_domain_ranks(lines("0-1", "2", "3", "4"), 4) is None  # sets of two sizes
+    assert cpu_domain_ranks([{"gpu": 0, "cpus": "0"}, {"gpu": 1}], 2) is None  # no set
+    two = [{"gpu": 0, "cpus": "0"}, {"gpu": 0, "cpus": "1"}, {"gpu": 1, "cpus": "2"}]
+    assert cpu_domain_ranks(two, 2) is None  # a rank that logged two sets
+    assert cpu_domain_ranks([{"gpu": 0}], 1) is None  # older lines
+
+
 def test_ranks_bound_to_cpus_of_their_own_get_the_nodes_cores(tmp_path: Path) -> None:
     """4 ranks, each bound to one CPU of its own: each process sees 1 core, the node has 4.
-    Read as 1 core, the logs were more CPU than it can run (load-independent, §4.2); the
-    sets give the node its 4, and the replay is CPU-aware on them (SPEC §1.2)."""
+    Read as 1 core for all 4 ranks, the logs were more CPU than it can run
+    (load-independent, §4.2); the sets give the node its 4, each rank a CPU domain of its
+    1, and the replay is CPU-aware on them (SPEC §1.2, §4.2). Sets that overlap keep the
+    node one pool of their union."""
     cpus = ["0", "1", "2", "3"]
     _, arrays, prepared = _prepared(tmp_path / "bound", cores=1, cpus=cpus)
-    assert arrays.loader.cores == 4
+    assert (arrays.loader.cores, arrays.loader.cpu_domain_ranks) == (4, 1)
+    assert prepared.cpu is not None
+    assert (prepared.cpu.load.cores, prepared.cpu.load.ranks_per_node) == (1, 1)
+    said = cpu_assumption(arrays)
+    assert said["model"] == "cpu-aware" and said["cpu_domains"] is True
+    assert (said["cores"], said["ranks_per_node"], said["nodes"]) == (1, 1, 4)
+    note = cpu_note("pipeline", {"cpu": said})
+    assert note == "; CPU-aware: 1 core per CPU domain, 1 rank bound to each", note
+    _, arrays, prepared = _prepared(tmp_path / "pooled", cores=2, cpus=["0-1", "1-2", "2-3", "3,0"])
+    assert (arrays.loader.cores, arrays.loader.cpu_domain_ranks) == (4, None)
     assert prepared.cpu is not None and prepared.cpu.load.cores == 4
-    assert cpu_assumption(arrays)["model"] == "cpu-aware"
+    assert "cpu_domains" not in cpu_assumption(arrays)
     logs = write_cpu_logs(tmp_path / "logs" / "bound", cores=1, cpus=cpus)
     parsed = run_dsim("parse", str(logs), "--out", "traces", cwd=tmp_path)
     assert parsed.returncode == 0, parsed.stderr
     said = " ".join(parsed.stdout.split())
     assert "each rank's process could run on 1 CPU only, the ranks of a node on 4" in said
     loader = json.loads((tmp_path / "traces" / "bound" / "run.json").read_text())["loader"]
-    assert (loader["cores"], loader["process_cores"]) == (4, 1)
+    assert (loader["cores"], loader["process_cores"], loader["cpu_domain_ranks"]) == (4, 1, 1)
     # the same CPU for every rank: the count as logged, no note
     _, arrays, prepared = _prepared(tmp_path / "shared", cores=1, cpus=["0"] * 4)
     assert arrays.loader.cores == 1 and prepared.cpu is None  # and 1.9x its one core

@@ -145,11 +145,17 @@ def replay_metrics(
         )
     )
     cpu = cpu_assumption(base.arrays)
-    metrics["assumption"] = (
-        f"CPU-aware: {cpu['cores']} cores, {cpu['ranks_per_node']} ranks per node"
-        if cpu
-        else "no CPU times: fetch durations independent of load"
-    )
+    if not cpu:
+        metrics["assumption"] = "no CPU times: fetch durations independent of load"
+    elif cpu.get("cpu_domains"):  # ranks bound in groups to CPU sets of their own
+        metrics["assumption"] = (
+            f"CPU-aware: {cpu['cores']} cores per CPU domain, "
+            f"{cpu['ranks_per_node']} ranks bound to each"
+        )
+    else:
+        metrics["assumption"] = (
+            f"CPU-aware: {cpu['cores']} cores, {cpu['ranks_per_node']} ranks per node"
+        )
     return metrics
 
 

@@ -17,8 +17,10 @@ they move whenever FIDELITY.md is re-run.
 
 from __future__ import annotations
 
-#: Loader what-ifs (more workers, another prefetch): 444 cells of 31 sweeps, 2 and 16 cores, GPU
-#: runs and ranks bound two to a CPU included; 15.4 %, where the mean is 5.3 % (15.1 % over 408
+#: Loader what-ifs (more workers, another prefetch): 462 cells of 32 sweeps, 2 and 16 cores, GPU
+#: runs and ranks bound two to a CPU included; 13.9 %, where the mean is 4.8 % (15.4 % over 444
+#: cells of 31 sweeps before ranks bound in groups were replayed as CPU domains, 2026-12-07:
+#: validation/README.md, "The twenty-seventh held-out sweep"; 15.1 % over 408
 #: cells of 29 sweeps before the two bound sweeps, 2026-12-07, whose pooled CPUs put the
 #: loader what-ifs 9-10 % too fast: validation/README.md, "The twenty-fifth held-out sweep";
 #: 16.2 % over 388 cells before each batch's
@@ -27,7 +29,7 @@ from __future__ import annotations
 #: 16-core sweep). A mean error (4.4 %
 #: of one 2-core sweep, until 2026-11-28) made bands of about ±10 % where tune's predictions
 #: missed the 16-core sweep's re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = 0.154
+LOADER_WHATIF_ERROR = 0.139
 #: Alignment what-ifs (fetch and start alignment): 202 cells of 20 sweeps; 12.3 %, where the
 #: mean is 4.5 % (12.4 % over 194 cells before the twenty-fourth held-out sweep, 2026-12-07;
 #: 10.6 % over 186 cells before the 16-core sweeps of 2026-11-29, whose cpu
@@ -45,27 +47,28 @@ ALIGN_WHATIF_ERROR = 0.123
 #: align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over
 #: 11; validation/README.md, "The busy worker's spread").
 ALIGN_SHARE_ERROR_PTS = 9.3
-#: ... of the loader cells: 44.5 points (444 cells; 45.2 over 408; 45.3 over 388). A loader
-#: change moves the fetches' overlap and the stalls' spread together, and the share, a count
-#: of iterations over a 30 ms line, swings with both; the band says how little the predicted
-#: share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 44.5
+#: ... of the loader cells: 44.2 points (462 cells; 44.5 over 444; 45.2 over 408; 45.3 over
+#: 388). A loader change moves the fetches' overlap and the stalls' spread together, and the
+#: share, a count of iterations over a 30 ms line, swings with both; the band says how little
+#: the predicted share of a loader what-if pins down.
+LOADER_SHARE_ERROR_PTS = 44.2
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 436 cells of 31 sweeps; 16.4 %, where the mean is 5.7 % (13.9 % over 400
+#: from every base run): 454 cells of 32 sweeps; 16.6 %, where the mean is 5.7 % (16.4 % over 436
+#: cells before CPU domains; 13.9 % over 400
 #: cells before the two sweeps of ranks bound two to a CPU, 2026-12-07, whose fewer-worker
-#: what-ifs came out 11-14 % too slow; 20.4 % over
+#: what-ifs came out 11-14 % too slow, pooled or as CPU domains; 20.4 % over
 #: 380 cells before each batch's wait for a core scaled with its CPU, 2026-12-07; 29.7 and 9.2 %
 #: before the workers' population scaled their stretch, 2026-11-29: a run with 8 workers
 #: predicting 1 came out 20-34 % too slow on the 2-core sweeps; validation/README.md, "The
 #: nineteenth held-out sweep" and "The twentieth"). Measured since 2026-11-29; until then these
 #: what-ifs took the loader error above, measured only on more workers, and overstated how sure
 #: a recommendation of fewer workers was (validation/README.md, "Fewer workers").
-LOADER_FEWER_ERROR = 0.164
-#: ... their effective-delay share: 13.5 points (the same cells; the mean is 4.8; 12.4 and 4.4
-#: before the bound sweeps; 20.6 and 5.6
+LOADER_FEWER_ERROR = 0.166
+#: ... their effective-delay share: 14.2 points (the same cells; the mean is 4.9; 13.5 and 4.8
+#: before CPU domains; 12.4 and 4.4 before the bound sweeps; 20.6 and 5.6
 #: before 2026-12-07; 17.7 and 5.4 with the square root of the population ratio, which fitted
 #: the time less well).
-LOADER_FEWER_SHARE_ERROR_PTS = 13.5
+LOADER_FEWER_SHARE_ERROR_PTS = 14.2
 
 
 def loader_errors(fewer: bool) -> tuple[float, float]:

@@ -476,12 +476,15 @@ def cpu_note(model: str, loader: Mapping[str, Any] | None) -> str:
             "; fetch durations assumed independent of load: the logged CPU times are more "
             "than the logged cores can run (see the caveat)"
         )
+    if cpu.get("cpu_domains"):  # ranks bound in groups to CPUs of their own (SPEC §1.2)
+        cores, ranks = counted(cpu.get("cores"), "core"), counted(cpu.get("ranks_per_node"), "rank")
+        return f"; CPU-aware: {cores} per CPU domain, {ranks} bound to each"
     return f"; CPU-aware: {counted(cpu.get('cores'), 'core')}, {_ranks_per_node(cpu)}"
 
 
 def _ranks_per_node(cpu: Mapping[str, Any]) -> str:
-    if cpu.get("cpu_domains"):  # ranks bound in groups to CPUs of their own (SPEC §1.2)
-        return f"{counted(cpu.get('ranks_per_node'), 'rank')} bound to them"
+    if cpu.get("cpu_domains"):  # a "node" is a group of ranks bound to one CPU set
+        return f"{counted(cpu.get('ranks_per_node'), 'rank')} per CPU domain"
     ranks = f"{counted(cpu.get('ranks_per_node'), 'rank')} per node"
     if cpu.get("ranks_per_node_assumed"):
         ranks += " (assumed: all ranks on one node, LOCAL_WORLD_SIZE not logged)"

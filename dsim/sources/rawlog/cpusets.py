@@ -64,11 +64,13 @@ def cpu_domain_ranks(
     with no set or two, sets that overlap without being equal, uneven groups): the node
     is then one pool (``node_cores``)."""
     sets: dict[int, set[str]] = {}
+    ranks_seen: set[int] = set()
     for record in records:
+        ranks_seen.add(int(record["gpu"]))
         if record.get("cpus"):
             sets.setdefault(int(record["gpu"]), set()).add(str(record["cpus"]))
-    if not sets or any(len(seen) != 1 for seen in sets.values()):
-        return None
+    if not sets or any(len(seen) != 1 for seen in sets.values()) or ranks_seen - sets.keys():
+        return None  # a rank with two sets, or one whose lines gave none
     per_node = ranks_per_node if ranks_per_node and ranks_per_node > 0 else None
     ranks = sorted(sets)
     by_node: dict[int, list[int]] = {}
