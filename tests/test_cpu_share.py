@@ -1062,9 +1062,18 @@ def test_ranks_bound_to_cpus_of_their_own_get_the_nodes_cores(tmp_path: Path) ->
     parsed = run_dsim("parse", str(logs), "--out", "traces", cwd=tmp_path)
     assert parsed.returncode == 0, parsed.stderr
     said = " ".join(parsed.stdout.split())
-    assert "each rank's process could run on 1 CPU only, the ranks of a node on 4" in said
+    assert (
+        "each rank was bound to a CPU set of its own, 1 CPU each (4 on a node together): "
+        "the CPU-aware replay takes each as a node of its own, a CPU domain"
+    ) in said, said
     loader = json.loads((tmp_path / "traces" / "bound" / "run.json").read_text())["loader"]
     assert (loader["cores"], loader["process_cores"], loader["cpu_domain_ranks"]) == (4, 1, 1)
+    overlapping = ["0-1", "1-2", "2-3", "3,0"]  # no domains: one pool of the union
+    logs = write_cpu_logs(tmp_path / "logs" / "pooled", cores=2, cpus=overlapping)
+    parsed = run_dsim("parse", str(logs), "--out", "traces", cwd=tmp_path)
+    assert parsed.returncode == 0, parsed.stderr
+    said = " ".join(parsed.stdout.split())
+    assert "each rank's process could run on 2 CPUs only, the ranks of a node on 4" in said
     # the same CPU for every rank: the count as logged, no note
     _, arrays, prepared = _prepared(tmp_path / "shared", cores=1, cpus=["0"] * 4)
     assert arrays.loader.cores == 1 and prepared.cpu is None  # and 1.9x its one core

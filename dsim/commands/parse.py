@@ -337,7 +337,19 @@ def _report(result: dict, quiet: bool, echo=typer.echo) -> None:
             "see --workers in `dsim run --help`)"
         )
     bound = (info.loader or {}).get("process_cores")
-    if bound:
+    domain = (info.loader or {}).get("cpu_domain_ranks")
+    if bound and domain:
+        who = (
+            "each rank was bound to a CPU set of its own"
+            if domain == 1
+            else f"the ranks were bound in groups of {domain} to CPU sets of their own"
+        )
+        echo(
+            f"  note: {who}, {counted(bound, 'CPU')} each ({info.loader['cores']} on a node "
+            "together): the CPU-aware replay takes each as a node of its own, a CPU domain "
+            "(run.json loader.cpu_domain_ranks; SPEC §1.2)"
+        )
+    elif bound:
         echo(
             f"  note: each rank's process could run on {counted(bound, 'CPU')} only, the "
             f"ranks of a node on {info.loader['cores']} together (their CPU sets differ: "
