@@ -207,3 +207,29 @@ def test_a_small_files_policies_are_cut_from_one_read_of_it(
     again = datasetfiles.read_policy(out, "d", POLICIES[2], (0, 3, 5), remedy="r", gpus=False)
     expected = replays[POLICIES[2]].select(again.column_names)
     assert again.column("delay_s").equals(expected.column("delay_s"))
+
+
+def test_a_damaged_policys_rows_refuse_only_that_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flipped byte in one policy's row group of a file read whole: the other policies
+    still read (from their own row groups), the damaged one is refused naming the file."""
+    from dsim.errors import InputError
+
+    monkeypatch.setattr(datasetfiles, "_LAST", threading.local())
+    _write_both(tmp_path, IDENTS[0])
+    out = tmp_path / "new"
+    path = datasetfiles.dataset_path(out, dataset.ITERATIONS, "d")
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    chunk = meta.row_group(1).column(names.index("delay_s"))  # POLICIES[1]'s rows
+    data = bytearray(path.read_bytes())
+    at = chunk.data_page_offset + chunk.total_compressed_size // 2
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    for policy in (POLICIES[0], POLICIES[2]):
+        got = datasetfiles.read_policy(out, "d", policy, (0, 3, 5), remedy="r", gpus=False)
+        assert got.num_rows == 301
+    with pytest.raises(InputError, match="re-run it") as caught:
+        datasetfiles.read_policy(out, "d", POLICIES[1], (0, 3, 5), remedy="re-run it", gpus=False)
+    assert str(path) in str(caught.value)

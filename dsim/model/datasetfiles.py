@@ -188,7 +188,11 @@ def _policy_rows(path: Path, policy: tuple[str, str], columns: list[str], remedy
         meta = parquetio.footer(path)
         groups, pure = _policy_groups(meta, policy)
         if pure and groups and meta.num_rows <= WHOLE_FILE_ROWS:
-            return _groups_of(_whole(path, meta, columns), meta, groups)
+            try:
+                return _groups_of(_whole(path, meta, columns), meta, groups)
+            except (OSError, pa.ArrowException):
+                pass  # a damaged page: read this policy's groups alone, as below, so that
+                # only the policy whose rows are damaged is refused (by name, below)
         handle = pq.ParquetFile(path, metadata=meta, page_checksum_verification=True)
         wanted = columns if pure else [*columns, "fetch_align", "start_align"]
         table = handle.read_row_groups(groups, columns=wanted)

@@ -173,7 +173,7 @@ def logged_cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
     cores = int(loader.cores)
     if loader.cpu_domain_ranks and loader.process_cores:
         # ranks bound in groups to CPUs of their own: each group is a node of its own
-        # (validation/README.md, "The twenty-fifth held-out sweep")
+        # (validation/README.md, "The twenty-seventh held-out sweep")
         cores, ranks = int(loader.process_cores), int(loader.cpu_domain_ranks)
     return cpu_share.CpuLoad(
         fetch_cpu=cells(arrays.fetch_cpu),

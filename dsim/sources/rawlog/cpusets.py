@@ -79,7 +79,7 @@ def cpu_domain_ranks(
     sizes, lengths = set(), set()
     for members in by_node.values():
         if members != list(range(members[0], members[0] + len(members))):
-            return None  # a rank of the node logged no set
+            return None  # a rank of the node is missing from the loader lines
         runs: list[list[int]] = []
         for rank in members:
             if runs and next(iter(sets[runs[-1][-1]])) == next(iter(sets[rank])):
