@@ -44,6 +44,10 @@ _CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from dsim.analysis.headline import pipeline_verdict_on
+try:
+    from dsim.analysis.headline import calibrate_pipeline
+except ImportError:  # trees before 7 Dec 2026, afternoon: the verdict took the arrays
+    calibrate_pipeline = None
 from dsim.app.tune import fetch_arrays
 from dsim.model.selection import selection_mask
 
@@ -57,7 +61,8 @@ def once(trace):
     arrays = fetch_arrays(trace, trace.name)
     mask = selection_mask(arrays.epoch, arrays.iteration, [1], 10)
     cpu, wall = time.process_time(), time.perf_counter()
-    verdict = pipeline_verdict_on(rows, arrays, mask, 0.03, None)
+    calibrated = arrays if calibrate_pipeline is None else calibrate_pipeline(arrays)
+    verdict = pipeline_verdict_on(rows, calibrated, mask, 0.03, None)
     return time.process_time() - cpu, time.perf_counter() - wall, verdict
 once(Path(sys.argv[2]))  # a small run first: imports done, kernels from numba's cache
 cpu, wall, verdict = once(Path(sys.argv[1]))

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dsim.analysis.attribution import Attribution, attribute, attribution_table, describe
-from dsim.analysis.headline import pipeline_verdict_on, replays_policies
+from dsim.analysis.headline import calibrate_pipeline, pipeline_verdict_on, replays_policies
 from dsim.analysis.summary import (
     DEFAULT_THRESHOLD_S,
     DEFAULT_WARMUP,
@@ -178,7 +178,11 @@ def _headline(
         return None
     span = np.arange(max(int(rows[0]) - calibration, 0), arrays.n_iterations)
     inside = np.isin(span, rows)
-    return pipeline_verdict_on(table, arrays.take(span), inside, threshold_s, trace)
+    if not inside.any():
+        return None
+    return pipeline_verdict_on(
+        table, calibrate_pipeline(arrays.take(span)), inside, threshold_s, trace
+    )
 
 
 def _at(arrays: IterationArrays, rows: np.ndarray, k: int) -> tuple[int, int] | None:

@@ -9,6 +9,7 @@ iterations get the same words (docs/SPEC.md §5.1 "Headline", §9.4).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,25 +26,46 @@ def replays_policies(rows: Sequence[Mapping[str, Any]]) -> bool:
     return all(str(r[side]) in SUPPORTED for r in rows for side in ("fetch_align", "start_align"))
 
 
+@dataclass(frozen=True)
+class CalibratedPipeline:
+    """The pipeline model calibrated on a run's arrays, and the loader record its verdict
+    names: all a verdict needs of the arrays, so that callers can let them go first."""
+
+    prepared: Any  # ``PreparedPipeline``
+    loader_record: dict[str, Any]
+
+
+def calibrate_pipeline(arrays: Any) -> CalibratedPipeline:
+    """The pipeline model calibrated on all of ``arrays`` (an ``IterationArrays`` with its
+    ``loader`` set, as ``dsim run --model pipeline`` has it).
+
+    Why not keep the arrays: the calibration holds views of the columns it replays, and
+    the rest (the worker ids, the worker processes' CPU, CPU columns with gaps the
+    model fills) is ~20 bytes per GPU-iteration of the CPU-aware headline's peak. The
+    record is taken first: its CPU assumption re-reads the CPU columns once.
+    """
+    record = _record(arrays)
+    return CalibratedPipeline(get_model("pipeline").prepare(arrays, ReplayParams()), record)
+
+
 def pipeline_verdict_on(
     rows: Sequence[Mapping[str, Any]],
-    arrays: Any,
+    calibrated: CalibratedPipeline,
     mask: Any,
     threshold_s: float,
     trace: Mapping[str, Any] | None,
 ) -> Verdict | None:
-    """The pipeline model, calibrated on all of ``arrays`` (an ``IterationArrays`` with
-    its ``loader`` set, as ``dsim run --model pipeline`` has it), replaying the policies of
-    ``rows`` and judged over the iterations ``mask`` selects; ``None`` when none is selected
-    or nothing can be compared. Shared by ``dsim run``'s headline and ``dsim watch``
-    (``dsim.live``), so that the same iterations get the same words."""
+    """The ``calibrated`` pipeline model replaying the policies of ``rows``, judged over the
+    iterations ``mask`` selects; ``None`` when none is selected or nothing can be compared.
+    Shared by ``dsim run``'s headline and ``dsim watch`` (``dsim.live``), so that the same
+    iterations get the same words."""
     import pandas as pd
 
     mask = np.asarray(mask, dtype=bool)
     if not mask.any():
         return None
     model = get_model("pipeline")
-    prepared = model.prepare(arrays, ReplayParams())
+    prepared = calibrated.prepared
     out = []
     for row in rows:
         policy = (str(row["fetch_align"]), str(row["start_align"]))
@@ -58,7 +80,7 @@ def pipeline_verdict_on(
         out.append({**keep, **stats})
     table = add_what_if(pd.DataFrame(out)).to_dict("records")
     try:
-        return verdict(table, trace=trace, model="pipeline", loader_record=_record(arrays))
+        return verdict(table, trace=trace, model="pipeline", loader_record=calibrated.loader_record)
     except ValueError:
         return None
 

@@ -20,7 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dsim.analysis.headline import pipeline_verdict_on, replays_policies
+from dsim.analysis.headline import (
+    CalibratedPipeline,
+    calibrate_pipeline,
+    pipeline_verdict_on,
+    replays_policies,
+)
 from dsim.analysis.verdict import DEFAULT_MODEL, Verdict
 from dsim.errors import DsimError
 from dsim.io.memory import release_freed
@@ -48,8 +53,6 @@ def pipeline_verdict(
     the pipeline model does not replay, no selection recorded): the
     per-iteration verdict then stays the headline.
     """
-    from dsim.app.tune import fetch_arrays
-
     if not replays_policies(rows):
         return None
     selection = _selection(rows)
@@ -58,11 +61,24 @@ def pipeline_verdict(
     epochs, warmup, threshold = selection
     release_freed()  # what the replays freed, before the trace is read again
     try:
-        arrays = fetch_arrays(trace_dir, str(rows[0]["run"]))
+        calibrated, mask = _calibrated(trace_dir, str(rows[0]["run"]), epochs, warmup)
     except DsimError:
         return None
+    if calibrated is None:
+        return None
+    return pipeline_verdict_on(rows, calibrated, mask, threshold, trace)
+
+
+def _calibrated(
+    trace_dir: Path, run: str, epochs: list[int], warmup: int
+) -> tuple[CalibratedPipeline | None, Any]:
+    """The run's pipeline model and the selected iterations; the arrays are let go on
+    return (``calibrate_pipeline``). ``None`` (no calibration) when none is selected."""
+    from dsim.app.tune import fetch_arrays
+
+    arrays = fetch_arrays(trace_dir, run)
     mask = selection_mask(arrays.epoch, arrays.iteration, epochs, warmup)
-    return pipeline_verdict_on(rows, arrays, mask, threshold, trace)
+    return (calibrate_pipeline(arrays) if mask.any() else None), mask
 
 
 def headlines(

@@ -312,8 +312,13 @@ def _stretched(
         ratio = rho / cpu.rho_measured
         calibration = replace(calibration, idle_hand=calibration.idle_hand * ratio)
     if trainer_rho is not None and drain is not None and drain.any() and rho > 0:
-        ratio = np.where(drain[:, None], np.minimum(trainer_rho / rho, 1.0), 1.0)
-        calibration = replace(calibration, hand=calibration.hand * ratio)
+        # only the drain rows change (elsewhere the ratio is 1): no [N, G] ratio is made
+        rows = np.flatnonzero(drain)
+        hand = calibration.hand
+        if hand is prepared.calibration.hand:  # the calibration's own: never written
+            hand = hand.copy()
+        hand[rows] *= np.minimum(trainer_rho[rows] / rho, 1.0)
+        calibration = replace(calibration, hand=hand)
     return PreparedPipeline(inputs, calibration, None)
 
 
@@ -508,14 +513,18 @@ def trainer_stretches(
     # a node's ranks are consecutive (torchrun's numbering): its columns are a slice, so
     # that no pass copies them out (a CPU-aware replay's peak, BENCHMARKS.md)
     nodes = [slice(lo, min(lo + per_node, g)) for lo in range(0, g, per_node)]
-    work = load.fetch_cpu if load.fetch_extra is None else load.fetch_cpu + load.fetch_extra
     trainer_cpu = [load.train_cpu[:, cols].sum(axis=1) for cols in nodes]
-    rho_t = np.full((n, g), float(rho))  # one value per node and row (its columns alike)
+    rho_t = np.full((n, len(nodes)), float(rho))  # one value per node and row
+    widths = [cols.stop - cols.start for cols in nodes]
+
+    def per_gpu() -> np.ndarray:  # [N, G]: one node's column seen by all its ranks (a view)
+        if len(nodes) == 1:
+            return np.broadcast_to(rho_t, (n, g))
+        return np.repeat(rho_t, widths, axis=1)
+
     rate = None  # each fetch's CPU rate: its stretched fetch is ρ*'s, the same every pass
     for _ in range(TRAINER_PASSES):
-        # views of a column of each node, each read before its node is written
-        previous = [rho_t[:, cols.start] for cols in nodes]
-        stretched = _stretched(prepared, rho, rho_t, drain)
+        stretched = _stretched(prepared, rho, per_gpu(), drain)
         out = replay_pipeline(
             stretched.inputs,
             stretched.calibration,
@@ -523,30 +532,35 @@ def trainer_stretches(
             workers,
             prefetch,
             starts=True,
+            stalls=False,
         )
-        del out["gpu_stall_s"]  # not read here
-        start, fetch, end = out["gpu_start_s"], stretched.inputs.fetch, out["gpu_end_s"]
-        if rate is None:
-            rate = np.divide(work, fetch, out=np.zeros_like(fetch), where=fetch > 0)
-            del work
-        for cols, train_cpu, before in zip(nodes, trainer_cpu, previous, strict=True):
+        fetch = stretched.inputs.fetch
+        del stretched  # its other terms are not read below (16 bytes per GPU-iteration)
+        start, end = out["gpu_start_s"], out["gpu_end_s"]
+        if rate is None:  # in one array, made in place: it lives through every pass
+            extra = load.fetch_extra
+            rate = np.array(load.fetch_cpu) if extra is None else load.fetch_cpu + extra
+            running = fetch > 0
+            np.divide(rate, fetch, out=rate, where=running)
+            rate[~running] = 0.0
+            del running
+        ends = np.add(start, fetch, out=fetch)  # each fetch's end, in its duration's place
+        for k, (cols, train_cpu) in enumerate(zip(nodes, trainer_cpu, strict=True)):
             span_lo, span_hi = overlap_kernel.node_spans(end[:, cols], first, out["iteration_s"])
-            ends = start[:, cols] + fetch[:, cols]
             demand = np.empty(n)
             for lo, hi in prepared.inputs.segments:  # each from its own start: none overlaps
                 demand[lo:hi] = cpu_share.overlap_rate(
-                    start[lo:hi, cols], ends[lo:hi], rate[lo:hi, cols], span_lo[lo:hi],
+                    start[lo:hi, cols], ends[lo:hi, cols], rate[lo:hi, cols], span_lo[lo:hi],
                     span_hi[lo:hi],
                 )  # fmt: skip
-            del ends
             length = span_hi - span_lo
             trainers = np.divide(train_cpu, length, out=np.zeros(n), where=length > 0)
             damped = cpu_share.trainer_stretch(rho, demand + trainers, body, (load.cores, cpu.a))
-            damped += before  # damped: undamped passes alternate (TRAINER_PASSES)
+            damped += rho_t[:, k]  # damped: undamped passes alternate (TRAINER_PASSES)
             damped *= 0.5
-            rho_t[:, cols] = damped[:, None]
-        del stretched, out, start, fetch, end, previous
-    return rho_t
+            rho_t[:, k] = damped
+        del out, start, fetch, ends, end
+    return per_gpu()
 
 
 def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipeline:
@@ -582,7 +596,7 @@ def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipelin
     else:
         work, rest = c.mean(axis=1), other.mean(axis=1)
     share = np.divide(q, c, out=np.zeros_like(q), where=c > 0)
-    cpu_work = np.repeat(work[:, None], g, axis=1)
+    cpu_work = np.broadcast_to(work[:, None], (n, g))  # every rank's the same: a view
     load = replace(load, fetch_cpu=cpu_work, fetch_runq=cpu_work * share)
     inputs = replace(
         prepared.inputs,

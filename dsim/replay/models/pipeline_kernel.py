@@ -477,7 +477,7 @@ def _replay(  # pragma: no cover - compiled
     segments, iteration, start, fetch, arrival, stall, worker,
     lat_sent, lat_free, hand, deliver, after, loop, busy, busy_excess, idle_hand, use_busy,
     busy_wait, idle_measured, work_ratio, busy_slope, busy_icept, busy_rem,
-    fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus,
+    fetch_mode, start_mode, same_loader, new_w, new_p, want_starts, want_gpus, want_stalls,
 ):  # fmt: skip
     n, g = start.shape
     iteration_s = np.empty(n)
@@ -485,10 +485,17 @@ def _replay(  # pragma: no cover - compiled
     delay_s = np.empty(n)
     fetch_diff = np.empty(n)
     start_diff = np.empty(n)
-    gpu_stall = np.empty((n if want_gpus else 0, g))  # per-GPU outputs: only when read
+    gpu_stall = np.empty((n if want_gpus and want_stalls else 0, g))  # per-GPU: only when read
     end2 = np.empty((n if want_gpus else 0, g))
-    req2 = np.empty((n, g))
-    arr2 = np.empty((n, g))
+    # Only this row's requests and the segment's first row's are read, and the arrivals of
+    # the last P·W rows (a batch's index goes out with the arrival P·W batches before it):
+    # [G] vectors and a ring of P·W + 1 rows, not [N, G] matrices (16 bytes per
+    # GPU-iteration less on every replay).
+    req = np.empty(g)
+    req_first = np.empty(g)
+    arr = np.empty(g)
+    ring = max(new_p * new_w, 0) + 1
+    arr_ring = np.empty((ring, g))  # the arrival of row lo + x at x % ring
     start2 = np.empty((n if want_starts else 0, g))  # only the causality tests read them
     end_prev = np.empty(g)
     natural = np.empty(g)
@@ -527,15 +534,16 @@ def _replay(  # pragma: no cover - compiled
             # When each rank could start it: its index sent and its worker free, plus latencies.
             for r in range(g):
                 if k == 0:
-                    req2[i, r] = arrival[lo, r] - stall[lo, r]
+                    req[r] = arrival[lo, r] - stall[lo, r]
+                    req_first[r] = req[r]
                 else:
-                    req2[i, r] = end_prev[r] + loop[i, r]
+                    req[r] = end_prev[r] + loop[i, r]
                 if new_w == 0:
-                    sent = req2[i, r]
+                    sent = req[r]
                 elif k < new_p * new_w:
-                    sent = req2[lo, r]
+                    sent = req_first[r]
                 else:
-                    sent = arr2[i - new_p * new_w, r]
+                    sent = arr_ring[(k - new_p * new_w) % ring, r]
                 free = -np.inf
                 if new_w > 0:
                     slot = worker[i, r] if same_loader else iteration[i] % new_w
@@ -572,16 +580,16 @@ def _replay(  # pragma: no cover - compiled
                     left = 0.0  # the time the worker still needs for batch j
                     if 0 <= j < hi:
                         if j - lo < new_p * new_w:
-                            sent_j = req2[lo, r]
+                            sent_j = req_first[r]
                         elif j - new_p * new_w < i:
-                            sent_j = arr2[j - new_p * new_w, r]
+                            sent_j = arr_ring[(j - lo - new_p * new_w) % ring, r]
                         else:  # its index goes out with this very hand-over: idle until then
                             sent_j = np.inf
                         s_j = max(sent_j + lat_sent[j, r], done + lat_free[j, r])
                         f_j = fetch[j, r] if fetch_mode == ACTUAL else aligned[j]
-                        if s_j <= req2[i, r] < s_j + f_j:
+                        if s_j <= req[r] < s_j + f_j:
                             now = 1.0
-                            left = s_j + f_j - req2[i, r]
+                            left = s_j + f_j - req[r]
                     x = work_ratio[j, r] if work_ratio.shape[0] > 0 and now > 0.0 else 1.0
                     beta = busy_slope[s] if busy_slope.shape[0] > 0 else 0.0
                     if beta > 0.0 and now > 0.0 and busy[i, r] > 0.0:
@@ -599,8 +607,9 @@ def _replay(  # pragma: no cover - compiled
                         h = h + (idle_hand[i] - h) * (busy[i, r] - now)
                     elif now > 0.0:  # busy in both: its wait moves with the next batch's work
                         h = max(h + (h - idle_measured[i]) * (x - 1.0), 0.0)
-                a = max(req2[i, r] + h, done + deliver[i, r])
-                arr2[i, r] = a
+                a = max(req[r] + h, done + deliver[i, r])
+                arr[r] = a
+                arr_ring[k % ring, r] = a
                 last = max(last, a)
             t_max = -np.inf
             st_max = -np.inf
@@ -608,11 +617,12 @@ def _replay(  # pragma: no cover - compiled
             for r in range(g):
                 e = last + after[i, r]
                 end_prev[r] = e
-                st = arr2[i, r] - req2[i, r]
+                st = arr[r] - req[r]
                 if want_gpus:
                     end2[i, r] = e
-                    gpu_stall[i, r] = st
-                t_max = max(t_max, e - req2[i, r])
+                    if want_stalls:
+                        gpu_stall[i, r] = st
+                t_max = max(t_max, e - req[r])
                 st_max = max(st_max, st)
                 st_min = min(st_min, st)
             iteration_s[i] = t_max
@@ -641,6 +651,7 @@ def replay_pipeline(
     prefetch: int | None = None,
     starts: bool = True,
     per_gpu: bool = True,
+    stalls: bool = True,
 ) -> dict[str, np.ndarray]:
     """Replay a calibrated run under ``policy`` and loader settings (default: as measured).
 
@@ -649,7 +660,8 @@ def replay_pipeline(
     (the model's own replays) leaves it out: writing it costs the hot loop ~15 %.
     ``per_gpu=False`` leaves out ``gpu_stall_s`` and ``gpu_end_s`` too (empty [0, G]), for
     callers that read the per-iteration metrics only (``dsim run``'s headline): 16 bytes per
-    GPU-iteration less at its peak.
+    GPU-iteration less at its peak. ``stalls=False`` leaves out ``gpu_stall_s`` alone
+    (``pipeline.trainer_stretches`` reads the ends and starts).
     """
     if policy[0] == "max":  # the kernel would take it for another fetch aggregate
         raise ValueError("max aligns starts only: it cannot stand on the fetch side")
@@ -681,7 +693,7 @@ def replay_pipeline(
         calibration.lat_sent, calibration.lat_free, calibration.hand, calibration.deliver,
         calibration.after, calibration.loop, busy, excess, idle, use_busy, wait, measured, ratio,
         slope, icept, rem,
-        _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu,
+        _CODES[policy[0]], _CODES[policy[1]], same, new_w, new_p, starts, per_gpu, stalls,
     )  # fmt: skip
     names = (
         *("iteration_s", "stall_s", "delay_s", "fetch_diff_s", "start_diff_s"),
