@@ -618,13 +618,15 @@ def pipeline_inputs(arrays: IterationArrays) -> PipelineInputs:
     """The kernel's row-major inputs from a run's [N, G] arrays."""
     from dsim.replay.models.pipeline_kernel import PipelineInputs, segments_of
 
-    def c(a: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    def c(a: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=dtype)
 
+    # the worker ids as the arrays hold them (int32): a view, not an int64 copy of
+    # 8 bytes per GPU-iteration beside them
     return PipelineInputs(
         segments_of(arrays.epoch, arrays.iteration),
         c(arrays.iteration, np.int64), c(arrays.start), c(arrays.fetch), c(arrays.arrival),
-        c(arrays.stall), c(arrays.iteration_time), c(arrays.worker, np.int64),
+        c(arrays.stall), c(arrays.iteration_time), c(arrays.worker, arrays.worker.dtype),
     )  # fmt: skip
 
 

@@ -80,7 +80,7 @@ class PipelineInputs:
     arrival: np.ndarray  # A: batch arrival in the loop (training line timestamp)
     stall: np.ndarray  # ST
     iteration_time: np.ndarray  # T
-    worker: np.ndarray  # int64
+    worker: np.ndarray  # int32 (the run's arrays, shared: no copy) or int64
     # Per batch and rank, the CPU work a what-if gives the batch over its measured CPU work
     # (a fetch alignment moves it: ``pipeline.aligned_cpu``); ``None``: unchanged (1). A busy
     # worker's hand-over waits on the batch that worker is building, in proportion to its
