@@ -239,7 +239,7 @@ def solve(
     interpolates between the bracket's ends (regula falsi, with the Illinois
     rule halving an end's value kept twice in a row, which keeps both ends
     moving), and bisects where an end's value is infinite or the
-    interpolation stalls: ~6 replays to the same tolerance.
+    interpolation falls outside the bracket: 4–12 replays to the same tolerance.
     """
     cap = min(max(u_cap, 0.0), 1.0)
 
