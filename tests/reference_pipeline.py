@@ -37,6 +37,7 @@ from dataclasses import dataclass
 BIG = math.inf
 BUSY_MIN_SAMPLES = 10  # ready batches of each kind a segment needs (as the kernel)
 BUSY_MIN_R2 = 0.8  # share of the busy stalls' variance the time left must explain (as the kernel)
+BUSY_MIN_LINE_SAMPLES = 5  # busy ready batches enough where that line holds (as the kernel)
 
 
 @dataclass
@@ -113,6 +114,7 @@ def reference_pipeline(
     busy_min_se: float = 2.0,
     busy_min_r2: float = BUSY_MIN_R2,
     work_ratio: list[list[float]] | None = None,
+    busy_min_line_samples: int = BUSY_MIN_LINE_SAMPLES,
 ) -> RefResult:
     """Replay every segment under ``policy`` with the loader set to (new_workers, new_prefetch)."""
     n = len(epoch)
@@ -217,7 +219,10 @@ def reference_pipeline(
                     if busy[k][r]:
                         busy_left.append(left[k][r])
         excess = idle_hand = 0.0
-        if min(len(split[True]), len(split[False])) >= busy_min_samples:
+        # Fewer busy ones than a mean needs still count where the time left explains them.
+        few = len(split[True]) < busy_min_samples
+        enough = min(busy_min_samples, busy_min_line_samples)
+        if len(split[True]) >= enough and len(split[False]) >= busy_min_samples:
             idle_hand = math.fsum(split[False]) / len(split[False])
             excess = math.fsum(split[True]) / len(split[True]) - idle_hand
             se2 = 0.0  # only an extra beyond 2 standard errors of the two means counts
@@ -240,6 +245,8 @@ def reference_pipeline(
             if var_left > 0 and var_st > 0 and cov * cov >= busy_min_r2 * var_left * var_st:
                 slope = min(max(cov / var_left, 0.0), 1.0)
                 icept = mean_st - slope * mean_left
+        if few and slope == 0.0:
+            excess = idle_hand = 0.0
         # What a busy worker would add: an idle ready batch, the busy hand-over at its own
         # quantile (mid-rank among the idle ones; the busy ones interpolated at p*m - 0.5)
         # less its own; any other batch, the extra.

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsim.replay.models import pipeline_kernel
 from dsim.replay.models.pipeline_kernel import (
     Calibration,
     PipelineInputs,
@@ -205,20 +206,23 @@ def test_three_workers_can_be_slower_than_two():
     assert three > two + 0.1
 
 
-def _alternating_run(n: int = 40, left: np.ndarray | None = None, busy_stall=None):
+def _alternating_run(
+    n: int = 40, left: np.ndarray | None = None, busy_stall=None, busy_every: int = 2
+):
     """One rank, 1 worker, prefetch 2, a batch asked for every 20 ms, each built in 8 ms
-    well before: on even rows the worker has already started the next batch when the loop
-    asks (busy; ``left`` of it still to build, 6 ms unless given), on odd rows it starts it
-    5 ms later (idle). A busy worker's batch took ``busy_stall`` (12 ms unless given) to hand
-    over, an idle one's 1 ms: a dataset that holds the GIL (SPEC §4.2)."""
+    well before: on every ``busy_every``-th row (even rows unless given) the worker has
+    already started the next batch when the loop asks (busy; ``left`` of it still to build,
+    6 ms unless given), on the others it starts it 5 ms later (idle). A busy worker's batch
+    took ``busy_stall`` (12 ms unless given) to hand over, an idle one's 1 ms: a dataset
+    that holds the GIL (SPEC §4.2)."""
     ms = 1e-3
     req = np.arange(n) * 20 * ms
     left = np.full(n, 6 * ms) if left is None else left
+    busy = np.arange(n) % busy_every == 0
     start = np.empty(n)
     start[0] = -30 * ms
     for j in range(1, n):
-        start[j] = req[j - 1] - (8 * ms - left[j - 1]) if (j - 1) % 2 == 0 else req[j - 1] + 5 * ms
-    busy = np.arange(n) % 2 == 0
+        start[j] = req[j - 1] - (8 * ms - left[j - 1]) if busy[j - 1] else req[j - 1] + 5 * ms
     stall = np.where(busy, 12 * ms if busy_stall is None else busy_stall, 1 * ms)
     col = lambda a: np.ascontiguousarray(a[:, None])  # noqa: E731
     inputs = PipelineInputs(
@@ -229,13 +233,13 @@ def _alternating_run(n: int = 40, left: np.ndarray | None = None, busy_stall=Non
     return inputs, busy
 
 
-def _waiting_run(n: int = 40):
+def _waiting_run(n: int = 40, busy_every: int = 2):
     """As ``_alternating_run``, but a busy worker's batch reaches the loop 1 ms after the
     worker finished the batch it was building, whose time left at the request varies from
     2 to 6 ms: a worker whose Python code holds the GIL for the whole batch (SPEC §4.2,
     "Waiting for the batch being built")."""
-    left = (2 + np.arange(n) % 5) * 1e-3
-    return _alternating_run(n, left=left, busy_stall=left + 1e-3)
+    left = (2 + (np.arange(n) // (busy_every // 2)) % 5) * 1e-3  # 2 to 6 ms on busy rows
+    return _alternating_run(n, left=left, busy_stall=left + 1e-3, busy_every=busy_every)
 
 
 def test_a_busy_hand_over_waits_for_the_batch_being_built():
@@ -263,6 +267,29 @@ def test_a_busy_hand_over_waits_for_the_batch_being_built():
     assert not np.any(flat.busy_slope)
     # the measured time left is kept only where it is read: not a row of it for this run
     assert cal.busy_rem.shape == inputs.fetch.shape and flat.busy_rem.shape == (0, 1)
+
+
+def test_a_few_busy_hand_overs_count_where_the_time_left_explains_them():
+    """A run whose worker is seldom busy when the loop asks (7 of 38 ready batches here; 7
+    of 360 at 4 workers per rank on 16 cores) has too few busy hand-overs for a mean, but
+    where each waited for the batch being built, that line is kept (from 5 of them); the
+    same few at one flat stall are not, nor 4 on the line."""
+    assert pipeline_kernel.BUSY_MIN_LINE_SAMPLES == 5 < pipeline_kernel.BUSY_MIN_SAMPLES
+    inputs, busy = _waiting_run(40, busy_every=5)
+    assert busy[2:-1].sum() == 7  # ready busy ones past the start-up batches
+    cal = calibrate(inputs, 1, 2)
+    np.testing.assert_allclose(cal.busy_slope, 1.0, atol=1e-9)
+    np.testing.assert_allclose(cal.busy_icept, 1e-3, atol=1e-9)
+    assert cal.busy_excess.max() > 0 and cal.idle_hand.max() == pytest.approx(1e-3)
+    same = replay_pipeline(inputs, cal, ("actual", "actual"))
+    np.testing.assert_allclose(same["gpu_stall_s"], inputs.stall, atol=1e-12)
+    more = replay_pipeline(inputs, cal, ("actual", "actual"), 4, 2)["gpu_stall_s"][8:, 0]
+    np.testing.assert_allclose(more, 1e-3, atol=1e-12)  # idle at every hand-over
+    flat = calibrate(_alternating_run(40, busy_every=5)[0], 1, 2)  # 12 ms, whatever is left
+    assert not flat.busy_excess.any() and not flat.busy_slope.any() and not flat.idle_hand.any()
+    fewer = calibrate(_waiting_run(30, busy_every=7)[0], 1, 2)
+    assert _waiting_run(30, busy_every=7)[1][2:-1].sum() == 4
+    assert not fewer.busy_excess.any() and not fewer.busy_slope.any()
 
 
 def test_a_busy_worker_hands_over_later():

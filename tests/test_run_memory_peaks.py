@@ -309,6 +309,7 @@ def test_calibration_holds_its_results_and_a_segments_buffers() -> None:
             inputs.segments, inputs.start, inputs.fetch, inputs.arrival, inputs.stall,
             inputs.iteration_time, inputs.worker, 3, 2, pipeline_kernel.BUSY_MIN_SAMPLES,
             pipeline_kernel.BUSY_MIN_SE, pipeline_kernel.BUSY_MIN_R2,
+            pipeline_kernel.BUSY_MIN_LINE_SAMPLES,
         )  # fmt: skip
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -168,6 +168,11 @@ BUSY_MIN_SE = 2.0
 #: Share of the busy ready batches' stall variance the time left on the batch being built
 #: must explain (r²) for the hand-over to be replayed as waiting for that batch.
 BUSY_MIN_R2 = 0.8
+#: Busy ready batches enough for the extra where the time left explains it (r² ≥
+#: ``BUSY_MIN_R2``): a line that holds is a mechanism, not a mean, and in a run whose
+#: workers are seldom busy when the loop asks (4 workers per rank on 16 cores: 7 of 360
+#: ready batches) those few hand-overs are the run's longest stalls.
+BUSY_MIN_LINE_SAMPLES = 5
 
 
 @njit(cache=_CACHE)
@@ -195,6 +200,7 @@ def _calibrate(
     min_samples,
     min_se,
     min_r2,
+    min_line_samples,
 ):  # pragma: no cover - compiled
     # Memory: besides the 6 [N, G] results, only buffers of the longest segment. The
     # loop's request (arrival - stall), iteration end (request + T) and fetch end
@@ -334,7 +340,8 @@ def _calibrate(
                     n_idle += 1
         gap = 0.0
         idle = 0.0
-        if n_busy >= min_samples and n_idle >= min_samples:
+        as_mean = n_busy >= min_samples  # else only where the time left explains it
+        if n_busy >= min(min_samples, min_line_samples) and n_idle >= min_samples:
             idle = total_idle / n_idle
             gap = total_busy / n_busy - idle
             # Only an extra that stands out of the two means' noise (2 standard errors).
@@ -353,6 +360,9 @@ def _calibrate(
             if var_rem > 0.0 and var_st > 0.0 and cov * cov >= min_r2 * var_rem * var_st:
                 slope = min(max(cov / var_rem, 0.0), 1.0)
                 icept = mean_st - slope * mean_rem
+        if gap > 0.0 and not as_mean and slope == 0.0:
+            gap = 0.0  # too few busy hand-overs for a mean, and no line that holds
+            idle = 0.0
         busy_slope[s] = slope
         busy_icept[s] = icept
         for i in range(lo, hi):
@@ -441,6 +451,7 @@ def calibrate(
     busy_min_samples: int = BUSY_MIN_SAMPLES,
     busy_min_se: float = BUSY_MIN_SE,
     busy_min_r2: float = BUSY_MIN_R2,
+    busy_min_line_samples: int = BUSY_MIN_LINE_SAMPLES,
 ) -> Calibration:
     """Residuals of the measured run under loader settings (``workers``, ``prefetch``).
 
@@ -448,7 +459,8 @@ def calibrate(
     for its busy worker's extra hand-over to be measured; ``busy_min_se``: the standard
     errors it must stand out by (the tests lower both, so that random traces carry it);
     ``busy_min_r2``: the share of the busy ones' stall variance the time left on the batch
-    being built must explain for the hand-over to be replayed as waiting for it.
+    being built must explain for the hand-over to be replayed as waiting for it;
+    ``busy_min_line_samples``: the busy ready batches that suffice where it does.
     """
     parts = _calibrate(
         inputs.segments,
@@ -463,6 +475,7 @@ def calibrate(
         busy_min_samples,
         busy_min_se,
         busy_min_r2,
+        busy_min_line_samples,
     )
     *terms, busy, busy_excess, idle_hand, busy_wait, slope, icept, rem = parts
     return Calibration(
