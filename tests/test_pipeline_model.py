@@ -271,7 +271,7 @@ def test_a_busy_hand_over_waits_for_the_batch_being_built():
 
 def test_a_few_busy_hand_overs_count_where_the_time_left_explains_them():
     """A run whose worker is seldom busy when the loop asks (7 of 38 ready batches here; 7
-    of 360 at 4 workers per rank on 16 cores) has too few busy hand-overs for a mean, but
+    of 368 at 4 workers per rank on 16 cores) has too few busy hand-overs for a mean, but
     where each waited for the batch being built, that line is kept (from 5 of them); the
     same few at one flat stall are not, nor 4 on the line."""
     assert pipeline_kernel.BUSY_MIN_LINE_SAMPLES == 5 < pipeline_kernel.BUSY_MIN_SAMPLES

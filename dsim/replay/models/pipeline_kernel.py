@@ -170,7 +170,7 @@ BUSY_MIN_SE = 2.0
 BUSY_MIN_R2 = 0.8
 #: Busy ready batches enough for the extra where the time left explains it (r² ≥
 #: ``BUSY_MIN_R2``): a line that holds is a mechanism, not a mean, and in a run whose
-#: workers are seldom busy when the loop asks (4 workers per rank on 16 cores: 7 of 360
+#: workers are seldom busy when the loop asks (4 workers per rank on 16 cores: 7 of 368
 #: ready batches) those few hand-overs are the run's longest stalls.
 BUSY_MIN_LINE_SAMPLES = 5
 
