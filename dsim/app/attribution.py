@@ -32,6 +32,7 @@ from dsim.errors import InputError
 from dsim.execute.cache import trace_fingerprint
 from dsim.fetchstages import stage_shares
 from dsim.io import parquetio
+from dsim.io.arrowtables import empty_table
 from dsim.model.resultinfo import RESULT_FILE, ResultInfo
 from dsim.model.runinfo import RUN_FILE, RunInfo
 from dsim.model.selection import selection_mask
@@ -101,7 +102,7 @@ def attribution_inputs(tables: RunTables, with_arrays: bool) -> RunTables:
     fetch = tables.fetch
     stages = "read_s" in fetch.column_names
     names = [c for c in _STAGE_FETCH if c in fetch.column_names] if stages else ["gpu"]
-    return replace(tables, fetch=fetch.select(names), train=tables.train.schema.empty_table())
+    return replace(tables, fetch=fetch.select(names), train=empty_table(tables.train.schema))
 
 
 def trace_attribution(

@@ -53,6 +53,7 @@ from dsim.execute import DEFAULT_CHUNK_ROWS, Job, PolicyResult
 from dsim.execute.cache import params_document
 from dsim.execute.local import run_local
 from dsim.execute.threads import Checkpoint, never_cancelled
+from dsim.io.arrowtables import empty_table
 from dsim.io.atomic import write_parquet
 from dsim.io.memory import release_freed_for
 from dsim.model.dataset import DatasetWriter, identity, is_current, metadata
@@ -298,7 +299,7 @@ def _finish_plan(
                 if writer is None:  # no dataset to hold its rows (not so today): whole
                     report.written.append(write_replay(table, config.out))
                 else:  # written once, as its stub, once the dataset holds its rows
-                    stubs.append(table.schema.empty_table())
+                    stubs.append(empty_table(table.schema))
                     report.written.append(replay_path(config.out, plan.directory, policy))
                 report.computed += 1
                 report.replayed_rows += plan.arrays.n_iterations

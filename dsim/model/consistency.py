@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dsim.io.arrowtables import numpy_of
+
 #: Slack for rounding of logged timestamps and durations (printed to 1 µs–1 ms) and for the
 #: time between the all-reduce and the training line's print on each rank.
 TOLERANCE_S = 0.005
@@ -63,18 +65,18 @@ def train_arrays(train: pa.Table):
     Views of the table's columns where it can (epoch, iteration, stall, time); one
     array each for the rank index and the arrival: a parse's peak memory is here.
     """
-    gpu = train.column("gpu").to_numpy()
+    gpu = numpy_of(train.column("gpu"))
     ranks, index = _ranks_index(gpu)
     del gpu
-    start_ns = train.column("start").cast(pa.int64()).to_numpy()
+    start_ns = numpy_of(train.column("start").cast(pa.int64()))
     first, arrival = start_ns.min(), np.empty(len(start_ns))
     for lo in range(0, len(start_ns), 1 << 20):  # exact in int64, then seconds; no full temp
         arrival[lo : lo + (1 << 20)] = start_ns[lo : lo + (1 << 20)] - first
     arrival /= 1e9
-    epoch = train.column("epoch").to_numpy()
-    iteration = train.column("iteration").to_numpy()
-    stall = train.column("stall_s").to_numpy()
-    time_s = train.column("iteration_s").to_numpy()
+    epoch = numpy_of(train.column("epoch"))
+    iteration = numpy_of(train.column("iteration"))
+    stall = numpy_of(train.column("stall_s"))
+    time_s = numpy_of(train.column("iteration_s"))
     return ranks, epoch, iteration, index, arrival, stall, time_s
 
 

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from dsim.errors import OutputError
 from dsim.io import parquetio
+from dsim.io.arrowtables import empty_table
 from dsim.io.atomic import atomic_path
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.datasetfiles import DATASET_DIR, GPUS, ITERATIONS, built_from, dataset_path
@@ -430,5 +431,5 @@ def run_frames(run: ResultRun) -> tuple[pa.Table, pa.Table]:
     (results written before the dataset existed have no dataset files)."""
     parts = list(policy_tables(run))
     if not parts:
-        return ITERATIONS_SCHEMA.empty_table(), GPUS_SCHEMA.empty_table()
+        return empty_table(ITERATIONS_SCHEMA), empty_table(GPUS_SCHEMA)
     return pa.concat_tables([p[0] for p in parts]), pa.concat_tables([p[1] for p in parts])

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim.io.arrowtables import numpy_of
 from dsim.model.tables import RunTables
 
 
@@ -24,7 +25,7 @@ def _shifted(table: pa.Table, columns: tuple[str, ...], shift_ns: Mapping[int, i
     """``table`` with its time ``columns`` moved by ``shift_ns[gpu]`` on the rows of each rank."""
     if table.num_rows == 0:
         return table
-    gpu = table.column("gpu").to_numpy()
+    gpu = numpy_of(table.column("gpu"))
     delta = np.zeros(len(gpu), dtype=np.int64)
     for rank, ns in shift_ns.items():
         delta[gpu == rank] = ns

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from dsim.errors import InputError
 from dsim.io import compression
+from dsim.io.arrowtables import empty_table
 from dsim.model.tables import RunTables
 from dsim.sources.base import ParsedRun
 from dsim.sources.rawlog.logfile import MAX_LINE_BYTES
@@ -289,7 +290,7 @@ def iteration_means(samples: pa.Table, train: pa.Table) -> np.ndarray:
 
 def summarise(logs: list[UtilLog], train: pa.Table, gpu_ids: list[int]) -> tuple[pa.Table, dict]:
     """All samples of a run, sorted by (gpu, time), and the run.json ``gpu_util`` entry."""
-    samples = pa.concat_tables([log.samples for log in logs]) if logs else UTIL_SCHEMA.empty_table()
+    samples = pa.concat_tables([log.samples for log in logs]) if logs else empty_table(UTIL_SCHEMA)
     samples = samples.take(pc.sort_indices(samples, [("gpu", "ascending"), ("time", "ascending")]))
     seen = sorted({int(g) for g in samples["gpu"].to_pylist()})
     info: dict[str, Any] = {

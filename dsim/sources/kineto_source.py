@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.io.arrowtables import empty_table
 from dsim.model.runinfo import RunInfo
 from dsim.model.runname import parse_run_name
 from dsim.model.tables import FETCH_SCHEMA, RunTables
@@ -102,7 +103,7 @@ class KinetoSource(Source):
             sources=tuple(profiled.sources),
             report=profiled.report,
         )
-        fetch = FETCH_SCHEMA.empty_table()
+        fetch = empty_table(FETCH_SCHEMA)
         return ParsedRun(RunTables(run.name, fetch, train, info), rejects, profiled.report)
 
 

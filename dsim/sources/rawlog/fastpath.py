@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim.io.arrowtables import numpy_of
 from dsim.sources.rawlog import bounds
 from dsim.sources.rawlog.wallclock import civil
 
@@ -199,7 +200,7 @@ def _arrow_floats(raw: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.nd
     text = pa.LargeStringArray.from_buffers(
         len(pos), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(raw[flat]))
     )
-    return pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
+    return numpy_of(pc.cast(text, pa.float64()))
 
 
 def _float_values(raw, pos, length, value, exact, rows) -> np.ndarray:

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim.io.arrowtables import array_of, flags_of, numpy_of, strings_of
 from dsim.sources.rawlog import bounds
 from dsim.sources.rawlog.fastpath import fast_records
 from dsim.sources.rawlog.wallclock import civil_seconds, civil_seconds_arrow
@@ -143,17 +144,17 @@ class Rejects:
         if not self.line:
             return pa.table(
                 {
-                    "line": pa.array([], pa.int64()),
-                    "reason": pa.array([], pa.string()),
-                    "text": pa.array([], pa.large_string()),
+                    "line": pa.nulls(0, pa.int64()),
+                    "reason": pa.nulls(0, pa.string()),
+                    "text": pa.nulls(0, pa.large_string()),
                 }
             )
         text = pa.concat_arrays(self.text)
         text = pc.utf8_slice_codeunits(pc.utf8_rtrim(text, characters="\r\n"), 0, 300)
         return pa.table(
             {
-                "line": np.concatenate(self.line),
-                "reason": pa.array(np.concatenate(self.reason).astype(str)),
+                "line": array_of(np.concatenate(self.line)),
+                "reason": strings_of(np.concatenate(self.reason)),
                 "text": text,
             }
         )
@@ -180,7 +181,7 @@ def lines_of(block: bytes | memoryview, newlines: np.ndarray | None = None) -> p
     them already (the reader finds them to bound line lengths), saving a pass.
     """
     if not block:
-        return pa.array([], pa.large_string())
+        return pa.nulls(0, pa.large_string())
     buf = np.frombuffer(block, dtype=np.uint8)
     ends = (np.flatnonzero(buf == 10) if newlines is None else newlines) + 1
     if len(ends) == 0 or ends[-1] != len(buf):  # the unterminated tail, if any
@@ -200,13 +201,12 @@ def _numbers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     ``inf`` and ``nan`` (as Python prints them) are numbers, NaN here, so that the
     caller's finiteness check rejects them as non-finite values, not as non-numeric.
     """
-    ok = pc.fill_null(pc.match_substring_regex(values, NUMBER), False)
+    ok = _np(pc.match_substring_regex(values, NUMBER))
     out = np.full(len(values), np.nan)
-    if pc.any(ok).as_py():
-        okn = ok.to_numpy(zero_copy_only=False)
-        out[okn] = pc.cast(values.filter(ok), pa.float64()).to_numpy(zero_copy_only=False)
-    special = pc.fill_null(pc.match_substring_regex(values, NON_FINITE_NUMBER), False)
-    return out, _np(pc.or_(ok, special))
+    if ok.any():
+        out[ok] = numpy_of(pc.cast(values.filter(array_of(ok)), pa.float64()))
+    special = _np(pc.match_substring_regex(values, NON_FINITE_NUMBER))
+    return out, ok | special
 
 
 def _ranks(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -214,13 +214,12 @@ def _ranks(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
     Checked as text first, so that a 30-digit rank is rejected instead of overflowing the cast.
     """
-    text = pc.fill_null(values, "")
-    present = _np(pc.greater(pc.utf8_length(text), 0))
-    plain = _np(pc.match_substring_regex(text, r"^\+?\d{1,7}$"))
-    out = np.full(len(text), -1, dtype=np.int64)
+    present = numpy_of(pc.utf8_length(values)) > 0  # (a null's NaN is not)
+    plain = _np(pc.match_substring_regex(values, r"^\+?\d{1,7}$"))
+    out = np.full(len(values), -1, dtype=np.int64)
     if plain.any():
-        digits = pc.utf8_ltrim(text.filter(pa.array(plain)), characters="+")
-        out[plain] = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+        digits = pc.utf8_ltrim(values.filter(array_of(plain)), characters="+")
+        out[plain] = numpy_of(pc.cast(digits, pa.int64()))
     bad = present & ~(plain & (out >= 0) & (out < bounds.RANK_LIMIT))
     out[bad] = -1
     return out, bad
@@ -228,9 +227,11 @@ def _ranks(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _ints(values: pa.Array, default: int = -1) -> np.ndarray:
     """Digit strings to integers; an optional group that did not match ("") gives ``default``."""
-    empty = pc.equal(pc.utf8_length(values), 0)
-    filled = pc.if_else(pc.fill_null(empty, True), str(default), values)
-    return pc.cast(filled, pa.int64()).to_numpy(zero_copy_only=False)
+    given = numpy_of(pc.utf8_length(values)) > 0  # not "" and not null
+    out = np.full(len(values), default, dtype=np.int64)
+    if given.any():
+        out[given] = numpy_of(pc.cast(values.filter(array_of(given)), pa.int64()))
+    return out
 
 
 def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -247,7 +248,7 @@ def _timestamps(parts: pa.StructArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     else:
         whole, ok = civil
     frac = parts.field("frac")
-    digits = pc.utf8_length(frac).to_numpy(zero_copy_only=False).astype(np.int64)
+    digits = numpy_of(pc.utf8_length(frac)).astype(np.int64)
     frac_ns = _ints(frac, 0) * (10 ** (9 - digits))
     return whole * 1_000_000_000 + frac_ns, ok, digits
 
@@ -289,7 +290,7 @@ def parse_lines(
     if empty is not None:  # counted here: millions of them cost nothing in the regexes
         kept = np.flatnonzero(~empty)
         out = _parse_numbered(
-            lines.take(pa.array(kept)), numbers[kept], rejects, fast, max_duration
+            lines.take(array_of(kept)), numbers[kept], rejects, fast, max_duration
         )
         out.counts["lines"] = len(lines)
         out.counts["blank_lines"] += len(lines) - len(kept)
@@ -349,7 +350,7 @@ def _parse_numbered(
             "other_lines": 0,
         }
         return BlockRecords(fetch=fast_fetch, train=fast_train, counts=counts)
-    general = _general_records(lines.take(pa.array(rest)), numbers[rest], rejects, max_duration)
+    general = _general_records(lines.take(array_of(rest)), numbers[rest], rejects, max_duration)
     general.counts["lines"] = len(lines)
     return BlockRecords(
         fetch=_merge_by_line(fast_fetch, general.fetch),
@@ -391,16 +392,20 @@ def _general_records(
     text = lines.filter(other)
     nums = numbers[other_np]
     binary = _np(binary_any.filter(other))
-    rejects.add(nums[binary], BINARY, text.filter(binary))
+    rejects.add(nums[binary], BINARY, text.filter(array_of(binary)))
     bad_fetch = ~binary & _np(pc.match_substring(text, FETCH_MARK))
-    rejects.add(nums[bad_fetch], MALFORMED_FETCH, text.filter(bad_fetch))
+    rejects.add(nums[bad_fetch], MALFORMED_FETCH, text.filter(array_of(bad_fetch)))
     bad_train = ~binary & ~bad_fetch & _np(pc.match_substring(text, TRAIN_MARK))
-    rejects.add(nums[bad_train], MALFORMED_TRAIN, text.filter(bad_train))
+    rejects.add(nums[bad_train], MALFORMED_TRAIN, text.filter(array_of(bad_train)))
     marked = ~binary & ~bad_fetch & ~bad_train & _np(pc.match_substring(text, LOADER_MARK))
-    loader = _loader_records(text.filter(marked), nums[marked], rejects) if marked.any() else []
+    loader = (
+        _loader_records(text.filter(array_of(marked)), nums[marked], rejects)
+        if marked.any()
+        else []
+    )
     ignored = ~binary & ~bad_fetch & ~bad_train & ~marked
     starts = ignored & _np(pc.match_substring(text, START_MARK))
-    blank = ignored & _np(pc.equal(pc.utf8_trim_whitespace(text), ""))
+    blank = ignored & (numpy_of(pc.utf8_length(pc.utf8_trim_whitespace(text))) == 0)
     counts["start_fetch_lines"] = int(starts.sum())
     counts["loader_lines"] = len(loader)
     counts["blank_lines"] = int(blank.sum())
@@ -413,11 +418,11 @@ def _loader_records(
 ) -> list[dict[str, int | None]]:
     """Loader-settings lines as dicts (they are few: one per rank and epoch)."""
     ok = _np(pc.match_substring_regex(lines, LOADER_PATTERN))
-    rejects.add(numbers[~ok], MALFORMED_LOADER, lines.filter(pa.array(~ok)))
-    lines, numbers = lines.filter(pa.array(ok)), numbers[ok]
+    rejects.add(numbers[~ok], MALFORMED_LOADER, lines.filter(array_of(~ok)))
+    lines, numbers = lines.filter(array_of(ok)), numbers[ok]
     parts = pc.extract_regex(lines, LOADER_PATTERN)
     gpu, gpu_bad = _ranks(parts.field("gpu"))
-    rejects.add(numbers[gpu_bad], BAD_RANK, lines.filter(pa.array(gpu_bad)))
+    rejects.add(numbers[gpu_bad], BAD_RANK, lines.filter(array_of(gpu_bad)))
     out: list[dict[str, int | None]] = []
     for row, line in enumerate(numbers):
         if gpu_bad[row]:
@@ -452,7 +457,7 @@ def _impossible(record: dict[str, int | None]) -> bool:
 
 
 def _np(mask: pa.Array) -> np.ndarray:
-    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+    return flags_of(mask)  # null: False
 
 
 def _fetch_records(
@@ -478,7 +483,7 @@ def _fetch_records(
          (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
          (cpu_bad | runq_bad | proc_bad, BAD_CPU), (stage_bad, BAD_STAGE)]
     )  # fmt: skip
-    rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
+    rejects.add(numbers[bad], reason, lines.filter(array_of(bad)))
     keep = ~bad
     return {
         "line": numbers[keep],
@@ -502,9 +507,11 @@ def _optional_count(text: pa.Array) -> np.ndarray:
     Float so that it shares the optional columns' machinery (absent: a view of
     one NaN); counts of at most 9 digits are exact doubles.
     """
-    present = _np(pc.greater(pc.utf8_length(text), 0))  # an unmatched group gives ""
-    values = pc.cast(pc.if_else(pa.array(present), text, "0"), pa.float64())
-    return np.where(present, values.to_numpy(zero_copy_only=False), np.nan)
+    present = numpy_of(pc.utf8_length(text)) > 0  # an unmatched group gives "" (a null: NaN)
+    out = np.full(len(present), np.nan)
+    if present.any():
+        out[present] = numpy_of(pc.cast(text.filter(array_of(present)), pa.float64()))
+    return out
 
 
 def _train_records(
@@ -516,7 +523,7 @@ def _train_records(
     stall_s, data_ok = _numbers(parts.field("data"))
     tp_text = parts.field("throughput")
     throughput, tp_ok = _numbers(tp_text)
-    tp_present = _np(pc.greater(pc.utf8_length(tp_text), 0))  # an unmatched group gives ""
+    tp_present = numpy_of(pc.utf8_length(tp_text)) > 0  # an unmatched group gives "" (a null: NaN)
     iteration = _ints(parts.field("iteration"))
     total = _ints(parts.field("total"))
     numeric = time_ok & data_ok & (tp_ok | ~tp_present)
@@ -539,7 +546,7 @@ def _train_records(
          (stall_over, STALL_OVER_TIME), (iteration >= total, ITERATION_RANGE),
          (cpu_bad | runq_bad, BAD_CPU)]
     )  # fmt: skip
-    rejects.add(numbers[bad], reason, lines.filter(pa.array(bad)))
+    rejects.add(numbers[bad], reason, lines.filter(array_of(bad)))
     keep = ~bad
     return {
         "line": numbers[keep],
@@ -559,7 +566,7 @@ def _train_records(
 def _optional_seconds(text: pa.Array, max_duration: float) -> tuple[np.ndarray, np.ndarray]:
     """An optional seconds field: values (NaN where absent) and where present but invalid."""
     values, ok = _numbers(text)
-    present = _np(pc.greater(pc.utf8_length(text), 0))  # an unmatched group gives ""
+    present = numpy_of(pc.utf8_length(text)) > 0  # an unmatched group gives "" (a null: NaN)
     with np.errstate(invalid="ignore"):
         valid = ok & np.isfinite(values) & (values >= 0) & (values <= max_duration)
     return np.where(present & valid, values, np.nan), present & ~valid

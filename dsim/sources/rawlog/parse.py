@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsim.errors import InputError
+from dsim.io.arrowtables import array_of, numpy_of, strings_of
 from dsim.io.memory import release_freed_for
 from dsim.model.consistency import CLOCK_OFFSET_MAX_S, MIN_ITERATIONS, end_grid, rank_offsets
 from dsim.model.runinfo import RunInfo
@@ -141,7 +142,7 @@ def _collect(
             columns.append(part, int((columns.rows + len(part["line"])) * scale) + 1)
         if records.rejects.line:  # no empty table per file: 1024 of them cost ~0.1 ms each
             rejected = records.rejects.table()
-            names = pa.array([str(path)] * rejected.num_rows, pa.string())
+            names = strings_of([str(path)] * rejected.num_rows)
             reject_parts.append(rejected.append_column("file", names))
         del records
     fetch, train = fetch_columns.result(), train_columns.result()
@@ -587,7 +588,7 @@ def worker_pairs(fetch: pa.Table) -> np.ndarray:
     """The distinct (rank, worker id) pairs of the fetch records (``_distinct_pairs``)."""
     if fetch.num_rows == 0:
         return np.zeros((2, 0), dtype=np.int64)
-    return _distinct_pairs(fetch["gpu"].to_numpy(), fetch["worker"].to_numpy())
+    return _distinct_pairs(numpy_of(fetch["gpu"]), numpy_of(fetch["worker"]))
 
 
 def fetch_workers(
@@ -744,13 +745,13 @@ def _fetch_table(fetch: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     start = np.subtract(columns["end"], start.astype(np.int64))
     return pa.table(
         {
-            "epoch": pa.array(columns.pop("epoch"), pa.int32()),
-            "iteration": pa.array(columns.pop("idx"), pa.int32()),
-            "gpu": pa.array(columns.pop("gpu"), pa.int32()),
-            "worker": pa.array(columns.pop("worker"), pa.int32()),
-            "start": pa.array(start.view("datetime64[ns]")),
-            "end": pa.array(columns.pop("end").view("datetime64[ns]")),
-            "fetch_s": pa.array(columns.pop("fetch_s"), pa.float64()),
+            "epoch": array_of(columns.pop("epoch"), pa.int32()),
+            "iteration": array_of(columns.pop("idx"), pa.int32()),
+            "gpu": array_of(columns.pop("gpu"), pa.int32()),
+            "worker": array_of(columns.pop("worker"), pa.int32()),
+            "start": array_of(start.view("datetime64[ns]")),
+            "end": array_of(columns.pop("end").view("datetime64[ns]")),
+            "fetch_s": array_of(columns.pop("fetch_s"), pa.float64()),
             **cpu,
         },
         schema=with_cpu(FETCH_SCHEMA, cpu),
@@ -768,7 +769,7 @@ def _cpu_columns(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str, 
     for name in OPTIONAL_COLUMNS:
         values = records.pop(name, None)
         if values is not None and not np.isnan(values).all():
-            out[name] = pa.array(values[sort], pa.float64())
+            out[name] = array_of(values[sort], pa.float64())
     return out
 
 
@@ -783,7 +784,7 @@ def _stream_column(records: dict[str, np.ndarray], sort: np.ndarray) -> dict[str
         return {}
     absent = absent[sort]
     counts = np.where(absent, 0, values[sort]).astype(np.int32)
-    return {"stream": pa.array(counts, pa.int32(), mask=absent)}
+    return {"stream": array_of(counts, pa.int32(), mask=absent)}
 
 
 def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
@@ -794,13 +795,13 @@ def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
     train.clear()
     return pa.table(
         {
-            "epoch": pa.array(columns.pop("epoch"), pa.int32()),
-            "iteration": pa.array(columns.pop("iteration"), pa.int32()),
-            "gpu": pa.array(columns.pop("gpu"), pa.int32()),
-            "start": pa.array(columns.pop("start").view("datetime64[ns]")),
-            "iteration_s": pa.array(columns.pop("iteration_s"), pa.float64()),
-            "stall_s": pa.array(columns.pop("stall_s"), pa.float64()),
-            "throughput": pa.array(columns.pop("throughput"), pa.float64(), from_pandas=True),
+            "epoch": array_of(columns.pop("epoch"), pa.int32()),
+            "iteration": array_of(columns.pop("iteration"), pa.int32()),
+            "gpu": array_of(columns.pop("gpu"), pa.int32()),
+            "start": array_of(columns.pop("start").view("datetime64[ns]")),
+            "iteration_s": array_of(columns.pop("iteration_s"), pa.float64()),
+            "stall_s": array_of(columns.pop("stall_s"), pa.float64()),
+            "throughput": array_of(columns.pop("throughput"), pa.float64(), nan_is_null=True),
             **cpu,
         },
         schema=with_cpu(TRAIN_SCHEMA, cpu),
@@ -809,7 +810,7 @@ def _train_table(train: dict[str, np.ndarray], sort: np.ndarray) -> pa.Table:
 
 def _gpus_per_iteration(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(epoch, iteration, distinct ranks) of each (epoch, iteration), sorted by both."""
-    epoch, iteration, gpu = (table[c].to_numpy() for c in ("epoch", "iteration", "gpu"))
+    epoch, iteration, gpu = (numpy_of(table[c]) for c in ("epoch", "iteration", "gpu"))
     sort = lexsort_order([epoch, iteration, gpu])
     keys = [epoch, iteration]
     distinct = checks.group_starts(sort, [*keys, gpu])
@@ -826,7 +827,7 @@ def _distinct_of(*columns: np.ndarray) -> list[int]:
 
 
 def _gpu_ids(fetch: pa.Table, train: pa.Table) -> list[int]:
-    return _distinct_of(fetch["gpu"].to_numpy(), train["gpu"].to_numpy())
+    return _distinct_of(numpy_of(fetch["gpu"]), numpy_of(train["gpu"]))
 
 
 def _incomplete_iterations(fetch: pa.Table, train: pa.Table, gpus: int) -> dict[str, Any]:
@@ -894,7 +895,7 @@ def _describe(counts: dict[str, int], rejects: pa.Table) -> str:
 
 def _info(source, train, fetch_table, train_table, sources, report) -> RunInfo:
     gpu_ids = _gpu_ids(fetch_table, train_table)
-    epochs = _distinct_of(fetch_table["epoch"].to_numpy(), train_table["epoch"].to_numpy())
+    epochs = _distinct_of(numpy_of(fetch_table["epoch"]), numpy_of(train_table["epoch"]))
     present, declared = _iterations_per_epoch(train, fetch_table, epochs)
     return RunInfo(
         name=source.name,
@@ -918,14 +919,14 @@ def _iterations_per_epoch(train, fetch_table, epochs) -> tuple[dict[str, int], d
     """
     present: dict[str, int] = {}
     declared: dict[str, int] = {}
-    fetch_epoch = fetch_table["epoch"].to_numpy()
+    fetch_epoch = numpy_of(fetch_table["epoch"])
     for e in epochs:
         mine = train["epoch"] == e
         if mine.any():
             present[str(e)] = len(distinct(train["iteration"][mine]))
             declared[str(e)] = _most_common(train["total"][mine])
         else:
-            iterations = fetch_table["iteration"].to_numpy()[fetch_epoch == e]
+            iterations = numpy_of(fetch_table["iteration"])[fetch_epoch == e]
             present[str(e)] = len(distinct(iterations))
     return present, declared
 

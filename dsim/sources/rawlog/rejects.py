@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsim.io import compression
+from dsim.io.arrowtables import array_of, empty_table, numpy_of, strings_of
 
 SCHEMA = pa.schema(
     [
@@ -35,10 +36,10 @@ def rows_table(lines: np.ndarray, reason: str, files: list[str]) -> pa.Table:
     """Rejects with one reason and no text yet (``files``: the file of each row)."""
     return pa.table(
         {
-            "file": pa.array(files, pa.string()),
-            "line": pa.array(lines, pa.int64()),
-            "reason": pa.array([reason] * len(lines), pa.string()),
-            "text": pa.array([""] * len(lines), pa.large_string()),
+            "file": strings_of(files),
+            "line": array_of(np.asarray(lines), pa.int64()),
+            "reason": strings_of([reason] * len(lines)),
+            "text": strings_of([""] * len(lines), pa.large_string()),
         }
     )
 
@@ -47,12 +48,12 @@ def combine(parts: list[pa.Table], files: tuple[Path, ...]) -> pa.Table:
     """All rejects of a run, in file order (files as the run lists them) and line order."""
     tables = [t.select(SCHEMA.names).cast(SCHEMA) for t in parts if t.num_rows]
     if not tables:
-        return SCHEMA.empty_table()
+        return empty_table(SCHEMA)
     order = {str(p): i for i, p in enumerate(files)}
     table = pa.concat_tables(tables)
     file_rank = np.array([order.get(f, len(order)) for f in table["file"].to_pylist()])
-    sort = np.lexsort((table["line"].to_numpy(), file_rank))
-    return table.take(sort)
+    sort = np.lexsort((numpy_of(table["line"]), file_rank))
+    return table.take(array_of(sort))
 
 
 def fill_texts(rejects: pa.Table) -> pa.Table:
@@ -71,7 +72,7 @@ def fill_texts(rejects: pa.Table) -> pa.Table:
     found = {f: _read_lines(Path(f), numbers) for f, numbers in wanted.items()}
     for i in missing:
         text[i] = found[files[i]].get(lines[i], "")
-    column = pa.array(text, pa.large_string())
+    column = strings_of(text, pa.large_string())
     column = pc.utf8_slice_codeunits(pc.utf8_rtrim(column, characters="\r\n"), 0, TEXT_CHARS)
     return rejects.set_column(rejects.schema.get_field_index("text"), "text", column)
 

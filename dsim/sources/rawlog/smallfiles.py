@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from dsim.io import compression
+from dsim.io.arrowtables import array_of
 from dsim.sources.rawlog import grammar, logfile
 from dsim.sources.rawlog.logfile import FileRecords, read_log
 
@@ -217,7 +218,7 @@ def _member_rejects(rejects: grammar.Rejects, member: _Member) -> grammar.Reject
     for line, reason, text in zip(rejects.line, rejects.reason, rejects.text, strict=True):
         mine = (line >= lo) & (line < hi)
         if mine.any():
-            out.add(line[mine] - (lo - 1), np.asarray(reason)[mine], text.filter(mine))
+            out.add(line[mine] - (lo - 1), np.asarray(reason)[mine], text.filter(array_of(mine)))
     return out
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsim.io.arrowtables import flags_of, numpy_of
+
 _TS_WIDTH = 19  # YYYY-mm-dd HH:MM:SS
 _TS_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
 _DAYS_IN_MONTH = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
@@ -33,7 +35,9 @@ def civil_seconds(text: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     not all such (then the slow path decides).
     """
     n = len(text)
-    if n == 0 or text.null_count:
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    if text.null_count:
         return None
     text = text.cast(pa.large_string())
     _, offsets_buf, data_buf = text.buffers()
@@ -95,8 +99,10 @@ def civil_seconds_arrow(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     fmt = "%Y-%m-%d %H:%M:%S"
     seconds = pc.strptime(text, format=fmt, unit="s", error_is_null=True)
     same = pc.equal(pc.strftime(seconds, format=fmt), text)
-    ok = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
-    whole = pc.fill_null(pc.cast(seconds, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    ok = flags_of(same)  # a null (no such time): False
+    cast = pc.cast(seconds, pa.int64())
+    whole = np.where(flags_of(pc.is_valid(cast)), np.nan_to_num(numpy_of(cast)), 0)
+    whole = whole.astype(np.int64)  # (seconds below 2^53: exact through float64)
     ok &= (whole >= _FIRST_SECOND) & (whole < _AFTER_LAST_SECOND)
     return np.where(ok, whole, 0), ok
 
