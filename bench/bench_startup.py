@@ -1,4 +1,5 @@
-"""How long ``dsim`` takes to start and answer, per command, on paths that do no real work.
+"""How long ``dsim`` takes to start and answer, per command: paths that do no real work,
+and ``dsim parse`` of two small inputs, where the start-up is most of the time.
 
 Why: every CLI call pays the interpreter's start-up and the imports of the
 modules it loads before it can say anything. ``dsim --version``, ``--help``
@@ -45,7 +46,14 @@ CASES: dict[str, list[str]] = {
     "dsim watch MISSING": ["watch", "{missing}"],
     "dsim summarize --epochs x": ["summarize", "--epochs", "x", "{missing}"],
     "dsim help spec 9": ["help", "spec", "9"],
+    # real work, small: the shipped sample (4 ranks x 600 iterations), and one validation
+    # run's compressed per-rank logs as dsim.instrument writes them (CPU times, LOADER lines)
+    "dsim parse SAMPLE": ["parse", "{sample}", "--out", "{out}", "--quiet"],
+    "dsim parse INSTRUMENTED": ["parse", "{instrumented}", "--out", "{out}", "--quiet"],
 }
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "traces" / "raw"
+INSTRUMENTED = REPO / "validation" / "data-h200cpu" / "cpu_w4_p2_none_r1"
 
 
 def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, int]:
@@ -76,7 +84,13 @@ def main() -> None:
         cases = {("python -c pass", None): [sys.executable, "-c", "pass"]}
         for name, rest in CASES.items():
             for tree in trees:
-                argv = [sys.executable, "-m", "dsim", *(a.format(missing=missing) for a in rest)]
+                where = {
+                    "missing": missing,
+                    "sample": str(SAMPLE),
+                    "instrumented": str(INSTRUMENTED),
+                    "out": str(Path(tmp) / "traces"),  # parse replaces its own run directories
+                }
+                argv = [sys.executable, "-m", "dsim", *(a.format(**where) for a in rest)]
                 cases[(name, tree)] = argv
         times: dict[tuple, list[float]] = {key: [] for key in cases}
         codes: dict[tuple, int] = {}
