@@ -508,6 +508,28 @@ def test_a_few_busy_hand_overs_are_kept_from_committed_logs() -> None:
     assert float(rows[("cpu", "8")][3]) == 0.0
 
 
+def test_compute_after_the_last_arrival_is_longer_when_the_ranks_arrive_together() -> None:
+    """The 16-core sweep's decode regime, through the real dsim parse: at 1 worker one rank's
+    batch arrives last by 10 ms or more and the iteration ends ~8-9 ms later; at 4 workers
+    the batches arrive within 2 ms of each other and it ends ~11 ms later, more than the
+    slowest of 4 draws of the 1-worker times explains (validation/README.md, "Compute after
+    the last arrival")."""
+    from validation.aftersync import table
+
+    data = REPO / "validation" / "data-h200cpu"
+    rows = {
+        cells[1]: cells[2:8]
+        for line in table(data, only=r"^decode_w[14]_p2_none_r1$").splitlines()[2:]
+        for cells in [[c.strip() for c in line.split("|")]]
+    }
+    together, _, apart, max_of_4, _, _ = rows["decode_w1_p2_none_r1"]
+    assert together == "—" and int(apart.split("(")[1].rstrip(")")) > 60
+    apart_ms = float(apart.split()[0])
+    together_4 = rows["decode_w4_p2_none_r1"][0]
+    assert int(together_4.split("(")[1].rstrip(")")) > 60
+    assert float(together_4.split()[0]) > float(max_of_4) + 1.0 > apart_ms + 1.0
+
+
 def test_the_gate_share_counts_the_most_frequent_largest_stall() -> None:
     from validation.gate import gate_share
 
