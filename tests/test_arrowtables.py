@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsim.io.arrowtables import array_of, empty_table, numpy_of
+from dsim.io.arrowtables import array_of, empty_table, flags_of, numpy_of, strings_of
 from tests.conftest import REPO
 
 DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint32", "uint64", "float32", "float64"]
@@ -101,6 +101,43 @@ def test_numpy_of_equals_to_numpy(dtype, sizes, offset):
     assert numpy_of(stamps).dtype == np.dtype("datetime64[us]")
     with_null = pa.array([1, None, 3], pa.int64())  # nulls: pyarrow's own conversion
     np.testing.assert_array_equal(numpy_of(with_null), with_null.to_numpy(zero_copy_only=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    offset=st.integers(0, 9),
+    null_share=st.sampled_from([0.0, 0.3, 1.0]),
+    null_as=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_flags_and_numbers_with_nulls_equal_pyarrows_own(n, offset, null_share, null_as, seed):
+    """Booleans with nulls as ``pc.fill_null(mask, null).to_numpy()``, numbers with nulls as
+    ``to_numpy(zero_copy_only=False)`` (floats, NaN where null), at any slice offset."""
+    import pyarrow.compute as pc
+
+    rng = np.random.default_rng(seed)
+    size = n + offset
+    nulls = rng.random(size) < null_share
+    flags = pa.array(rng.random(size) < 0.5, mask=nulls).slice(offset)
+    expected = pc.fill_null(flags, null_as).to_numpy(zero_copy_only=False)
+    np.testing.assert_array_equal(flags_of(flags, null_as), expected)
+    assert flags_of(flags, null_as).dtype == np.bool_
+    for dtype in ("int32", "int64", "float64"):
+        values = pa.array(rng.integers(-50, 50, size).astype(dtype), mask=nulls).slice(offset)
+        got, want = numpy_of(values), values.to_numpy(zero_copy_only=False)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts=st.lists(st.text(max_size=12), max_size=20), large=st.booleans())
+def test_strings_of_equals_pa_array(texts, large):
+    """Any text, unicode included: the same array as ``pa.array(texts, type)``."""
+    kind = pa.large_string() if large else pa.string()
+    assert strings_of(texts, kind if large else None).equals(pa.array(texts, kind))
+    with pytest.raises(TypeError):
+        strings_of(texts, pa.binary())
 
 
 def test_empty_table_is_the_schemas_empty_table():
