@@ -179,3 +179,26 @@ def test_dsim_parse_does_not_import_pandas(tmp_path: Path):
     assert (tmp_path / "traces" / "instrumented" / "fetch.parquet").is_file()
     rejects = next((tmp_path / "traces").glob("*/rejects.csv")).read_text()
     assert "malformed loader line" in rejects and "non-numeric fetch duration" in rejects
+
+
+def test_the_wall_clocks_two_paths_agree_without_pandas():
+    """``civil_seconds_arrow`` (strptime, for texts the digit path leaves) gives what the
+    digit path gives, dates that do not exist and years out of range included."""
+    from dsim.sources.rawlog.wallclock import civil_seconds, civil_seconds_arrow
+
+    texts = [
+        "2026-11-28 19:25:14", "1970-01-01 00:00:00", "2024-02-29 23:59:59",
+        "2026-02-30 10:00:00", "2026-11-28 24:00:00", "1969-12-31 23:59:59",
+        "2026-13-01 00:00:00",
+    ]  # fmt: skip
+    text = pa.array(texts, pa.string())
+    whole, ok = civil_seconds(text)
+    arrow_whole, arrow_ok = civil_seconds_arrow(text)
+    np.testing.assert_array_equal(arrow_ok, ok)
+    np.testing.assert_array_equal(arrow_whole, whole)
+    assert ok.tolist() == [True, True, True, False, False, False, False]
+    import calendar
+    import time
+
+    expected = calendar.timegm(time.strptime(texts[0], "%Y-%m-%d %H:%M:%S"))
+    assert whole[0] == expected and arrow_whole.dtype == np.int64

@@ -59,11 +59,12 @@ def array_of(
 
 
 def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """``values.to_numpy()`` for numbers and timestamps without nulls, read from the
-    array's own buffer (read-only, no copy where it is one chunk; chunks joined into a
-    new array otherwise), without importing pandas (pyarrow's ``to_numpy`` goes through
-    its pandas conversion, which imports pandas on its first call). Anything else (nulls,
-    booleans, strings) is pyarrow's own ``to_numpy(zero_copy_only=False)``."""
+    """``values.to_numpy(zero_copy_only=False)`` without importing pandas (pyarrow's goes
+    through its pandas conversion, which imports pandas on its first call): numbers and
+    timestamps read from the array's own buffer (read-only, no copy where it is one
+    chunk; chunks joined into a new array otherwise), numbers with nulls as float64 with
+    NaN there, booleans without nulls unpacked from their bits. Anything else (strings,
+    booleans or timestamps with nulls) is pyarrow's own conversion."""
     if isinstance(values, pa.ChunkedArray):
         dtype = _dtype_of(values.type)
         if values.num_chunks == 1:

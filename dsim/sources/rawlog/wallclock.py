@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsim.io.arrowtables import flags_of, numpy_of
+from dsim.io.arrowtables import array_of, flags_of, numpy_of
 
 _TS_WIDTH = 19  # YYYY-mm-dd HH:MM:SS
 _TS_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
@@ -101,8 +101,9 @@ def civil_seconds_arrow(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     same = pc.equal(pc.strftime(seconds, format=fmt), text)
     ok = flags_of(same)  # a null (no such time): False
     cast = pc.cast(seconds, pa.int64())
-    whole = np.where(flags_of(pc.is_valid(cast)), np.nan_to_num(numpy_of(cast)), 0)
-    whole = whole.astype(np.int64)  # (seconds below 2^53: exact through float64)
+    parsed = flags_of(pc.is_valid(cast))
+    whole = np.zeros(len(text), np.int64)  # 0 where it did not parse, as fill_null(0)
+    whole[parsed] = numpy_of(cast.filter(array_of(parsed)))
     ok &= (whole >= _FIRST_SECOND) & (whole < _AFTER_LAST_SECOND)
     return np.where(ok, whole, 0), ok
 
