@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from dsim.analysis.model_error import LOADER_WHATIF_ERROR
 from dsim.errors import UsageError
 from dsim.replay.params import MAX_LOADER_SETTING
 from dsim.words import counted
@@ -184,9 +183,7 @@ def _band(value: float, samples: np.ndarray, widen: float, *, inverse: bool = Fa
     return Band(value, float(lo * (1 - widen)), float(hi * (1 + widen)))
 
 
-def bands(
-    baseline: Point, chosen: Point, widen: float = LOADER_WHATIF_ERROR, seed: int = 0
-) -> dict[str, Band]:
+def bands(baseline: Point, chosen: Point, widen: float, seed: int = 0) -> dict[str, Band]:
     """Predicted iteration time, stall and speed-up of ``chosen`` over ``baseline``, with bands."""
     means = bootstrap_means(
         np.vstack([baseline.iteration_s, chosen.iteration_s, chosen.stall_s]), seed=seed

@@ -49,7 +49,10 @@ from typing import Any
 from dsim.analysis.model_error import (
     ALIGN_SHARE_ERROR_PTS,
     ALIGN_WHATIF_ERROR,
+    LOADER_FEWER_ERROR,
+    LOADER_WHATIF_ERROR,
     loader_errors,
+    node_kind,
     share_band,
     speedup_band,
 )
@@ -65,6 +68,7 @@ from dsim.replay.policies import (
     STALL_MIN,
     Policy,
 )
+from dsim.tuning import cores_per_rank
 from dsim.words import counted
 
 DEFAULT_MODEL = "per-iteration"
@@ -108,6 +112,9 @@ class Verdict:
     speedup_low: float | None = None
     speedup_high: float | None = None
     model_error: float | None = None  # relative error of the predicted time the band carries
+    # ... measured on which nodes (``model_error.node_kind``: few_cores, many_cores; ``None``
+    # where the run does not log its cores, which takes the larger error)
+    model_error_node: str | None = None
     # A pipeline verdict's effective delay after, ± the model's error of the share in points.
     effective_delay_pct_low: float | None = None
     effective_delay_pct_high: float | None = None
@@ -170,6 +177,19 @@ def _fewer_workers(
         return False
     recorded = measured.get("workers")
     return _finite(recorded) and int(workers) < int(recorded)
+
+
+def _cores_per_rank(
+    trace: Mapping[str, Any] | None, loader_record: Mapping[str, Any] | None
+) -> float | None:
+    """The recorded node's cores per rank, which chooses the model error a band carries
+    (``model_error.NodeErrors``): ``run.json``'s loader block, as ``dsim tune`` reads it, else
+    ``result.json``'s measured loader; ``None`` when neither logs the cores."""
+    for block in ((trace or {}).get("loader"), (loader_record or {}).get("measured")):
+        if isinstance(block, Mapping) and _finite(block.get("cores")):
+            ranks = block.get("local_world_size")
+            return cores_per_rank(int(block["cores"]), int(ranks) if _finite(ranks) else None)
+    return None
 
 
 def loader_calibration(loader: Mapping[str, Any] | None) -> str | None:
@@ -361,10 +381,14 @@ def verdict(
         notes.append(STREAM_NOTE)
     model_error = share_error = None
     share_low = share_high = None
+    per_rank = _cores_per_rank(trace, loader_record)
     if model == PIPELINE_MODEL and helps:
-        model_error, share_error = ALIGN_WHATIF_ERROR, ALIGN_SHARE_ERROR_PTS
+        model_error, share_error = ALIGN_WHATIF_ERROR.on(per_rank), ALIGN_SHARE_ERROR_PTS
+        error_words = ALIGN_WHATIF_ERROR.words(per_rank)
         if loader is not None:
-            model_error, share_error = loader_errors(_fewer_workers(rows, loader_record))
+            fewer = _fewer_workers(rows, loader_record)
+            model_error, share_error = loader_errors(fewer, per_rank)
+            error_words = (LOADER_FEWER_ERROR if fewer else LOADER_WHATIF_ERROR).words(per_rank)
         if math.isfinite(after_eff):  # (no band around an unknown share)
             share_low, share_high = share_band(after_eff, share_error)
         else:
@@ -378,7 +402,7 @@ def verdict(
             interval = speedup_band(low, high, model_error)
             how_much += (
                 f" (95 % band {interval[0]:.2f}–{interval[1]:.2f}×: the model's error on "
-                f"physical re-runs, ±{100 * model_error:.1f} %"
+                f"physical re-runs, ±{100 * model_error:.1f} %{error_words}"
                 + (", and the interval of few iterations" if few else "")
                 + (f"; {BAND_REACHES_ONE})" if interval[0] <= 1.0 else ")")
             )
@@ -457,6 +481,7 @@ def verdict(
         speedup_low=None if interval is None else interval[0],
         speedup_high=None if interval is None else interval[1],
         model_error=model_error,
+        model_error_node=node_kind(per_rank) if model_error is not None else None,
         effective_delay_pct_low=share_low,
         effective_delay_pct_high=share_high,
         share_model_error_pts=share_error,

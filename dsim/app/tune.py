@@ -19,6 +19,7 @@ from dsim.analysis.model_error import (
     ALIGN_WHATIF_ERROR,
     LOADER_FEWER_ERROR,
     LOADER_WHATIF_ERROR,
+    NodeErrors,
 )
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.analysis.verdict import cores_caveat, cpu_is_aware, cpu_over_cores_note
@@ -61,10 +62,14 @@ class Choice:
     bands: dict[str, Band]
     flat: Flattening
     #: The relative error the bands are widened by, and which what-if's it is (SPEC §5.7).
-    model_error: float = LOADER_WHATIF_ERROR
-    error_kind: str = "loader"
+    model_error: float
+    error_kind: str
     #: A change that costs something (``is_a_cost``) whose speed-up band reaches 1.00×.
     within_error: bool = False
+    #: The recorded node's cores per rank, which chose ``model_error`` (``None``: not logged),
+    #: and on which nodes that error was measured, in words (``NodeErrors.words``).
+    cores_per_rank: float | None = None
+    error_words: str = ""
 
 
 @dataclass(frozen=True)
@@ -200,10 +205,13 @@ def tune_run(
     alone = sweep(model, prepared, mask, grid_w, grid_p, ACTUAL, base)
     ranks = [int(g) for g in arrays.gpus]
     saturated = cpu_saturated_at(prepared, grid_w, measured.prefetch_factor)
-    loader_only = _choice(baseline, alone, ranks, measured, saturated)
+    node = cores_per_rank(cores, ranks_on_node)
+    loader_only = _choice(baseline, alone, ranks, measured, node, saturated)
     policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
     combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
-    with_alignment = _choice(baseline, combined, ranks, measured, saturated) if combined else None
+    with_alignment = (
+        _choice(baseline, combined, ranks, measured, node, saturated) if combined else None
+    )
     n = int(mask.sum())
     result = TuneResult(
         name, measured, baseline, alone, policy, combined, loader_only, with_alignment,
@@ -247,14 +255,17 @@ def _choice(
     points: list[Point],
     ranks: list[int],
     measured: LoaderSettings,
+    per_rank: float | None,
     saturated: int | None = None,
 ) -> Choice:
     chosen = cheapest_near_best(points)
     flat = flattening(points, ranks=ranks, cpu_saturated_at=saturated)
-    error, kind = model_error_of(chosen, measured)
+    errors, kind = model_error_of(chosen, measured)
+    error = 0.0 if errors is None else errors.on(per_rank)
     band = bands(baseline, chosen, error)
     uncertain = is_a_cost(chosen, measured) and band["speedup"].low <= 1.0
-    return Choice(chosen, band, flat, error, kind, uncertain)
+    words = "" if errors is None else errors.words(per_rank)
+    return Choice(chosen, band, flat, error, kind, uncertain, per_rank, words)
 
 
 def is_a_cost(point: Point, measured: LoaderSettings) -> bool:
@@ -275,7 +286,7 @@ def is_a_cost(point: Point, measured: LoaderSettings) -> bool:
     return tuple(point.policy) != ACTUAL
 
 
-def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
+def model_error_of(point: Point, measured: LoaderSettings) -> tuple[NodeErrors | None, str]:
     """The validated error of the what-if that ``point`` is, and its kind.
 
     Why per point: at the recorded settings the aligned sweep's point is an
@@ -287,13 +298,14 @@ def model_error_of(point: Point, measured: LoaderSettings) -> tuple[float, str]:
     the loader's. Fewer workers than recorded take the error measured on such
     what-ifs (``LOADER_FEWER_ERROR``): the loader error was measured on more
     workers only. Without workers the prefetch factor does not apply: any prefetch
-    at 0 recorded workers is the recorded setting.
+    at 0 recorded workers is the recorded setting. Each error is kept by the kind of
+    node it was measured on (``NodeErrors.on`` picks the recorded one's).
     """
     same = point.workers == measured.workers and (
         point.workers == 0 or point.prefetch == measured.prefetch_factor
     )
     if same and tuple(point.policy) == ACTUAL:
-        return 0.0, "none"
+        return None, "none"
     if same:
         return ALIGN_WHATIF_ERROR, "alignment"
     if point.workers < measured.workers:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dsim.analysis.model_error import node_kind
 from dsim.tuning import Band
 from dsim.words import byte_size, counted
 
@@ -92,7 +93,7 @@ def band_origin(choice: Choice, *, short: bool = False) -> str:
         return f", its band widened by the {choice.error_kind} error (±{choice.model_error:.1%})"
     return (
         f", widened by the pipeline model's {choice.error_kind} error on re-runs "
-        f"(±{choice.model_error:.1%}: its 95th percentile, FIDELITY.md)"
+        f"(±{choice.model_error:.1%}: its 95th percentile{choice.error_words}; FIDELITY.md)"
     )
 
 
@@ -195,6 +196,7 @@ def _choice_doc(result: TuneResult, choice: Choice) -> dict[str, Any]:
         "flattening": choice.flat.text,
         "model_error": choice.model_error,
         "model_error_kind": choice.error_kind,
+        "model_error_node": node_kind(choice.cores_per_rank) if choice.model_error else None,
         "within_error": choice.within_error,
     }
 
