@@ -45,6 +45,8 @@ CASES: dict[str, list[str]] = {
     "dsim tune MISSING": ["tune", "{missing}"],
     "dsim watch MISSING": ["watch", "{missing}"],
     "dsim summarize --epochs x": ["summarize", "--epochs", "x", "{missing}"],
+    "dsim run --fail-if x": ["run", "--fail-if", "x"],
+    "dsim summarize --format xml": ["summarize", "{missing}", "--format", "xml", "--out", "o"],
     "dsim help spec 9": ["help", "spec", "9"],
     # real work, small: the shipped sample (4 ranks x 600 iterations), and one validation
     # run's compressed per-rank logs as dsim.instrument writes them (CPU times, LOADER lines)

@@ -152,7 +152,8 @@ class Results:
 
     def check(self, *conditions: str) -> list[CheckResult]:
         """``--fail-if`` conditions (``"effective_delay_pct>10"``) evaluated per run (§5.6)."""
-        from dsim.analysis.checks import evaluate, parse_condition
+        from dsim.analysis.checks import evaluate
+        from dsim.options import parse_condition
 
         return evaluate(self.summary, [parse_condition(c) for c in conditions])
 

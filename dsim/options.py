@@ -1,19 +1,27 @@
 """Values of command-line options that several commands share.
 
 ``dsim run``, ``dsim summarize`` and ``dsim report`` accept the same
-``--epochs``, ``--policy`` and ``--run`` spellings; parsing them in one place
-keeps the commands consistent and their error messages identical.
+``--epochs``, ``--policy``, ``--run``, ``--format`` and ``--fail-if``
+spellings; parsing them in one place keeps the commands consistent and their
+error messages identical, and light: a mistyped option is said before the
+summary's I/O (and pandas) is imported.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
+import operator
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsim.errors import UsageError
+from dsim.model.columns import STAT_COLUMNS, WHAT_IF_COLUMNS
 from dsim.replay.policies import (
     ACTUAL,
+    BASELINE,
     Policy,
     check_pair,
     is_stall_alignment,
@@ -77,3 +85,79 @@ def select_runs(runs: list[ResultRun], globs: list[str] | None) -> list[ResultRu
         names = ", ".join(r.name for r in runs[:10]) + (" …" if len(runs) > 10 else "")
         raise UsageError(f"--run {' '.join(globs)} matches no run; runs found: {names}")
     return chosen
+
+
+#: The summary's file formats (``--format``), in the order they are offered; the writers are
+#: ``dsim.render.files.FORMATS``, which import pandas: the names are checked without it.
+FORMAT_NAMES = ("csv", "parquet", "json")
+
+
+def parse_formats(spec: str | Sequence[str]) -> list[str]:
+    """``"csv,parquet"`` or ``["csv", "json"]`` → validated format names, in order, no repeats."""
+    items = spec.split(",") if isinstance(spec, str) else [p for s in spec for p in s.split(",")]
+    names = [item.strip().lower() for item in items if item.strip()]
+    unknown = [n for n in names if n not in FORMAT_NAMES]
+    if unknown or not names:
+        raise UsageError(
+            f"unknown output format {', '.join(unknown) or repr(spec)}; "
+            f"choose from {', '.join(FORMAT_NAMES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+# --- --fail-if (docs/SPEC.md §5.6): parsed here, before any work; evaluated by
+# dsim.analysis.checks ------------------------------------------------------------------
+
+#: Columns a condition may name: the numbers of a summary row.
+METRICS: tuple[str, ...] = (*STAT_COLUMNS, *WHAT_IF_COLUMNS)
+
+_OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+_CONDITION = re.compile(
+    r"^\s*(?P<metric>[A-Za-z_][A-Za-z0-9_]*)(?:@(?P<policy>[^<>=!\s]+))?\s*"
+    r"(?P<op>>=|<=|==|!=|>|<)\s*(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One ``--fail-if`` condition, as typed (``text``) and parsed."""
+
+    text: str
+    metric: str
+    policy: Policy
+    op: str
+    number: float
+
+    def holds(self, value: float) -> bool:
+        """Whether the condition holds for ``value``; a NaN (undefined statistic) never holds."""
+        return not math.isnan(value) and _OPERATORS[self.op](value, self.number)
+
+
+def parse_condition(text: str) -> Condition:
+    """``effective_delay_pct>10`` or ``speedup@min/min>=1.5`` → a ``Condition``
+    (a usage error otherwise)."""
+    match = _CONDITION.match(text)
+    if match is None:
+        raise UsageError(
+            f"--fail-if {text!r}: expected METRIC[@FETCH/START] OP NUMBER, e.g. "
+            "'effective_delay_pct>10' or 'speedup@min/min>=1.5' (OP: > >= < <= == !=)"
+        )
+    metric = match["metric"]
+    if metric not in METRICS:
+        raise UsageError(
+            f"--fail-if {text!r}: unknown metric {metric!r}; one of {', '.join(METRICS)}"
+        )
+    policy = BASELINE if match["policy"] is None else parse_policy_option(match["policy"])
+    return Condition(text.strip(), metric, policy, match["op"], float(match["number"]))
+
+
+def parse_conditions(texts: Sequence[str] | None) -> list[Condition]:
+    """``--fail-if`` texts → conditions (a usage error names the bad one), before any work."""
+    return [parse_condition(text) for text in texts or ()]

@@ -71,13 +71,6 @@ def parse_counts(text: str, option: str, lowest: int) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-def cores_per_rank(cores: int | None, ranks_on_node: int | None) -> float | None:
-    """The recorded cores each rank's loader could use, when the run recorded its cores."""
-    if not cores or cores <= 0:
-        return None
-    return cores / max(int(ranks_on_node or 1), 1)
-
-
 def default_workers(per_rank: float | None) -> tuple[int, ...]:
     """0, 1, 2, 4, … up to two powers of two past the recorded cores per rank (else 16)."""
     if per_rank is None:

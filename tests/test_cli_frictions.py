@@ -117,3 +117,32 @@ def test_parse_of_a_dash_points_to_dev_stdin(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "to read standard input, give /dev/stdin" in proc.stderr
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "--conf", "missing.json"], "config file not found"),
+        (["run", "--fail-if", "bogus"], "--fail-if 'bogus'"),
+        (["summarize", "results", "--format", "xml", "--out", "o"], "unknown output format xml"),
+        (["summarize", "results", "--fail-if", "stall>"], "--fail-if 'stall>'"),
+    ],
+)
+def test_a_usage_error_is_said_before_pandas_is_imported(
+    args: list[str], said: str, tmp_path: Path
+) -> None:
+    """``dsim run --conf MISSING`` imported the answer object's pandas (0.3 s) before it read
+    its arguments; a mistyped option or a missing config is now said first."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dsim", *args],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert said in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert "dsim.cli" in imported and "pandas" not in imported

@@ -26,13 +26,13 @@ from dsim.analysis.attribution import attribute, attribution_table, describe
 from dsim.analysis.summary import add_what_if, summarize_results
 from dsim.analysis.verdict import record_groups, run_verdicts
 from dsim.app import run as run_module
-from dsim.app.answer import parse_conditions
 from dsim.app.run import run_replays
 from dsim.config import Overrides, load_config
 from dsim.model import dataset
 from dsim.model.columns import METRIC_COLUMNS
 from dsim.model.dataset import DatasetWriter, metadata
 from dsim.model.results import ResultRun, find_result_runs
+from dsim.options import parse_conditions
 from dsim.render.machine import answer_document
 from dsim.replay.arrays import IterationArrays
 

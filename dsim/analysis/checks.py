@@ -7,53 +7,20 @@ optionally the policy whose row it reads (default: the measured run,
 of the summary whose loader settings are the measured ones (loader what-ifs
 are left out: their ``actual/actual`` is not the measured run). Conditions
 that hold are the failures a command reports with its own exit code
-(``errors.CheckFailed``). Pure: parsing and evaluation only.
+(``errors.CheckFailed``). Pure evaluation; a condition is parsed by
+``dsim.options.parse_condition``, before any work.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsim.analysis.summary import STAT_COLUMNS, WHAT_IF_COLUMNS
 from dsim.errors import CheckFailed, UsageError
-from dsim.options import parse_policy_option
-from dsim.replay.policies import BASELINE, Policy
-
-#: Columns a condition may name: the numbers of a summary row.
-METRICS: tuple[str, ...] = (*STAT_COLUMNS, *WHAT_IF_COLUMNS)
-
-_OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    "<": operator.lt,
-}
-_CONDITION = re.compile(
-    r"^\s*(?P<metric>[A-Za-z_][A-Za-z0-9_]*)(?:@(?P<policy>[^<>=!\s]+))?\s*"
-    r"(?P<op>>=|<=|==|!=|>|<)\s*(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
-)
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One ``--fail-if`` condition, as typed (``text``) and parsed."""
-
-    text: str
-    metric: str
-    policy: Policy
-    op: str
-    number: float
-
-    def holds(self, value: float) -> bool:
-        """Whether the condition holds for ``value``; a NaN (undefined statistic) never holds."""
-        return not math.isnan(value) and _OPERATORS[self.op](value, self.number)
+from dsim.options import Condition
+from dsim.replay.policies import BASELINE
 
 
 @dataclass(frozen=True)
@@ -76,24 +43,6 @@ class CheckResult:
             else (f"{self.fetch_align}/{self.start_align}")
         )
         return f"{self.run}: {self.condition} ({policy}: {self.value:g})"
-
-
-def parse_condition(text: str) -> Condition:
-    """``effective_delay_pct>10`` or ``speedup@min/min>=1.5`` → a ``Condition``
-    (a usage error otherwise)."""
-    match = _CONDITION.match(text)
-    if match is None:
-        raise UsageError(
-            f"--fail-if {text!r}: expected METRIC[@FETCH/START] OP NUMBER, e.g. "
-            "'effective_delay_pct>10' or 'speedup@min/min>=1.5' (OP: > >= < <= == !=)"
-        )
-    metric = match["metric"]
-    if metric not in METRICS:
-        raise UsageError(
-            f"--fail-if {text!r}: unknown metric {metric!r}; one of {', '.join(METRICS)}"
-        )
-    policy = BASELINE if match["policy"] is None else parse_policy_option(match["policy"])
-    return Condition(text.strip(), metric, policy, match["op"], float(match["number"]))
 
 
 def evaluate(summary: Any, conditions: Sequence[Condition]) -> list[CheckResult]:

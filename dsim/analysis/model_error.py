@@ -55,6 +55,14 @@ class NodeErrors:
         return node_words(per_rank)
 
 
+def cores_per_rank(cores: int | None, ranks_on_node: int | None) -> float | None:
+    """The recorded cores each rank's loader could use, when the run recorded its cores (the
+    ranks on the node taken as 1 when not logged)."""
+    if not cores or cores <= 0:
+        return None
+    return cores / max(int(ranks_on_node or 1), 1)
+
+
 def node_kind(per_rank: float | None) -> str | None:
     """``"few_cores"``, ``"many_cores"`` or ``None`` (not logged): the JSON's name of a node."""
     if per_rank is None:

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from dsim.analysis.throughput import THROUGHPUT_COLUMNS, add_throughput, batch_size
 from dsim.errors import UsageError
+from dsim.model.columns import STAT_COLUMNS, WHAT_IF_COLUMNS
 from dsim.model.resultinfo import ResultInfo, Selection
 from dsim.model.results import METRIC_COLUMNS, ResultRun
 from dsim.model.runname import RUN_NAME_FIELDS, parse_run_name
@@ -41,16 +42,6 @@ METADATA_COLUMNS = ["run", *RUN_NAME_FIELDS, "gpus"]
 #: Which replay model made a row, and the loader settings it assumed (pipeline model only).
 #: ("model" is taken: the run name's network, as in the original analysis.)
 MODEL_COLUMNS = ["replay_model", "loader_workers", "loader_prefetch_factor", "loader_changed"]
-STAT_COLUMNS = [
-    "iterations",
-    *(f"{metric}_{stat}" for metric in METRIC_COLUMNS[:3] for stat in ("mean", "std")),
-    "start_diff_s_mean",
-    "start_diff_s_std",
-    "fetch_diff_s_mean",
-    "fetch_diff_s_std",
-    "effective_delay_pct",
-]
-WHAT_IF_COLUMNS = ["speedup", "stall_change_s", "effective_delay_change_pts"]
 SELECTION_COLUMNS = ["selected_epochs", "warmup", "threshold_s"]
 SUMMARY_COLUMNS: list[str] = [
     *METADATA_COLUMNS,

@@ -51,6 +51,7 @@ from dsim.analysis.model_error import (
     ALIGN_WHATIF_ERROR,
     LOADER_FEWER_ERROR,
     LOADER_WHATIF_ERROR,
+    cores_per_rank,
     loader_errors,
     node_kind,
     share_band,
@@ -68,7 +69,6 @@ from dsim.replay.policies import (
     STALL_MIN,
     Policy,
 )
-from dsim.tuning import cores_per_rank
 from dsim.words import counted
 
 DEFAULT_MODEL = "per-iteration"

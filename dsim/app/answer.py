@@ -24,12 +24,13 @@ from typing import Any
 import pandas as pd
 
 from dsim.analysis.attribution import describe
-from dsim.analysis.checks import CheckResult, Condition, evaluate, parse_condition, raise_if_held
+from dsim.analysis.checks import CheckResult, evaluate, raise_if_held
 from dsim.analysis.verdict import Verdict, best_row, record_groups, run_verdicts
 from dsim.app.attribution import ATTRIBUTION_STEM, run_table_path
 from dsim.io import parquetio
 from dsim.model.resultinfo import ResultInfo
 from dsim.model.results import ResultRun
+from dsim.options import Condition
 from dsim.replay.policies import BASELINE
 
 
@@ -96,11 +97,6 @@ class Answer:
     @property
     def headlines(self) -> dict[str, Verdict]:
         return {r.results: r.headline for r in self.runs if r.headline is not None}
-
-
-def parse_conditions(texts: Sequence[str] | None) -> list[Condition]:
-    """``--fail-if`` texts → conditions (a usage error names the bad one), before any work."""
-    return [parse_condition(text) for text in texts or ()]
 
 
 def _groups(summary: pd.DataFrame) -> list[list[dict[str, Any]]]:

@@ -32,7 +32,6 @@ from typing import Any
 import pandas as pd
 
 from dsim import processes
-from dsim.analysis.checks import Condition
 from dsim.analysis.sanity import check_threshold, recorded_selections, selection_changes
 from dsim.analysis.summary import summary_rows, summary_table
 from dsim.app.answer import (
@@ -77,6 +76,7 @@ from dsim.model.results import (
     stale_trace,
 )
 from dsim.model.tables import read_run
+from dsim.options import Condition
 from dsim.render.files import write_answer_files
 
 __all__ = ["RunOutcome", "logged_loader", "run_replays"]  # logged_loader: from runplan

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsim.analysis.checks import Condition
 from dsim.analysis.sanity import check_threshold
 from dsim.analysis.summary import summarize_results
 from dsim.app.answer import Answer, attribution_rows, build_answer
@@ -27,7 +26,7 @@ from dsim.model.results import (
     scan_results,
 )
 from dsim.model.selection import Epochs
-from dsim.options import select_runs
+from dsim.options import Condition, select_runs
 from dsim.render.files import write_answer_files
 from dsim.replay.policies import Policy
 

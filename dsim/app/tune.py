@@ -20,6 +20,7 @@ from dsim.analysis.model_error import (
     LOADER_FEWER_ERROR,
     LOADER_WHATIF_ERROR,
     NodeErrors,
+    cores_per_rank,
 )
 from dsim.analysis.summary import DEFAULT_WARMUP, selected_iterations
 from dsim.analysis.verdict import cores_caveat, cpu_is_aware, cpu_over_cores_note
@@ -40,7 +41,6 @@ from dsim.tuning import (
     Point,
     bands,
     cheapest_near_best,
-    cores_per_rank,
     default_workers,
     flattening,
     parse_counts,

@@ -226,10 +226,8 @@ def command(
 
     from rich.console import Console
 
-    from dsim.app.answer import parse_conditions
-    from dsim.app.run import outcome_answer, run_replays
     from dsim.config import Overrides, load_config
-    from dsim.options import parse_epochs_option, parse_policy_option
+    from dsim.options import parse_conditions, parse_epochs_option, parse_policy_option
 
     conditions = parse_conditions(fail_if)
     policies = tuple(parse_policy_option(p) for p in policy_specs or ())
@@ -254,6 +252,9 @@ def command(
         from dsim.app.tracking import require_mlflow
 
         require_mlflow(config.mlflow)  # before any work
+    # after the arguments and the config are checked: a usage error costs no pandas import
+    from dsim.app.run import outcome_answer, run_replays
+
     source = "--threshold" if threshold is not None else f"effective_delay_threshold_s in {conf}"
     err = Console(stderr=True)
     with contextlib.ExitStack() as stack:

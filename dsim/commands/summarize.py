@@ -87,11 +87,13 @@ def command(
     quiet: Quiet = False,
     full: Full = False,
 ) -> None:
-    from dsim.app.answer import parse_conditions
-    from dsim.app.summarize import summarize_answer
     from dsim.errors import UsageError
-    from dsim.options import parse_epochs_option, parse_policy_option
-    from dsim.render.files import answer_bytes, parse_formats
+    from dsim.options import (
+        parse_conditions,
+        parse_epochs_option,
+        parse_formats,
+        parse_policy_option,
+    )
 
     # Validate before any work.
     format_names = parse_formats(formats or "csv,parquet")
@@ -114,6 +116,9 @@ def command(
         if not quiet:
             typer.echo(f"dsim: {text}", err=True)
 
+    # after the options are checked: a usage error costs no pandas import
+    from dsim.app.summarize import summarize_answer
+
     answer = summarize_answer(
         results,
         run_globs=run_globs,
@@ -130,6 +135,8 @@ def command(
     for note in answer.notes:
         say(f"note: {note}")
     if to_stdout:
+        from dsim.render.files import answer_bytes
+
         write_stdout(answer_bytes(answer, format_names[0]))
     elif as_json:
         from dsim.render.machine import answer_document, dumps

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pyarrow as pa
 
-from dsim.errors import UsageError
 from dsim.io.atomic import write_parquet, write_text
+from dsim.options import FORMAT_NAMES
 from dsim.render.machine import answer_table, dumps, summary_records
 
 if TYPE_CHECKING:
@@ -36,24 +36,10 @@ def write_json_file(summary: pd.DataFrame, path: Path) -> None:
     write_text(dumps(summary_records(summary)), path)
 
 
-FORMATS: dict[str, Writer] = {
-    "csv": write_csv,
-    "parquet": write_parquet_file,
-    "json": write_json_file,
-}
-
-
-def parse_formats(spec: str | Sequence[str]) -> list[str]:
-    """``"csv,parquet"`` or ``["csv", "json"]`` → validated format names, in order, no repeats."""
-    items = spec.split(",") if isinstance(spec, str) else [p for s in spec for p in s.split(",")]
-    names = [item.strip().lower() for item in items if item.strip()]
-    unknown = [n for n in names if n not in FORMATS]
-    if unknown or not names:
-        raise UsageError(
-            f"unknown output format {', '.join(unknown) or repr(spec)}; "
-            f"choose from {', '.join(FORMATS)}"
-        )
-    return list(dict.fromkeys(names))
+#: One writer per name the options accept (``dsim.options.FORMAT_NAMES``, in its order).
+FORMATS: dict[str, Writer] = dict(
+    zip(FORMAT_NAMES, (write_csv, write_parquet_file, write_json_file), strict=True)
+)
 
 
 def write_summary_files(
