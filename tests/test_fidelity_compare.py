@@ -786,3 +786,45 @@ def test_the_cpu_matched_section_sets_each_alignment_error_beside_its_matched_on
     )
     assert table[3].startswith("| all | 3 | 9.7 % → 3.4 % | 10.6 % → 5.0 %")
     assert cpu_matched_section(frame.drop(columns="iteration_ms_err_pipeline_cpu_matched")) == []
+
+
+def test_bandcheck_judges_each_sweep_against_bands_taken_without_it():
+    """Leave one sweep out (``validation.bandcheck``): on three few-core sweeps and two
+    many-core ones, each sweep's cells meet the 95th percentile of the others' errors, pooled
+    and of its own kind of node; the counts are worked by hand."""
+    from validation.bandcheck import coverage
+
+    rows = []
+    for sweep, few, errors in (
+        ("a", True, [1.0, 2.0]),
+        ("b", True, [3.0, 30.0]),
+        ("c", True, [2.0, 4.0]),
+        ("d", False, [20.0, 25.0]),
+        ("e", False, [22.0, 40.0]),
+    ):
+        rows += [(sweep, few, "loader", e) for e in errors]
+    table = coverage(pd.DataFrame(rows, columns=["sweep", "few_cores", "kind", "error"]))
+    few = table[table["few_cores"]].iloc[0]
+    many = table[~table["few_cores"]].iloc[0]
+    # (numpy's linear interpolation: the 95th of 8 values is x[6] + 0.65 (x[7] - x[6]), of 4
+    # x[2] + 0.85 (x[3] - x[2]).) a: pooled of the other 8 = 36.5 -> 2 within; few-core of
+    # [2,3,4,30] = 26.1 -> 2. b: pooled 34.75 -> 2; few of [1,2,2,4] = 3.7 -> 3 in, 30 out.
+    # c: pooled 36.5 -> 2; few of [1,2,3,30] = 25.95 -> 2.
+    assert (few["cells"], few["pooled_within"], few["node_within"]) == (6, 6, 5)
+    # d: pooled of [1,2,3,30,2,4,22,40] = 36.5 -> 2; many of [22,40] = 39.1 -> 2.
+    # e: pooled of [1,2,3,30,2,4,20,25] = 28.25 -> 22 in, 40 out; many of [20,25] = 24.75 -> 22
+    # in, 40 out.
+    assert (many["cells"], many["pooled_within"], many["node_within"]) == (4, 3, 3)
+    assert (few["sweeps"], many["sweeps"]) == (3, 2)
+
+
+def test_bandcheck_on_the_committed_sweeps_covers_the_many_core_loader_cells_better():
+    """On the committed comparisons, the 16-core sweeps' loader cells held out: the band of
+    their own kind of node covers more of them than the pooled band did (validation/README.md,
+    "The error by the node's cores")."""
+    from validation.bandcheck import coverage, sweep_errors
+
+    table = coverage(sweep_errors())
+    many = table[(table["kind"] == "loader") & ~table["few_cores"]].iloc[0]
+    assert many["cells"] >= 40 and many["sweeps"] >= 4
+    assert many["node_pct"] >= 90.0 > 75.0 >= many["pooled_pct"]
