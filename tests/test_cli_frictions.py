@@ -120,19 +120,23 @@ def test_parse_of_a_dash_points_to_dev_stdin(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "said"),
+    ("args", "said", "code"),
     [
-        (["run", "--conf", "missing.json"], "config file not found"),
-        (["run", "--fail-if", "bogus"], "--fail-if 'bogus'"),
-        (["summarize", "results", "--format", "xml", "--out", "o"], "unknown output format xml"),
-        (["summarize", "results", "--fail-if", "stall>"], "--fail-if 'stall>'"),
+        (["run", "--conf", "missing.json"], "config file not found", 2),
+        (["run", "--fail-if", "bogus"], "--fail-if 'bogus'", 2),
+        (["summarize", "results", "--format", "xml", "--out", "o"], "unknown output format", 2),
+        (["summarize", "results", "--fail-if", "stall>"], "--fail-if 'stall>'", 2),
+        (["summarize", "missing"], "dsim: error: missing: no such file or directory", 3),
+        (["report", "missing"], "dsim: error: missing: no such file or directory", 3),
+        (["watch", "missing", "--once"], "dsim: error: missing: no such file or directory", 3),
     ],
 )
 def test_a_usage_error_is_said_before_pandas_is_imported(
-    args: list[str], said: str, tmp_path: Path
+    args: list[str], said: str, code: int, tmp_path: Path
 ) -> None:
     """``dsim run --conf MISSING`` imported the answer object's pandas (0.3 s) before it read
-    its arguments; a mistyped option or a missing config is now said first."""
+    its arguments; a mistyped option, a missing config or a missing directory is now said
+    first, in the words the application used."""
     import os
     import subprocess
     import sys
@@ -142,7 +146,7 @@ def test_a_usage_error_is_said_before_pandas_is_imported(
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == code, proc.stderr[-2000:]
     assert said in proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
     assert "dsim.cli" in imported and "pandas" not in imported

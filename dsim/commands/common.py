@@ -7,7 +7,8 @@ documented and typed here, so ``dsim run --json`` and ``dsim summarize
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -61,3 +62,17 @@ def finite_at_least(
         return value
 
     return check
+
+
+def require_existing(paths: Iterable[Path]) -> None:
+    """An ``InputError`` for the first of ``paths`` that does not exist, worded as the
+    application words it (exit 3), before the command imports the application.
+
+    Why: a mistyped directory is the most common input error, and the application's
+    modules load pandas (~0.3 s) before they would look.
+    """
+    from dsim.errors import InputError
+
+    for path in paths:
+        if not path.exists():
+            raise InputError("no such file or directory", path)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsim.commands.common import Quiet, finite_at_least
+from dsim.commands.common import Quiet, finite_at_least, require_existing
 from dsim.errors import UsageError
 from dsim.io.stdout import write_stdout
 
@@ -140,6 +140,7 @@ def command(
 
         require_mlflow(MlflowSettings())  # before any work
 
+    require_existing(results)  # before the application's imports (pandas, plotly)
     from dsim.app.report import (
         ReportRequest,
         check_output,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from dsim.commands.common import FailIf, Full, Json, Quiet, finite_at_least
+from dsim.commands.common import FailIf, Full, Json, Quiet, finite_at_least, require_existing
 from dsim.io.stdout import write_stdout
 
 HELP = """Summarise replay results written by `dsim run`, without replaying anything.
@@ -116,7 +116,8 @@ def command(
         if not quiet:
             typer.echo(f"dsim: {text}", err=True)
 
-    # after the options are checked: a usage error costs no pandas import
+    # after the options and paths are checked: such an error costs no pandas import
+    require_existing(results)
     from dsim.app.summarize import summarize_answer
 
     answer = summarize_answer(

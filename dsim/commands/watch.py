@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from dsim.commands.common import finite_at_least
+from dsim.commands.common import finite_at_least, require_existing
 
 #: A day: ``time.sleep`` of ~1e10 s overflowed (an internal error), and no one waits longer.
 WATCH_MAX_INTERVAL_S = 86_400.0
@@ -72,13 +72,15 @@ def command(
         bool, typer.Option("--json", help="With --once: the snapshot as one JSON object.")
     ] = False,
 ) -> None:
-    from dsim.app.watch import Watch
     from dsim.errors import UsageError
-    from dsim.render import live as render
-    from dsim.render.console import stdout_console
 
     if as_json and not once:
         raise UsageError("--json prints one snapshot: use it with --once")
+    require_existing((logdir,))  # before the application's imports (pandas)
+    from dsim.app.watch import Watch
+    from dsim.render import live as render
+    from dsim.render.console import stdout_console
+
     with Watch(logdir, window=window, warmup=warmup, threshold_s=threshold) as watch:
         if once:
             snapshot = watch.look()
