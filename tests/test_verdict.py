@@ -377,10 +377,12 @@ def test_a_verdicts_band_takes_the_error_of_nodes_like_the_recorded_one() -> Non
         v = verdict(aligned, trace={**TRACE, "loader": loader}, model="pipeline")
         assert v.helps and (v.model_error, v.model_error_node) == (error, node)
         said[node] = v.text
-    assert "±10.6 % on nodes with ≤ 2 cores per rank)" in said["few_cores"]
-    assert "±25.1 % on nodes with > 2 cores per rank)" in said["many_cores"]
+    few, many = 100 * ALIGN_WHATIF_ERROR.few_cores, 100 * ALIGN_WHATIF_ERROR.many_cores
+    assert f"±{few:.1f} % on nodes with ≤ 2 cores per rank)" in said["few_cores"]
+    assert f"±{many:.1f} % on nodes with > 2 cores per rank)" in said["many_cores"]
     assert (
-        "±25.1 %, as on nodes with > 2 cores per rank: the run does not log its node's cores)"
+        f"±{many:.1f} %, as on nodes with > 2 cores per rank: the run does not log its node's "
+        "cores)"
     ) in said[None]
 
 

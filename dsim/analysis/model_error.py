@@ -78,9 +78,10 @@ def node_words(per_rank: float | None) -> str:
     return f" on nodes with > {limit} cores per rank"
 
 
-#: Loader what-ifs (more workers, another prefetch): 462 cells of 32 sweeps, 414 of them on
-#: few-core nodes (2 cores; 11.3 %, mean 4.0 %) and 48 on many-core ones (16 cores, 4 sweeps;
-#: 25.5 %, mean 10.9 %). Pooled it was 13.7 % (2026-12-07; 13.9 % before a few busy hand-overs
+#: Loader what-ifs (more workers, another prefetch): 480 cells of 33 sweeps, 432 of them on
+#: few-core nodes (2 cores; 11.0 %, mean 4.0 %; 11.3 % over 414 before the twenty-eighth
+#: held-out sweep, validation/README.md) and 48 on many-core ones (16 cores, 4 sweeps; 25.5 %,
+#: mean 10.9 %). Pooled it was 13.7 % (2026-12-07; 13.9 % before a few busy hand-overs
 #: counted where the time left explains them, which took the 16-core cpu regime's 4 -> 8
 #: workers from +13 % to +1…+6 %: validation/README.md, "A few busy hand-overs"; 15.4 % over
 #: 444 cells of 31 sweeps before ranks bound in groups were replayed as CPU domains:
@@ -91,9 +92,10 @@ def node_words(per_rank: float | None) -> str:
 #: before the second 16-core sweep). A mean error (4.4 % of one 2-core sweep, until
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.113, many_cores=0.255)
-#: Alignment what-ifs (fetch and start alignment): 202 cells of 20 sweeps, 192 on few-core
-#: nodes (10.6 %, mean 4.2 %) and 10 on many-core ones (3 sweeps of 16 cores: 25.1 %, mean
+LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.110, many_cores=0.255)
+#: Alignment what-ifs (fetch and start alignment): 210 cells of 21 sweeps, 200 on few-core
+#: nodes (10.7 %, mean 4.2 %; 10.6 % over 192 before the twenty-eighth held-out sweep) and 10
+#: on many-core ones (3 sweeps of 16 cores: 25.1 %, mean
 #: 10.9 %; the cpu regime's fetch alignments at 1 worker, 15-27 % too fast on two of them).
 #: Pooled it was 12.4 % (12.3 % before the contention's fixed point was found by
 #: interpolation; 10.6 % over 186 cells before the 16-core sweeps of 2026-11-29, whose cpu
@@ -102,23 +104,25 @@ LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.113, many_cores=0.255)
 #: twenty-first held-out sweep"). Most of the few-core error is the re-runs' own spread: the
 #: same work's CPU time moves by ±12 % between runs on the 2-core VM (validation/README.md,
 #: "The tenth held-out sweep").
-ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.106, many_cores=0.251)
+ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.107, many_cores=0.251)
 
-#: The effective-delay share of the same alignment cells, in percentage points: 9.3, where the
-#: mean is 3.0 (9.4 before the twenty-fourth held-out sweep; 10.2 before each batch's wait for a
+#: The effective-delay share of the same alignment cells, in percentage points: 9.1, where the
+#: mean is 3.1 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
+#: small; 9.3 before the twenty-eighth held-out sweep; 9.4 before the twenty-fourth held-out sweep; 10.2 before each batch's wait for a
 #: core scaled with its CPU, 2026-12-07; 10.5 before the 16-core sweeps of 2026-11-29; 12.4
 #: before the busy worker's hand-over by quantile, 2026-11-29, which took the mixed regime's
 #: align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over
 #: 11; validation/README.md, "The busy worker's spread").
-ALIGN_SHARE_ERROR_PTS = 9.3
-#: ... of the loader cells: 44.2 points (462 cells; 44.5 over 444; 45.2 over 408; 45.3 over
+ALIGN_SHARE_ERROR_PTS = 9.1
+#: ... of the loader cells: 45.0 points (480 cells; 44.2 over 462; 44.5 over 444; 45.2 over 408; 45.3 over
 #: 388). A loader change moves the fetches' overlap and the stalls' spread together, and the
 #: share, a count of iterations over a 30 ms line, swings with both; the band says how little
 #: the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 44.2
+LOADER_SHARE_ERROR_PTS = 45.0
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 454 cells of 32 sweeps, 406 on few-core nodes (16.3 %, mean 5.7 %) and
-#: 48 on many-core ones (17.0 %, mean 5.7 %). Pooled it was 16.6 % (16.4 % over 436 cells
+#: from every base run): 472 cells of 33 sweeps, 424 on few-core nodes (16.1 %, mean 5.7 %;
+#: 16.3 % over 406 before the twenty-eighth held-out sweep) and 48 on many-core ones (17.0 %,
+#: mean 5.7 %). Pooled it was 16.6 % (16.4 % over 436 cells
 #: before CPU domains; 13.9 % over 400 cells before the two sweeps of ranks bound two to a
 #: CPU, 2026-12-07, whose fewer-worker what-ifs came out 11-14 % too slow, pooled or as CPU
 #: domains; 20.4 % over 380 cells before each batch's wait for a core scaled with its CPU,
@@ -128,12 +132,13 @@ LOADER_SHARE_ERROR_PTS = 44.2
 #: Measured since 2026-11-29; until then these what-ifs took the loader error above, measured
 #: only on more workers, and overstated how sure a recommendation of fewer workers was
 #: (validation/README.md, "Fewer workers").
-LOADER_FEWER_ERROR = NodeErrors(few_cores=0.163, many_cores=0.170)
-#: ... their effective-delay share: 14.2 points (the same cells; the mean is 4.9; 13.5 and 4.8
+LOADER_FEWER_ERROR = NodeErrors(few_cores=0.161, many_cores=0.170)
+#: ... their effective-delay share: 13.8 points (the same cells; the mean is 4.9; 14.2 before
+#: the twenty-eighth held-out sweep; 13.5 and 4.8
 #: before CPU domains; 12.4 and 4.4 before the bound sweeps; 20.6 and 5.6
 #: before 2026-12-07; 17.7 and 5.4 with the square root of the population ratio, which fitted
 #: the time less well).
-LOADER_FEWER_SHARE_ERROR_PTS = 14.2
+LOADER_FEWER_SHARE_ERROR_PTS = 13.8
 
 
 def loader_errors(fewer: bool, per_rank: float | None) -> tuple[float, float]:
