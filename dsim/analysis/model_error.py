@@ -108,16 +108,16 @@ ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.107, many_cores=0.251)
 
 #: The effective-delay share of the same alignment cells, in percentage points: 9.1, where the
 #: mean is 3.1 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
-#: small; 9.3 before the twenty-eighth held-out sweep; 9.4 before the twenty-fourth held-out sweep; 10.2 before each batch's wait for a
-#: core scaled with its CPU, 2026-12-07; 10.5 before the 16-core sweeps of 2026-11-29; 12.4
-#: before the busy worker's hand-over by quantile, 2026-11-29, which took the mixed regime's
-#: align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over
-#: 11; validation/README.md, "The busy worker's spread").
+#: small; 9.3 before the twenty-eighth held-out sweep; 9.4 before the twenty-fourth; 10.2
+#: before each batch's wait for a core scaled with its CPU, 2026-12-07; 10.5 before the 16-core
+#: sweeps of 2026-11-29; 12.4 before the busy worker's hand-over by quantile, 2026-11-29, which
+#: took the mixed regime's align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps
+#: to -0.5 on average over 11; validation/README.md, "The busy worker's spread").
 ALIGN_SHARE_ERROR_PTS = 9.1
-#: ... of the loader cells: 45.0 points (480 cells; 44.2 over 462; 44.5 over 444; 45.2 over 408; 45.3 over
-#: 388). A loader change moves the fetches' overlap and the stalls' spread together, and the
-#: share, a count of iterations over a 30 ms line, swings with both; the band says how little
-#: the predicted share of a loader what-if pins down.
+#: ... of the loader cells: 45.0 points (480 cells; 44.2 over 462; 44.5 over 444; 45.2 over
+#: 408; 45.3 over 388). A loader change moves the fetches' overlap and the stalls' spread
+#: together, and the share, a count of iterations over a 30 ms line, swings with both; the band
+#: says how little the predicted share of a loader what-if pins down.
 LOADER_SHARE_ERROR_PTS = 45.0
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
 #: from every base run): 472 cells of 33 sweeps, 424 on few-core nodes (16.1 %, mean 5.7 %;
