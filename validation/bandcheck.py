@@ -19,6 +19,7 @@ set) and fewer workers (``target_fewer_pipeline`` set); the error is
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,9 +111,11 @@ def report(errors: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv or (argv is None and sys.argv[1:]):
-        print(__doc__)
-        return 2
+    """Print the held-out coverage of every committed comparison (no options but --help)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m validation.bandcheck", description=__doc__.splitlines()[0]
+    )
+    parser.parse_args(argv)
     print(report(sweep_errors()))
     return 0
 
