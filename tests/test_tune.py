@@ -374,7 +374,8 @@ def test_a_band_takes_the_error_measured_on_nodes_like_the_recorded_one():
     assert errors.words(0.5) == " on nodes with ≤ 2 cores per rank"
     assert errors.words(16.0) == " on nodes with > 2 cores per rank"
     assert errors.words(None) == (
-        ", as on nodes with > 2 cores per rank: the run does not log its node's cores"
+        ", as on nodes with > 2 cores per rank: the run does not log its node's cores; "
+        "dsim.instrument logs them"
     )
     flipped = NodeErrors(few_cores=0.3, many_cores=0.1)
     assert flipped.on(None) == 0.3 and flipped.words(None).startswith(", as on nodes with ≤ 2")

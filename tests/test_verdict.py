@@ -382,7 +382,7 @@ def test_a_verdicts_band_takes_the_error_of_nodes_like_the_recorded_one() -> Non
     assert f"±{many:.1f} % on nodes with > 2 cores per rank)" in said["many_cores"]
     assert (
         f"±{many:.1f} %, as on nodes with > 2 cores per rank: the run does not log its node's "
-        "cores)"
+        "cores; dsim.instrument logs them)"
     ) in said[None]
 
 
@@ -439,7 +439,7 @@ def test_a_pipeline_alignment_verdict_states_the_models_error_on_re_runs() -> No
     assert (
         f"faster (95 % band {v.speedup_low:.2f}–{v.speedup_high:.2f}×: the model's error on "
         f"physical re-runs, ±{100 * e:.1f} %, as on nodes with > 2 cores per rank: the run does "
-        "not log its node's cores)"
+        "not log its node's cores; dsim.instrument logs them)"
     ) in v.text
     per_iteration = verdict(rows(MEASURED, ("min", "min", 0.95, 0.10, 2.9)))
     assert per_iteration.model_error is None and per_iteration.speedup_low is None

@@ -51,7 +51,10 @@ class NodeErrors:
         """Which re-runs ``on(per_rank)`` comes from, said after the error ("±10.6 %")."""
         if per_rank is None:
             larger = None if self.many_cores >= self.few_cores else 0.0
-            return f", as{node_words(larger)}: the run does not log its node's cores"
+            return (
+                f", as{node_words(larger)}: the run does not log its node's cores; "
+                "dsim.instrument logs them"
+            )
         return node_words(per_rank)
 
 
