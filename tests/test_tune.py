@@ -332,35 +332,33 @@ def test_cost_line_prices_the_queued_batches_when_the_logs_give_their_bytes(trac
 
 
 @pytest.mark.parametrize(
-    ("constant", "target", "least"),
-    [("LOADER_WHATIF_ERROR", "loader", 200), ("LOADER_FEWER_ERROR", "fewer", 150)],
+    ("constant", "kind", "least"),
+    [
+        ("LOADER_WHATIF_ERROR", "loader", 200),
+        ("LOADER_FEWER_ERROR", "fewer workers", 150),
+        ("ALIGN_WHATIF_ERROR", "alignment", 150),
+    ],
 )
 def test_the_bands_model_error_is_the_95th_percentile_of_the_committed_re_runs(
-    constant: str, target: str, least: int
+    constant: str, kind: str, least: int
 ):
-    """``LOADER_WHATIF_ERROR`` (more workers, another prefetch) and ``LOADER_FEWER_ERROR``
-    (fewer workers) are recomputed from every committed sweep's fidelity.csv (the pipeline
-    model's cells of that kind, absolute error of the mean iteration time), per kind of node
-    the sweep ran on: re-running FIDELITY.md moves them, so a band cannot keep a number the
-    re-runs no longer show."""
-    import pandas as pd
-
+    """``LOADER_WHATIF_ERROR`` (more workers, another prefetch), ``LOADER_FEWER_ERROR`` (fewer
+    workers) and ``ALIGN_WHATIF_ERROR`` (fetch and start alignment) are recomputed from every
+    committed sweep's fidelity.csv (the pipeline model's cells of that kind, absolute error of
+    the mean iteration time; ``validation.bandcheck.sweep_errors``), per kind of node the sweep
+    ran on: re-running FIDELITY.md moves them, so a band cannot keep a number the re-runs no
+    longer show."""
     from dsim.analysis import model_error
-    from validation.sweepnode import committed_comparisons, cores_per_rank, sweep_directory
+    from validation.bandcheck import sweep_errors
 
-    files = committed_comparisons()
-    errors: dict[bool, list[float]] = {True: [], False: []}
-    for path in files:
-        table = pd.read_csv(path)
-        if f"target_{target}_pipeline" in table:
-            cells = table[table[f"target_{target}_pipeline"].notna()]
-            few = cores_per_rank(sweep_directory(path)) <= model_error.FEW_CORES_PER_RANK
-            errors[few].extend(cells["iteration_ms_err_pipeline"].abs())
-    assert len(files) >= 13 and len(errors[True]) >= least and len(errors[False]) >= 40
+    errors = sweep_errors()
+    cells = errors[errors["kind"] == kind]
+    few, many = cells[cells["few_cores"]], cells[~cells["few_cores"]]
+    assert errors["sweep"].nunique() >= 13 and len(few) >= least and len(many) >= 10
     both = getattr(model_error, constant)
-    for few, value in ((True, both.few_cores), (False, both.many_cores)):
-        expected = np.percentile(errors[few], 95) / 100
-        assert abs(value - expected) < 5e-4, (few, expected)
+    for side, value in ((few, both.few_cores), (many, both.many_cores)):
+        expected = np.percentile(side["error"], 95) / 100
+        assert abs(value - expected) < 5e-4, (kind, len(side), expected)
 
 
 def test_a_band_takes_the_error_measured_on_nodes_like_the_recorded_one():

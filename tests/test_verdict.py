@@ -506,29 +506,3 @@ def test_the_share_errors_are_the_95th_percentile_of_the_committed_re_runs(
     assert len(errors) >= 150
     expected = float(np.percentile(errors, 95))
     assert abs(getattr(model_error, constant) - expected) < 0.05, expected
-
-
-def test_the_alignment_error_is_the_95th_percentile_of_the_committed_re_runs() -> None:
-    """``ALIGN_WHATIF_ERROR`` is recomputed from every committed sweep's fidelity.csv (the
-    pipeline model's fetch and start alignment cells, absolute error of the mean iteration
-    time), per kind of node the sweep ran on: re-running FIDELITY.md moves it, and this test
-    says by how much."""
-    import numpy as np
-
-    from dsim.analysis.model_error import FEW_CORES_PER_RANK
-    from validation.sweepnode import committed_comparisons, cores_per_rank, sweep_directory
-
-    errors: dict[bool, list[float]] = {True: [], False: []}
-    for path in committed_comparisons():
-        table = pd.read_csv(path)
-        if "kind" in table and "iteration_ms_err_pipeline" in table:
-            cells = table[table["kind"].isin(["align", "start"])]
-            few = cores_per_rank(sweep_directory(path)) <= FEW_CORES_PER_RANK
-            errors[few].extend(cells["iteration_ms_err_pipeline"].dropna().abs())
-    assert len(errors[True]) >= 150 and len(errors[False]) >= 10
-    for few, value in (
-        (True, ALIGN_WHATIF_ERROR.few_cores),
-        (False, ALIGN_WHATIF_ERROR.many_cores),
-    ):
-        expected = np.percentile(errors[few], 95) / 100
-        assert abs(value - expected) < 5e-4, (few, expected)

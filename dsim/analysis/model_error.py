@@ -45,17 +45,14 @@ class NodeErrors:
         nodes the run may not be like."""
         if per_rank is None:
             return max(self.few_cores, self.many_cores)
-        return self.few_cores if per_rank <= FEW_CORES_PER_RANK else self.many_cores
+        return self.few_cores if _few(per_rank) else self.many_cores
 
     def words(self, per_rank: float | None) -> str:
-        """Which re-runs ``on(per_rank)`` comes from, said after the error ("±10.6 %")."""
+        """Which re-runs ``on(per_rank)`` comes from, said after the error ("±10.7 %")."""
         if per_rank is None:
-            larger = None if self.many_cores >= self.few_cores else 0.0
-            return (
-                f", as{node_words(larger)}: the run does not log its node's cores; "
-                "dsim.instrument logs them"
-            )
-        return node_words(per_rank)
+            side = _node_words(few=self.few_cores > self.many_cores)
+            return f", as{side}: the run does not log its node's cores; dsim.instrument logs them"
+        return _node_words(few=_few(per_rank))
 
 
 def cores_per_rank(cores: int | None, ranks_on_node: int | None) -> float | None:
@@ -70,15 +67,16 @@ def node_kind(per_rank: float | None) -> str | None:
     """``"few_cores"``, ``"many_cores"`` or ``None`` (not logged): the JSON's name of a node."""
     if per_rank is None:
         return None
-    return "few_cores" if per_rank <= FEW_CORES_PER_RANK else "many_cores"
+    return "few_cores" if _few(per_rank) else "many_cores"
 
 
-def node_words(per_rank: float | None) -> str:
-    """ " on nodes with ≤ 2 cores per rank" or " … > 2 …" (``None``: the many-core side)."""
+def _few(per_rank: float) -> bool:
+    return per_rank <= FEW_CORES_PER_RANK
+
+
+def _node_words(*, few: bool) -> str:
     limit = f"{FEW_CORES_PER_RANK:g}"
-    if per_rank is not None and per_rank <= FEW_CORES_PER_RANK:
-        return f" on nodes with ≤ {limit} cores per rank"
-    return f" on nodes with > {limit} cores per rank"
+    return f" on nodes with {'≤' if few else '>'} {limit} cores per rank"
 
 
 #: Loader what-ifs (more workers, another prefetch): 480 cells of 33 sweeps, 432 of them on
