@@ -391,7 +391,8 @@ def tune(
     ``dsim.render.tune`` gives the ``--json`` object).
     """
     from dsim.app.tune import tune_run
-    from dsim.tuning import MAX_SETTING, parse_counts
+    from dsim.options import parse_counts
+    from dsim.tuning import MAX_SETTING
 
     def grid(values: Sequence[int] | str | None, option: str, lowest: int) -> tuple[int, ...]:
         if values is None:

@@ -2,7 +2,7 @@
 
 ``dsim run``, ``dsim summarize`` and ``dsim report`` accept the same
 ``--epochs``, ``--policy``, ``--run``, ``--format`` and ``--fail-if``
-spellings; parsing them in one place keeps the commands consistent and their
+spellings (and ``dsim tune`` its ``--workers`` / ``--prefetch`` grids); parsing them in one place keeps the commands consistent and their
 error messages identical, and light: a mistyped option is said before the
 summary's I/O (and pandas) is imported.
 """
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from dsim.errors import UsageError
 from dsim.model.columns import STAT_COLUMNS, WHAT_IF_COLUMNS
+from dsim.replay.params import MAX_LOADER_SETTING
 from dsim.replay.policies import (
     ACTUAL,
     BASELINE,
@@ -161,3 +162,41 @@ def parse_condition(text: str) -> Condition:
 def parse_conditions(texts: Sequence[str] | None) -> list[Condition]:
     """``--fail-if`` texts → conditions (a usage error names the bad one), before any work."""
     return [parse_condition(text) for text in texts or ()]
+
+
+_ITEM = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?$")
+
+
+def parse_counts(text: str, option: str, lowest: int) -> tuple[int, ...]:
+    """``"1,2,4"``, ``"1-8"`` or a mix (``"0,2-4"``) → sorted distinct values.
+
+    ``UsageError`` (exit 2) for anything malformed, below ``lowest`` or above
+    ``MAX_LOADER_SETTING``, naming the option and the offending item.
+    """
+    values: set[int] = set()
+    for item in text.split(","):
+        match = _ITEM.match(item)
+        if match is None:
+            raise UsageError(
+                f"{option} {text!r}: {item.strip()!r} is not a number or a range like 1-8"
+            )
+        lo = int(match.group(1))
+        hi = lo if match.group(2) is None else int(match.group(2))
+        if hi < lo:
+            raise UsageError(f"{option} {text!r}: range {lo}-{hi} runs backwards")
+        if lo < lowest:
+            raise UsageError(f"{option} {text!r}: {lo} is below the smallest meaningful {lowest}")
+        if hi > MAX_LOADER_SETTING:
+            raise UsageError(f"{option} {text!r}: {hi} is above the maximum {MAX_LOADER_SETTING}")
+        values.update(range(lo, hi + 1))
+    return tuple(sorted(values))
+
+
+def loader_grids(
+    workers: str | None, prefetch: str | None
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """``--workers`` and ``--prefetch`` (``1,2,4``, ``1-8``) as the grids to sweep, checked
+    before any work (None: the default grid)."""
+    grid_w = parse_counts(workers, "--workers", 0) if workers is not None else None
+    grid_p = parse_counts(prefetch, "--prefetch", 1) if prefetch is not None else None
+    return grid_w, grid_p

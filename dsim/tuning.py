@@ -13,14 +13,12 @@ that are well inside the model's error, and cost processes and memory.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dsim.errors import UsageError
 from dsim.replay.params import MAX_LOADER_SETTING
 from dsim.words import counted
 
@@ -42,33 +40,6 @@ MAX_SETTING = MAX_LOADER_SETTING
 #: The grid when the run did not record its cores.
 DEFAULT_WORKERS = (0, 1, 2, 4, 8, 16)
 DEFAULT_PREFETCH = (1, 2, 4)
-
-_ITEM = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?$")
-
-
-def parse_counts(text: str, option: str, lowest: int) -> tuple[int, ...]:
-    """``"1,2,4"``, ``"1-8"`` or a mix (``"0,2-4"``) → sorted distinct values.
-
-    ``UsageError`` (exit 2) for anything malformed, below ``lowest`` or above
-    ``MAX_SETTING``, naming the option and the offending item.
-    """
-    values: set[int] = set()
-    for item in text.split(","):
-        match = _ITEM.match(item)
-        if match is None:
-            raise UsageError(
-                f"{option} {text!r}: {item.strip()!r} is not a number or a range like 1-8"
-            )
-        lo = int(match.group(1))
-        hi = lo if match.group(2) is None else int(match.group(2))
-        if hi < lo:
-            raise UsageError(f"{option} {text!r}: range {lo}-{hi} runs backwards")
-        if lo < lowest:
-            raise UsageError(f"{option} {text!r}: {lo} is below the smallest meaningful {lowest}")
-        if hi > MAX_SETTING:
-            raise UsageError(f"{option} {text!r}: {hi} is above the maximum {MAX_SETTING}")
-        values.update(range(lo, hi + 1))
-    return tuple(sorted(values))
 
 
 def default_workers(per_rank: float | None) -> tuple[int, ...]:

@@ -129,18 +129,23 @@ def test_parse_of_a_dash_points_to_dev_stdin(tmp_path: Path) -> None:
         (["summarize", "missing"], "dsim: error: missing: no such file or directory", 3),
         (["report", "missing"], "dsim: error: missing: no such file or directory", 3),
         (["watch", "missing", "--once"], "dsim: error: missing: no such file or directory", 3),
+        (["tune", "missing"], "runs to tune: 1 problem: run(s) not found: missing", 2),
+        (["compare", "missing", "results"], "dsim: error: missing: no such file or directory", 3),
+        (["compare", "results/r1", "results"], "its results are in results/r1@stall-only", 3),
     ],
 )
 def test_a_usage_error_is_said_before_pandas_is_imported(
     args: list[str], said: str, code: int, tmp_path: Path
 ) -> None:
     """``dsim run --conf MISSING`` imported the answer object's pandas (0.3 s) before it read
-    its arguments; a mistyped option, a missing config or a missing directory is now said
-    first, in the words the application used."""
+    its arguments; a mistyped option, a missing config, a missing directory or run (a
+    profiled run's model-variant results for ``compare``) is now said first, in the words
+    the application used."""
     import os
     import subprocess
     import sys
 
+    (tmp_path / "results" / "r1@stall-only").mkdir(parents=True)  # a profiled run's results
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "dsim", *args],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,

@@ -11,6 +11,7 @@ import pytest
 
 import dsim
 from dsim.errors import InputError, UsageError
+from dsim.options import parse_counts
 from dsim.render.tune import document, lines
 from dsim.synth import SynthParams, synthesize
 from dsim.tuning import (
@@ -21,7 +22,6 @@ from dsim.tuning import (
     cheapest_near_best,
     default_workers,
     flattening,
-    parse_counts,
 )
 
 # One batch takes 0.2 s to build; an iteration computes for 0.05 + 0.02 s: the loader keeps

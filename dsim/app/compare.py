@@ -7,34 +7,20 @@ lock and give the same answer (docs/SPEC.md §5.3).
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 from dsim.analysis.comparison import Comparison, compare
 from dsim.analysis.summary import summarize_results
-from dsim.errors import InputError, UsageError
+from dsim.app.compareside import check_side
+from dsim.errors import UsageError
 from dsim.io import lock
 from dsim.model.results import ResultRun, results_directories, scan_results
 from dsim.replay.policies import Policy
 
 
-def _variants(path: Path) -> list[str]:
-    """The model variants of a run beside where it was looked for (``RUN@stall-only`` for
-    ``RUN``): a profiled run's results are only those, so ``results/RUN`` is not there."""
-    if path.exists() or not path.name or not path.parent.is_dir():
-        return []
-    return sorted(p.name for p in path.parent.glob(f"{glob.escape(path.name)}@*") if p.is_dir())
-
-
 def one_run(path: Path, side: str) -> ResultRun:
     """The one run a side names: a run directory, or a results directory holding one run."""
-    variants = _variants(path)
-    if variants:
-        shown = ", ".join(str(path.parent / v) for v in variants[:3])
-        raise InputError(
-            f"{side} {path}: no such run directory; its results are in {shown} "
-            "(results of another replay model): name that directory"
-        )
+    check_side(path, side)
     runs = scan_results([path]).runs
     if len(runs) != 1:
         # directory names: a run and its model variants (RUN, RUN@pipeline) share a name

@@ -43,7 +43,6 @@ from dsim.tuning import (
     cheapest_near_best,
     default_workers,
     flattening,
-    parse_counts,
     sweep,
 )
 from dsim.words import counted
@@ -473,36 +472,3 @@ def write_table(result: TuneResult, out: Path) -> tuple[Path, ...]:
     write_parquet(data, parquet)
     write_text(data.to_pandas().to_csv(index=False, float_format="%.6g"), csv)
     return parquet, csv
-
-
-def resolve_runs(runs: list[str], traces: Path) -> list[Path]:
-    """The run directories ``runs`` name, in the order given, each once: a directory
-    holding ``run.json`` anywhere is itself; anything else is a name, a glob (``'*'``) or a
-    path under ``traces``, resolved as ``dsim run`` resolves them
-    (``config.resolve_run_names``: every problem reported at once, before any work)."""
-    from dsim.config import resolve_run_names
-
-    def direct(run: str) -> bool:
-        return (Path(run) / RUN_FILE).is_file()
-
-    where = "runs to tune"
-    named = [run for run in runs if not direct(run)]
-    if named:
-        resolve_run_names(named, traces, where)  # all problems together
-    found: list[Path] = []
-    for run in runs:
-        if direct(run):
-            found.append(Path(run))
-        else:
-            found.extend(traces / name for name in resolve_run_names([run], traces, where))
-    return list(dict.fromkeys(found))
-
-
-def loader_grids(
-    workers: str | None, prefetch: str | None
-) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-    """``--workers`` and ``--prefetch`` (``1,2,4``, ``1-8``) as the grids to sweep, checked
-    before any work (None: the default grid)."""
-    grid_w = parse_counts(workers, "--workers", 0) if workers is not None else None
-    grid_p = parse_counts(prefetch, "--prefetch", 1) if prefetch is not None else None
-    return grid_w, grid_p

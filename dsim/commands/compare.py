@@ -43,7 +43,7 @@ def command(
         False, "--json", help="Print the comparison as one JSON object on stdout, nothing else."
     ),
 ) -> None:
-    from dsim.app.compare import compare_runs
+    from dsim.app.compareside import check_side
     from dsim.errors import UsageError
     from dsim.options import parse_policy_option
 
@@ -53,6 +53,11 @@ def command(
     if as_json and fmt not in {"text", "json"}:
         raise UsageError(f"--json prints JSON: drop --format {fmt}")
     chosen = parse_policy_option(policy) if policy else None
+    check_side(before, "BEFORE")
+    check_side(after, "AFTER")
+    # the application (pandas, ~0.3 s) only once both sides are there
+    from dsim.app.compare import compare_runs
+
     result = compare_runs(before, after, chosen)
     if as_json or fmt == "json":
         from dsim.render.machine import compare_document, dumps

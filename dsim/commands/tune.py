@@ -78,18 +78,20 @@ def command(
     ] = False,
     quiet: Quiet = False,
 ) -> None:
-    from dsim.app.tune import loader_grids, resolve_runs, tune_run
-    from dsim.config import nothing_to_run
+    from dsim.config import nothing_to_run, resolve_run_directories
     from dsim.errors import UsageError
-    from dsim.options import parse_epochs_option
-    from dsim.render import tune as render
+    from dsim.options import loader_grids, parse_epochs_option
 
     if not runs:  # optional for click, so that the message can name the runs there are
         raise UsageError(nothing_to_run(traces, "tune"))
     # a repeated option adds its values to the grid (issue #19: never last-wins)
     grid_w, grid_p = loader_grids(_joined(workers), _joined(prefetch))
     chosen = parse_epochs_option(epochs)
-    dirs = resolve_runs(runs, traces)
+    dirs = resolve_run_directories(runs, traces)
+    # the application (pandas, ~0.3 s) only once the options and runs are known good
+    from dsim.app.tune import tune_run
+    from dsim.render import tune as render
+
     results = [
         tune_run(
             d,
