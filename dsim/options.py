@@ -2,8 +2,9 @@
 
 ``dsim run``, ``dsim summarize`` and ``dsim report`` accept the same
 ``--epochs``, ``--policy``, ``--run``, ``--format`` and ``--fail-if``
-spellings (and ``dsim tune`` its ``--workers`` / ``--prefetch`` grids); parsing them in one place keeps the commands consistent and their
-error messages identical, and light: a mistyped option is said before the
+spellings (and ``dsim tune`` its ``--workers`` / ``--prefetch`` grids);
+parsing them in one place keeps the commands consistent and their error
+messages identical, and light: a mistyped option is said before the
 summary's I/O (and pandas) is imported.
 """
 

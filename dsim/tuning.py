@@ -182,7 +182,8 @@ class Flattening:
     """Where more workers stop helping, and why (``reason`` is a key, ``text`` the words)."""
 
     workers: int | None  # None: still helping at the largest setting tried
-    reason: str  # compute-bound | slow-rank | cpu-saturated | loading-bound | stall-left
+    # compute-bound | slow-rank | cpu-saturated | loading-bound | stall-left | hand-over-unknown
+    reason: str
     text: str
 
 
@@ -192,6 +193,7 @@ def flattening(
     cpu_saturated_at: int | None = None,
     ranks: Sequence[int] | None = None,
     gain: float = FLAT_GAIN,
+    hand_over_unknown: bool = False,
 ) -> Flattening:
     """The knee of the curve over workers and what binds there.
 
@@ -200,12 +202,20 @@ def flattening(
     ``ranks``: the rank ids of the stall columns (default 0, 1, …).
     ``cpu_saturated_at``: the worker count from which the model reports the
     node's cores saturated, only when the model is CPU-aware (else ``None``).
+    ``hand_over_unknown``: nearly every built batch waited for a busy worker to
+    hand it over, so the calibration had no idle hand-over to compare with
+    (``dsim.app.tune.unknown_hand_over``). A stall that does not shrink is then
+    what the model cannot see, not what more workers would leave: the knee is
+    not claimed, and the words say which setting to re-run with to find out
+    (a 1-rank cpu run, 99 % busy, "stopped helping" at 1 worker where 8
+    measured 35 % faster: validation/data-r1).
     """
     curve = best_prefetch_curve(points)
     knee = None
+    beyond = None
     for here, there in itertools.pairwise(curve):
         if here.mean_iteration_s <= there.mean_iteration_s * (1 + gain):
-            knee = here
+            knee, beyond = here, there
             break
     if knee is None:
         top = curve[-1]
@@ -248,6 +258,15 @@ def flattening(
             "cpu-saturated",
             f"more than {counted(knee.workers, 'worker')} stop helping: the node's CPU cores are "
             "saturated",
+        )
+    if hand_over_unknown and beyond is not None:
+        return Flattening(
+            None,
+            "hand-over-unknown",
+            f"whether more than {counted(knee.workers, 'worker')} would help is not known: the "
+            f"stall left ({knee.mean_stall_s * 1e3:.1f} ms per iteration) is batches waiting for "
+            "a busy worker to hand them over, which the replay cannot shorten (caveat below); "
+            f"re-run with num_workers={beyond.workers} to find out",
         )
     return Flattening(
         knee.workers,

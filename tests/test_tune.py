@@ -435,6 +435,46 @@ def test_a_worker_busy_at_every_hand_over_is_a_caveat():
     assert "may be too small" in note
 
 
+def test_a_stall_left_by_an_unseen_hand_over_is_not_called_a_knee():
+    """With a worker busy at (nearly) every hand-over the replay cannot shorten the stall
+    left, so "more than 1 worker stop helping" (said of a run where 8 workers measured 35 %
+    faster, validation/data-r1) becomes "not known" and the setting to re-run with; a
+    curve that binds for another reason, or still gains, says what it said."""
+    flat = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.99, 0.99), _point(4, 2, 1.99, 0.99)]
+    assert flattening(flat).reason == "stall-left" and flattening(flat).workers == 1
+    unknown = flattening(flat, hand_over_unknown=True)
+    assert unknown.reason == "hand-over-unknown" and unknown.workers is None
+    assert unknown.text == (
+        "whether more than 1 worker would help is not known: the stall left (1000.0 ms per "
+        "iteration) is batches waiting for a busy worker to hand them over, which the replay "
+        "cannot shorten (caveat below); re-run with num_workers=2 to find out"
+    )
+    bound = [_point(1, 2, 2.0, 0.05), _point(2, 2, 2.0, 0.05)]
+    assert flattening(bound, hand_over_unknown=True).reason == "compute-bound"
+    still = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5)]
+    assert flattening(still, hand_over_unknown=True).reason == "loading-bound"
+
+
+def test_the_knee_and_the_caveat_share_one_condition():
+    """``unknown_hand_over``, which ``tune_run`` passes to the knee of both choices, holds
+    exactly where the caveat fires: every built batch busy and no extra found."""
+    from dataclasses import replace
+
+    from dsim.app.tune import unknown_hand_over
+    from dsim.replay.models.pipeline import PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import calibrate
+    from tests.test_pipeline_model import _alternating_run
+
+    inputs, _ = _alternating_run()
+    cal = calibrate(inputs, 1, 2)
+    every = replace(cal, busy=np.ones_like(cal.busy), busy_excess=np.zeros_like(cal.busy_excess))
+    share, wait = unknown_hand_over(PreparedPipeline(inputs, every))
+    assert share == 1.0 and wait > 0
+    assert unknown_hand_over(PreparedPipeline(inputs, cal)) is None  # an extra was found
+    idle = replace(every, busy=np.zeros_like(cal.busy))
+    assert unknown_hand_over(PreparedPipeline(inputs, idle)) is None  # idle ones to compare
+
+
 def test_each_band_is_widened_by_the_error_of_its_kind_of_what_if(traces):
     """At the recorded settings the aligned choice is an alignment what-if alone: its band
     takes the alignment cells' error, narrower than the loader's it took before; the

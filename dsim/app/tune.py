@@ -205,11 +205,12 @@ def tune_run(
     ranks = [int(g) for g in arrays.gpus]
     saturated = cpu_saturated_at(prepared, grid_w, measured.prefetch_factor)
     node = cores_per_rank(cores, ranks_on_node)
-    loader_only = _choice(baseline, alone, ranks, measured, node, saturated)
+    unknown = unknown_hand_over(prepared) is not None
+    loader_only = _choice(baseline, alone, ranks, measured, node, saturated, unknown)
     policy = _best_alignment(model, prepared, mask, base) if alignment else ACTUAL
     combined = sweep(model, prepared, mask, grid_w, grid_p, policy, base) if alignment else []
     with_alignment = (
-        _choice(baseline, combined, ranks, measured, node, saturated) if combined else None
+        _choice(baseline, combined, ranks, measured, node, saturated, unknown) if combined else None
     )
     n = int(mask.sum())
     result = TuneResult(
@@ -256,9 +257,12 @@ def _choice(
     measured: LoaderSettings,
     per_rank: float | None,
     saturated: int | None = None,
+    hand_over_unknown: bool = False,
 ) -> Choice:
     chosen = cheapest_near_best(points)
-    flat = flattening(points, ranks=ranks, cpu_saturated_at=saturated)
+    flat = flattening(
+        points, ranks=ranks, cpu_saturated_at=saturated, hand_over_unknown=hand_over_unknown
+    )
     errors, kind = model_error_of(chosen, measured)
     error = 0.0 if errors is None else errors.on(per_rank)
     band = bands(baseline, chosen, error)
@@ -332,7 +336,8 @@ def busy_hand_over_note(prepared: Any) -> str | None:
     if extra is None or c.busy is None:
         return None
     if not np.any(extra > 0):
-        return _always_busy_note(prepared)
+        unknown = unknown_hand_over(prepared)
+        return None if unknown is None else _always_busy_note(*unknown)
     rows = extra > 0
     busy = float(np.mean(c.busy[rows]))
     slope = getattr(c, "busy_slope", None)
@@ -352,26 +357,38 @@ def busy_hand_over_note(prepared: Any) -> str | None:
 ALWAYS_BUSY = 0.9
 
 
-def _always_busy_note(prepared: Any) -> str | None:
-    """Where nearly every built batch had a busy worker, the calibration has no idle hand-over
-    to compare with (its extra is 0), so more workers are predicted not to shorten the wait:
-    a 1-rank cpu run (99 % busy) recommended 1 worker where 8 measured 35 % faster
-    (validation/README.md, "A held-out check of the busy hand-over")."""
+def unknown_hand_over(prepared: Any) -> tuple[float, float] | None:
+    """Where the calibration found no busy extra but nearly every built batch had a busy
+    worker: the share of such batches and their mean wait (s); else ``None``.
+
+    Why: with no idle hand-over to compare with, the calibration's extra is 0, so more
+    workers are predicted not to shorten the wait: a 1-rank cpu run (99 % busy)
+    recommended 1 worker where 8 measured 35 % faster (validation/README.md, "A
+    held-out check of the busy hand-over"). Both the caveat and the curve's knee
+    (``dsim.tuning.flattening``) then say that the gain is not known.
+    """
     from dsim.replay.models.pipeline import ready_batches
 
-    i, c = prepared.inputs, prepared.calibration
+    c = getattr(prepared, "calibration", None)
+    extra = None if c is None else getattr(c, "busy_excess", None)
+    if extra is None or c.busy is None or np.any(extra > 0) or c.workers == 0:
+        return None
     ready = ready_batches(prepared)
-    if c.workers == 0 or ready.sum() < 10:
+    if ready.sum() < 10:
         return None
     share = float(np.mean(c.busy[ready] > 0))
     if share < ALWAYS_BUSY:
         return None
+    return share, float(np.mean(prepared.inputs.stall[ready]))
+
+
+def _always_busy_note(share: float, wait_s: float) -> str:
     return (
         f"{share:.0%} of the batches built ahead reached the loop while their worker was busy "
-        f"building its next one, after {float(np.mean(i.stall[ready])) * 1e3:.1f} ms on "
-        "average: with no idle worker to compare, the replay cannot tell how much of that wait "
-        "more workers would remove (Python code in the dataset that holds the GIL makes it "
-        "long), so its gain from more workers may be too small"
+        f"building its next one, after {wait_s * 1e3:.1f} ms on average: with no idle worker "
+        "to compare, the replay cannot tell how much of that wait more workers would remove "
+        "(Python code in the dataset that holds the GIL makes it long), so its gain from more "
+        "workers may be too small"
     )
 
 
