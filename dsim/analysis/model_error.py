@@ -94,8 +94,9 @@ def _node_words(*, few: bool) -> str:
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
 LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.110, many_cores=0.255)
-#: Alignment what-ifs (fetch and start alignment): 210 cells of 21 sweeps, 200 on few-core
-#: nodes (10.7 %, mean 4.2 %; 10.6 % over 192 before the twenty-eighth held-out sweep) and 10
+#: Alignment what-ifs (fetch and start alignment): 222 cells of 22 sweeps, 212 on few-core
+#: nodes (10.7 %, mean 4.2 %; 10.7 % over 200 before the twenty-ninth held-out sweep, 10.6 %
+#: over 192 before the twenty-eighth) and 10
 #: on many-core ones (3 sweeps of 16 cores: 25.1 %, mean
 #: 10.9 %; the cpu regime's fetch alignments at 1 worker, 15-27 % too fast on two of them).
 #: Pooled it was 12.4 % (12.3 % before the contention's fixed point was found by
@@ -107,22 +108,24 @@ LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.110, many_cores=0.255)
 #: "The tenth held-out sweep").
 ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.107, many_cores=0.251)
 
-#: The effective-delay share of the same alignment cells, in percentage points: 9.1, where the
-#: mean is 3.1 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
-#: small; 9.3 before the twenty-eighth held-out sweep; 9.4 before the twenty-fourth; 10.2
-#: before each batch's wait for a core scaled with its CPU, 2026-12-07; 10.5 before the 16-core
-#: sweeps of 2026-11-29; 12.4 before the busy worker's hand-over by quantile, 2026-11-29, which
-#: took the mixed regime's align mean at 2 workers from 10-16 points too low on 8 of 10 sweeps
-#: to -0.5 on average over 11; validation/README.md, "The busy worker's spread").
-ALIGN_SHARE_ERROR_PTS = 9.1
-#: ... of the loader cells: 45.0 points (480 cells; 44.2 over 462; 44.5 over 444; 45.2 over
-#: 408; 45.3 over 388). A loader change moves the fetches' overlap and the stalls' spread
-#: together, and the share, a count of iterations over a 30 ms line, swings with both; the band
-#: says how little the predicted share of a loader what-if pins down.
+#: The effective-delay share of the same alignment cells, in percentage points: 9.3, where the mean
+#: is 3.1 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors small; 9.1
+#: before the twenty-ninth held-out sweep, 9.3 before the twenty-eighth; 9.4 before the
+#: twenty-fourth; 10.2 before each batch's wait for a core scaled with its CPU, 2026-12-07; 10.5
+#: before the 16-core sweeps of 2026-11-29; 12.4 before the busy worker's hand-over by quantile,
+#: 2026-11-29, which took the mixed regime's align mean at 2 workers from 10-16 points too low on 8
+#: of 10 sweeps to -0.5 on average over 11; validation/README.md, "The busy worker's spread").
+ALIGN_SHARE_ERROR_PTS = 9.3
+#: ... of the loader cells: 45.0 points (498 cells; 45.0 over 480; 44.2 over 462; 44.5 over 444;
+#: 45.2 over 408; 45.3 over 388). A loader change moves the fetches' overlap and the stalls' spread
+#: together, and the share, a count of iterations over a 30 ms line, swings with both; the band says
+#: how little the predicted share of a loader what-if pins down.
 LOADER_SHARE_ERROR_PTS = 45.0
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 472 cells of 33 sweeps, 424 on few-core nodes (16.1 %, mean 5.7 %;
-#: 16.3 % over 406 before the twenty-eighth held-out sweep) and 48 on many-core ones (17.0 %,
+#: from every base run): 490 cells of 34 sweeps, 442 on few-core nodes (16.2 %, mean 5.7 %;
+#: 16.1 % over 424 before the twenty-ninth held-out sweep, whose mixed and decode 8 -> 1
+#: workers came out 16.1 and 16.5 % too slow; 16.3 % over 406 before the twenty-eighth) and 48
+#: on many-core ones (17.0 %,
 #: mean 5.7 %). Pooled it was 16.6 % (16.4 % over 436 cells
 #: before CPU domains; 13.9 % over 400 cells before the two sweeps of ranks bound two to a
 #: CPU, 2026-12-07, whose fewer-worker what-ifs came out 11-14 % too slow, pooled or as CPU
@@ -133,13 +136,13 @@ LOADER_SHARE_ERROR_PTS = 45.0
 #: Measured since 2026-11-29; until then these what-ifs took the loader error above, measured
 #: only on more workers, and overstated how sure a recommendation of fewer workers was
 #: (validation/README.md, "Fewer workers").
-LOADER_FEWER_ERROR = NodeErrors(few_cores=0.161, many_cores=0.170)
-#: ... their effective-delay share: 13.8 points (the same cells; the mean is 4.9; 14.2 before
-#: the twenty-eighth held-out sweep; 13.5 and 4.8
+LOADER_FEWER_ERROR = NodeErrors(few_cores=0.162, many_cores=0.170)
+#: ... their effective-delay share: 13.5 points (the same cells; the mean is 5.0; 13.8 before
+#: the twenty-ninth held-out sweep, 14.2 before the twenty-eighth; 13.5 and 4.8
 #: before CPU domains; 12.4 and 4.4 before the bound sweeps; 20.6 and 5.6
 #: before 2026-12-07; 17.7 and 5.4 with the square root of the population ratio, which fitted
 #: the time less well).
-LOADER_FEWER_SHARE_ERROR_PTS = 13.8
+LOADER_FEWER_SHARE_ERROR_PTS = 13.5
 
 
 def loader_errors(fewer: bool, per_rank: float | None) -> tuple[float, float]:
