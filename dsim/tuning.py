@@ -161,9 +161,14 @@ def bands(baseline: Point, chosen: Point, widen: float, seed: int = 0) -> dict[s
 
 
 def cheapest_near_best(points: Sequence[Point], near: float = NEAR_BEST) -> Point:
-    """The fewest workers, then the smallest prefetch, within ``near`` of the best time."""
+    """The fewest workers, then the smallest prefetch, within ``near`` of the best time.
+
+    ``near`` is taken of the best time's size, so that a best of 0 or below (a replay of
+    corrupt CPU times once predicted -24 ms) still leaves the best itself to choose
+    instead of nothing.
+    """
     best = min(p.mean_iteration_s for p in points)
-    good = [p for p in points if p.mean_iteration_s <= best * (1 + near)]
+    good = [p for p in points if p.mean_iteration_s <= best + abs(best) * near]
     return min(good, key=lambda p: (p.workers, p.prefetch))
 
 

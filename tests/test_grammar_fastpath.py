@@ -266,6 +266,36 @@ def test_cpu_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> 
     assert len(rest) == 0
 
 
+def test_a_threads_cpu_time_beyond_its_span_rejects_the_line_on_both_paths() -> None:
+    """A fetch's cpu and runq (one thread, read over the fetch) and an iteration's Runq (its
+    main thread) cannot exceed the span they were read over by more than ``CPU_SLACK_S``: one
+    runq of 3500 s in a 53 ms fetch made the CPU-aware model's stretch 327x and `dsim tune`
+    an internal error. An iteration's CPU (every thread) and a fetch's proc (another span)
+    keep the duration bound only."""
+    from dsim.sources.rawlog.bounds import CPU_SLACK_S
+
+    assert CPU_SLACK_S == 1.0
+    fetch = OLD_FETCH.replace("idx0", "idx{} cpu {} runq {}")  # at_time 8.11
+    lines = [
+        fetch.format(0, "0.5", "9.05"),  # 0.94 s beyond: measurement slack, kept
+        fetch.format(1, "0.5", "3500"),  # rejected
+        fetch.format(2, "9.2", "0.0"),  # rejected
+        fetch.format(3, "0.5", "0.1") + " proc 50",  # proc spans more than the fetch: kept
+        OLD_TRAIN + "\tCPU 500 (1)\tRunq 10.7 (1)",  # Time 9.77: CPU of every thread, kept
+        OLD_TRAIN.replace("[  0/", "[  1/") + "\tCPU 0.5 (1)\tRunq 10.8 (1)",  # rejected
+    ]
+    records = _assert_same(_block(lines, "\n"))
+    assert list(records.fetch["idx"]) == [0, 3]
+    assert list(records.train["iteration"]) == [0]
+    _, rejects = _parse(_block(lines, "\n"), fast=True)
+    assert rejects.column("reason").to_pylist() == (
+        [grammar.CPU_BEYOND_FETCH] * 2 + [grammar.WAIT_BEYOND_ITERATION]
+    )
+    assert grammar.CPU_BEYOND_FETCH == (
+        "CPU time beyond its fetch (cpu or runq more than 1 s longer than at_time)"
+    )
+
+
 def test_stage_suffixes_parse_the_same_on_both_paths_and_old_lines_carry_nan() -> None:
     stages = " read 0.040000000 read_cpu 0.038000000 collate 0.002000000 collate_cpu 0.001500000"
     lines = [

@@ -185,6 +185,14 @@ def test_cheapest_within_two_percent_of_the_best():
     assert (cheapest_near_best(points).workers, cheapest_near_best(points).prefetch) == (2, 1)
 
 
+def test_the_cheapest_near_the_best_is_chosen_whatever_the_sign_of_the_best():
+    """A best time of 0 or below (a replay of corrupt CPU times) left no point within 2 % of
+    it (best * 1.02 is below best) and `dsim tune` ended in an internal error."""
+    points = [_point(0, 1, -0.0245), _point(1, 2, 0.72), _point(4, 2, 0.062)]
+    assert cheapest_near_best(points).workers == 0
+    assert cheapest_near_best([_point(2, 2, 0.0), _point(1, 2, 0.0)]).workers == 1
+
+
 def test_flattening_names_one_slow_rank_and_loading_bound():
     slow = [_point(1, 2, 2.0, 1.0), _point(2, 2, 1.5, 0.5, (0.9, 0.1)), _point(4, 2, 1.5, 0.5)]
     assert flattening(slow).reason == "slow-rank" and flattening(slow).workers == 2

@@ -385,6 +385,7 @@ def _cut_fetch(
         optional[key] = _optional_values(raw, tok, stage_ok, rows)
     for values in optional.values():
         good &= _seconds_ok(values, max_duration)
+    good &= ~bounds.beyond_span(fetch_s, optional["cpu_s"], optional["runq_s"])
     if not good.all():
         rows, fetch_s = rows[good], fetch_s[good]
         optional = {k: v[good] for k, v in optional.items()}
@@ -498,6 +499,7 @@ def _cut_train(
     cpu_s = _optional_values(raw, cpu_tok, has_cpu, rows)
     runq_s = _optional_values(raw, runq_tok, has_runq, rows)
     good &= _seconds_ok(cpu_s, max_duration) & _seconds_ok(runq_s, max_duration)
+    good &= ~bounds.beyond_span(iteration_s, runq_s)
     if not good.all():  # the general path names the reason
         rows, iteration_v, total_v = rows[good], iteration_v[good], total_v[good]
         iteration_s, stall_s, throughput = iteration_s[good], stall_s[good], throughput[good]

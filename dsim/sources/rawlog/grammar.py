@@ -116,6 +116,14 @@ NEGATIVE_FETCH = "negative fetch duration"
 NON_NUMERIC_TRAIN = "non-numeric training value"
 NON_FINITE = "non-finite value"
 BAD_CPU = "invalid CPU time (not a number of seconds from 0 to --max-duration)"
+CPU_BEYOND_FETCH = (
+    f"CPU time beyond its fetch (cpu or runq more than {bounds.CPU_SLACK_S:g} s longer than "
+    "at_time)"
+)
+WAIT_BEYOND_ITERATION = (
+    f"run-queue wait beyond its iteration (Runq more than {bounds.CPU_SLACK_S:g} s longer "
+    "than Time)"
+)
 BAD_STAGE = "invalid stage time (not a number of seconds from 0 to --max-duration)"
 NEGATIVE_TRAIN = "negative training value"
 STALL_OVER_TIME = "training stall longer than the iteration time"
@@ -481,7 +489,9 @@ def _fetch_records(
         [(~ts_ok, BAD_TIMESTAMP), (gpu_bad, BAD_RANK), (~num_ok, NON_NUMERIC_FETCH),
          (num_ok & ~finite, NON_FINITE),
          (negative, NEGATIVE_FETCH), (huge, bounds.over_max("fetch duration", max_duration)),
-         (cpu_bad | runq_bad | proc_bad, BAD_CPU), (stage_bad, BAD_STAGE)]
+         (cpu_bad | runq_bad | proc_bad, BAD_CPU),
+         (finite & bounds.beyond_span(fetch_s, cpu_s, runq_s), CPU_BEYOND_FETCH),
+         (stage_bad, BAD_STAGE)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(array_of(bad)))
     keep = ~bad
@@ -544,7 +554,8 @@ def _train_records(
          (long_time, bounds.over_max("iteration time", max_duration)),
          (long_stall, bounds.over_max("training stall", max_duration)),
          (stall_over, STALL_OVER_TIME), (iteration >= total, ITERATION_RANGE),
-         (cpu_bad | runq_bad, BAD_CPU)]
+         (cpu_bad | runq_bad, BAD_CPU),
+         (finite & bounds.beyond_span(iteration_s, runq_s), WAIT_BEYOND_ITERATION)]
     )  # fmt: skip
     rejects.add(numbers[bad], reason, lines.filter(array_of(bad)))
     keep = ~bad
