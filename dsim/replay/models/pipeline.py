@@ -563,6 +563,11 @@ def trainer_stretches(
     return per_gpu()
 
 
+#: The resolution of a logged CPU time (``dsim.instrument`` prints 9 decimals): a smaller
+#: positive value carries no ratio of run-queue wait to CPU time.
+CPU_RESOLUTION_S = 1e-9
+
+
 def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipeline:
     """The fetches and CPU times as a fetch alignment changes them, and the demand with them.
 
@@ -595,13 +600,16 @@ def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipelin
         work, rest = c[rows, rank], other[rows, rank]
     else:
         work, rest = c.mean(axis=1), other.mean(axis=1)
-    share = np.divide(q, c, out=np.zeros_like(q), where=c > 0)
+    # a CPU time below the logs' resolution (dsim.instrument prints nanoseconds) holds no
+    # share: over a denormal one (1e-320, a corrupt line) the ratio overflowed to inf
+    timed = c >= CPU_RESOLUTION_S
+    share = np.divide(q, c, out=np.zeros_like(q), where=timed)
     cpu_work = np.broadcast_to(work[:, None], (n, g))  # every rank's the same: a view
     load = replace(load, fetch_cpu=cpu_work, fetch_runq=cpu_work * share)
     inputs = replace(
         prepared.inputs,
         fetch=np.ascontiguousarray(rest[:, None] + cpu_work * (1.0 + share)),
-        work_ratio=np.divide(cpu_work, c, out=np.ones_like(c), where=c > 0),
+        work_ratio=np.divide(cpu_work, c, out=np.ones_like(c), where=timed),
     )
     state = replace(cpu, load=load, demand_s=cpu_share.node_demand(load), fetch_aligned=True)
     return PreparedPipeline(inputs, prepared.calibration, state)
