@@ -98,3 +98,37 @@ def test_edited_instrumented_logs_replay_or_fail_as_a_users_error(case: int, tmp
         if done.returncode:
             assert len(done.stderr.strip().splitlines()) == 1, said
             break
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_cpu_time_below_the_logs_resolution_is_zero_to_the_cpu_aware_model(tmp_path: Path):
+    """Case 2247 of a longer run of the fuzzer: ``cpu 1e-320`` on a fetch that waited longer
+    than it lasted (nothing left but its CPU time) made that fetch's CPU rate in the
+    trainer passes overflow to inf, and ``dsim tune`` an internal error; a time below the
+    logs' 1 ns resolution is now 0 to the model, a fetch that short spends no CPU at a
+    rate."""
+    run = RUNS[0]
+    logs = tmp_path / "logs" / run.name
+    logs.mkdir(parents=True)
+    edited = False
+    for p in sorted(run.glob("rank*.log.gz")):
+        lines = gzip.decompress(p.read_bytes()).decode().split("\n")
+        for i, line in enumerate(lines):
+            found = re.search(r"at_time \S+ data idx(\d+) cpu \S+ runq \S+ proc", line)
+            if not edited and found and int(found.group(1)) > 20:
+                # the fastest rank's fetch of its batch (align min takes its work), waiting
+                # longer than it lasted: nothing of it left but its CPU time
+                lines[i] = re.sub(
+                    r"at_time \S+ (data idx\d+) cpu \S+ runq \S+",
+                    r"at_time 0.001000000 \1 cpu 1e-320 runq 0.002000000",
+                    line,
+                )
+                edited = True
+        (logs / p.name.removesuffix(".gz")).write_text("\n".join(lines))
+    assert edited
+    assert run_dsim_in_process("parse", logs, "--out", tmp_path / "t", cwd=tmp_path).returncode == 0
+    done = run_dsim_in_process(
+        "tune", run.name, "--traces", tmp_path / "t", "--out", tmp_path / "r", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "use num_workers=" in done.stdout

@@ -121,6 +121,11 @@ class CpuState:
 CPU_OVERCOMMITTED = 1.1
 
 
+#: The resolution of a logged time (``dsim.instrument`` prints 9 decimals): a smaller
+#: positive CPU time is taken as 0, and a shorter fetch spends its CPU at no rate.
+CPU_RESOLUTION_S = 1e-9
+
+
 def cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
     """The run's ``CpuLoad``, or ``None`` when the logs lack CPU times or the core count,
     or log more CPU time than the recorded cores can run (``logged_busy``): the CPU-aware
@@ -166,9 +171,12 @@ def logged_cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
     def cells(values: np.ndarray | None) -> np.ndarray:
         if values is None:
             return np.zeros(arrays.fetch.shape)
-        if np.isfinite(values).all():  # nothing to zero: the arrays' own, not a copy
+        # a time below the logs' resolution is 0: over one of 1e-320 (a corrupt line) a
+        # ratio overflowed to inf
+        tiny = (values > 0) & (values < CPU_RESOLUTION_S)
+        if np.isfinite(values).all() and not tiny.any():  # the arrays' own, not a copy
             return np.ascontiguousarray(values)
-        return np.ascontiguousarray(np.nan_to_num(values, nan=0.0))
+        return np.ascontiguousarray(np.where(tiny, 0.0, np.nan_to_num(values, nan=0.0)))
 
     cores = int(loader.cores)
     if loader.cpu_domain_ranks and loader.process_cores:
@@ -540,7 +548,9 @@ def trainer_stretches(
         if rate is None:  # in one array, made in place: it lives through every pass
             extra = load.fetch_extra
             rate = np.array(load.fetch_cpu) if extra is None else load.fetch_cpu + extra
-            running = fetch > 0
+            # a fetch under the logs' resolution spends no CPU at a rate (a corrupt 1e-320
+            # made the rate overflow to inf)
+            running = fetch >= CPU_RESOLUTION_S
             np.divide(rate, fetch, out=rate, where=running)
             rate[~running] = 0.0
             del running
@@ -561,11 +571,6 @@ def trainer_stretches(
             rho_t[:, k] = damped
         del out, start, fetch, ends, end
     return per_gpu()
-
-
-#: The resolution of a logged CPU time (``dsim.instrument`` prints 9 decimals): a smaller
-#: positive value carries no ratio of run-queue wait to CPU time.
-CPU_RESOLUTION_S = 1e-9
 
 
 def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipeline:
