@@ -525,11 +525,12 @@ def resolve_run_names(patterns: list[str], traces: Path, where: str) -> list[str
     return runs
 
 
-def resolve_run_directories(runs: list[str], traces: Path) -> list[Path]:
+def resolve_run_directories(runs: list[str], traces: Path, where: str) -> list[Path]:
     """The run directories ``runs`` name, in the order given, each once: a directory
     holding ``run.json`` anywhere is itself; anything else is a name, a glob (``'*'``) or a
     path under ``traces``, resolved as ``dsim run`` resolves them
-    (``resolve_run_names``: every problem reported at once, before any work).
+    (``resolve_run_names``: every problem reported at once under ``where``, before any
+    work).
 
     Why here and not in the application: a mistyped run is reported before the
     command loads pandas (~0.3 s)."""
@@ -537,7 +538,6 @@ def resolve_run_directories(runs: list[str], traces: Path) -> list[Path]:
     def direct(run: str) -> bool:
         return (Path(run) / RUN_FILE).is_file()
 
-    where = "runs to tune"
     named = [run for run in runs if not direct(run)]
     if named:
         resolve_run_names(named, traces, where)  # all problems together

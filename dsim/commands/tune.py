@@ -87,7 +87,7 @@ def command(
     # a repeated option adds its values to the grid (issue #19: never last-wins)
     grid_w, grid_p = loader_grids(_joined(workers), _joined(prefetch))
     chosen = parse_epochs_option(epochs)
-    dirs = resolve_run_directories(runs, traces)
+    dirs = resolve_run_directories(runs, traces, "runs to tune")
     # the application (pandas, ~0.3 s) only once the options and runs are known good
     from dsim.app.tune import tune_run
     from dsim.render import tune as render

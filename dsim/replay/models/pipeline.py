@@ -173,7 +173,8 @@ def logged_cpu_load(arrays: IterationArrays) -> cpu_share.CpuLoad | None:
             return np.zeros(arrays.fetch.shape)
         # a time below the logs' resolution is 0: over one of 1e-320 (a corrupt line) a
         # ratio overflowed to inf
-        tiny = (values > 0) & (values < CPU_RESOLUTION_S)
+        tiny = values < CPU_RESOLUTION_S  # in place: one mask beside the column at a time
+        tiny &= values > 0
         if np.isfinite(values).all() and not tiny.any():  # the arrays' own, not a copy
             return np.ascontiguousarray(values)
         return np.ascontiguousarray(np.where(tiny, 0.0, np.nan_to_num(values, nan=0.0)))
@@ -605,16 +606,14 @@ def aligned_cpu(prepared: PreparedPipeline, fetch_align: str) -> PreparedPipelin
         work, rest = c[rows, rank], other[rows, rank]
     else:
         work, rest = c.mean(axis=1), other.mean(axis=1)
-    # a CPU time below the logs' resolution (dsim.instrument prints nanoseconds) holds no
-    # share: over a denormal one (1e-320, a corrupt line) the ratio overflowed to inf
-    timed = c >= CPU_RESOLUTION_S
-    share = np.divide(q, c, out=np.zeros_like(q), where=timed)
+    # (``cpu_load`` took CPU times below the logs' resolution as 0: no ratio overflows)
+    share = np.divide(q, c, out=np.zeros_like(q), where=c > 0)
     cpu_work = np.broadcast_to(work[:, None], (n, g))  # every rank's the same: a view
     load = replace(load, fetch_cpu=cpu_work, fetch_runq=cpu_work * share)
     inputs = replace(
         prepared.inputs,
         fetch=np.ascontiguousarray(rest[:, None] + cpu_work * (1.0 + share)),
-        work_ratio=np.divide(cpu_work, c, out=np.ones_like(c), where=timed),
+        work_ratio=np.divide(cpu_work, c, out=np.ones_like(c), where=c > 0),
     )
     state = replace(cpu, load=load, demand_s=cpu_share.node_demand(load), fetch_aligned=True)
     return PreparedPipeline(inputs, prepared.calibration, state)

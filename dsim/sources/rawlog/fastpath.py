@@ -433,7 +433,7 @@ def _seconds_ok(values: np.ndarray, max_duration: float) -> np.ndarray | np.bool
     A column no line carries (``_optional_values``' view of one NaN: most logs, six
     such columns per fetch block) passes whole without a pass over it.
     """
-    if values.strides == (0,) and (len(values) == 0 or np.isnan(values[0])):
+    if bounds.absent(values):
         return np.True_
     with np.errstate(invalid="ignore"):
         return np.isnan(values) | (values <= max_duration)

@@ -25,7 +25,7 @@ import numpy as np
 
 from dsim.errors import InputError
 from dsim.io import compression
-from dsim.sources.rawlog import grammar
+from dsim.sources.rawlog import bounds, grammar
 
 BLOCK_BYTES = 4 << 20  # the per-block windows and masks stay small next to the records
 OUT_OF_MEMORY = "out of memory reading this file (its records do not fit in memory)"
@@ -120,14 +120,9 @@ class Columns:
         return {k: nan if k in self.absent else v[: self.rows] for k, v in self.columns.items()}
 
 
-def _nan_view(values: np.ndarray) -> bool:
-    """Whether ``values`` is empty or ``absent_as_views``'s view of one NaN."""
-    return len(values) == 0 or (values.strides == (0,) and bool(np.isnan(values[0])))
-
-
 def _all_nan(values: np.ndarray) -> bool:
     """Whether an optional column holds no value: nothing to keep (most logs carry none)."""
-    return _nan_view(values) or bool(np.isnan(values).all())
+    return bounds.absent(values) or bool(np.isnan(values).all())
 
 
 PIECE_LINES = 1 << 18  # lines parsed at once (a block of ordinary lines holds ~40,000)
