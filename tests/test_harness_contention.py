@@ -157,6 +157,23 @@ def test_cpu_plan_interleaves_repeats_and_names_runs() -> None:
     assert not [n for n in names if n.startswith("decode_") and ("_min" in n or "_s" in n)]
 
 
+def test_cpu_plan_prefetch_cells_at_every_worker_count() -> None:
+    """--prefetch adds a cell per factor at every worker count (tunecheck's grid needs the
+    product), unaligned, repeated like the rest; the base factor is not a what-if."""
+    args = parse_args(["--regime", "decode", "--workers", "1", "4", "--prefetch", "4", "1", "2"])
+    assert args.prefetch == [1, 4]
+    names = [r.name for r in plan_cpu(args.regime, args.workers, 2, tuple(args.prefetch))]
+    assert names[:6] == [
+        "decode_w1_p2_none_r1", "decode_w4_p2_none_r1", "decode_w1_p1_none_r1",
+        "decode_w1_p4_none_r1", "decode_w4_p1_none_r1", "decode_w4_p4_none_r1",
+    ]  # fmt: skip
+    assert names[6:] == [n.replace("_r1", "_r2") for n in names[:6]]
+    with pytest.raises(SystemExit):
+        parse_args(["--prefetch", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "legacy", "--prefetch", "4"])
+
+
 def test_dry_run_prints_plan_count_and_estimate(tmp_path, capsys) -> None:
     sweep(parse_args(["--dry-run", "--out", str(tmp_path)]))
     out = capsys.readouterr().out.splitlines()

@@ -123,9 +123,15 @@ class RunSpec:
         return d
 
 
-def cells(regime: str, workers: list[int]) -> list[RunSpec]:
-    """The cpu plan's cells of one regime (repeat number 0: set by ``plan_cpu``)."""
+def cells(regime: str, workers: list[int], prefetch: tuple[int, ...] = ()) -> list[RunSpec]:
+    """The cpu plan's cells of one regime (repeat number 0: set by ``plan_cpu``).
+
+    ``prefetch``: what-if prefetch factors, each a cell at every worker count, so that
+    ``validation.compare`` judges prefetch what-ifs and ``validation.tunecheck`` tune's
+    whole workers x prefetch grid (it takes only factors measured at every count).
+    """
     out = [RunSpec(regime, w, BASE_PREFETCH, "none") for w in workers]
+    out += [RunSpec(regime, w, p, "none") for w in workers for p in prefetch]
     if REGIMES[regime].kind == "decode":  # loader what-ifs only: no table to align
         return out
     for w in (w for w in ALIGN_WORKERS if w in workers):
@@ -135,11 +141,13 @@ def cells(regime: str, workers: list[int]) -> list[RunSpec]:
     return out
 
 
-def plan_cpu(regimes: list[str], workers: list[int], repeats: int) -> list[RunSpec]:
+def plan_cpu(
+    regimes: list[str], workers: list[int], repeats: int, prefetch: tuple[int, ...] = ()
+) -> list[RunSpec]:
     """Interleaved: per regime, repeat 1 of every cell, then repeat 2, ... (drift cancels)."""
     runs: list[RunSpec] = []
     for regime in regimes:
-        regime_cells = cells(regime, workers)
+        regime_cells = cells(regime, workers, prefetch)
         for k in range(1, repeats + 1):
             runs += [RunSpec(**{**asdict(c), "k": k}) for c in regime_cells]
     return runs
@@ -326,7 +334,7 @@ def calibration(manifest: dict, args: argparse.Namespace) -> float:
 def plan_of(args: argparse.Namespace) -> list[RunSpec]:
     if args.plan == "legacy":
         return plan(args.regime, args.workers, set(args.variants))
-    return plan_cpu(args.regime, args.workers, args.repeats)
+    return plan_cpu(args.regime, args.workers, args.repeats, tuple(args.prefetch))
 
 
 def sweep(args: argparse.Namespace) -> Path:
@@ -400,6 +408,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--regime", nargs="+", choices=sorted(REGIMES), help="default: the plan's")
     p.add_argument("--workers", nargs="+", type=int, help="default: the plan's")
     p.add_argument("--repeats", type=int, default=3, help="runs of every cell (cpu plan)")
+    p.add_argument(
+        "--prefetch",
+        nargs="+",
+        type=int,
+        default=[],
+        help=f"cpu plan: what-if prefetch factors besides {BASE_PREFETCH}, a cell at every "
+        "worker count (default: none)",
+    )
     p.add_argument("--cpu-units-per-ms", type=float, help="skip the calibration (cpu plan)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU variant (NCCL, decode regime only)")  # fmt: skip
@@ -453,6 +469,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     if min(args.workers) < 1:
         p.error("--workers must be >= 1 (the what-ifs need DataLoader workers)")
+    if args.prefetch and legacy:
+        p.error("--prefetch belongs to the cpu plan (the legacy plan's variant 'prefetch')")
+    if any(f < 1 for f in args.prefetch):
+        p.error("--prefetch factors must be >= 1")
+    args.prefetch = sorted(set(args.prefetch) - {BASE_PREFETCH})
     if min(args.ranks, args.iterations, args.epochs, args.batch_size) < 1:
         p.error("--ranks, --iterations, --epochs and --batch-size must be >= 1")
     if args.only:
