@@ -79,8 +79,9 @@ def _node_words(*, few: bool) -> str:
     return f" on nodes with {'≤' if few else '>'} {limit} cores per rank"
 
 
-#: Loader what-ifs (more workers, another prefetch): 525 cells of 35 sweeps, 477 of them on
-#: few-core nodes (2 cores; 10.4 %, mean 4.0 %; 11.0 % over 450 before the thirtieth held-out
+#: Loader what-ifs (more workers, another prefetch): 543 cells of 36 sweeps, 495 of them on
+#: few-core nodes (2 cores; 10.5 %, mean 4.0 %; 10.4 % over 477 before the thirty-first
+#: held-out sweep, 2 ranks on 2 cores; 11.0 % over 450 before the thirtieth held-out
 #: sweep, the first to re-run prefetch factors on loaders that cost CPU, all 18 within 8.1 %;
 #: 11.3 % over 414 before the twenty-eighth, validation/README.md) and 48 on many-core ones
 #: (16 cores, 4 sweeps; 25.5 %,
@@ -95,9 +96,11 @@ def _node_words(*, few: bool) -> str:
 #: before the second 16-core sweep). A mean error (4.4 % of one 2-core sweep, until
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.104, many_cores=0.255)
-#: Alignment what-ifs (fetch and start alignment): 222 cells of 22 sweeps, 212 on few-core
-#: nodes (10.7 %, mean 4.2 %; 10.7 % over 200 before the twenty-ninth held-out sweep, 10.6 %
+LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.105, many_cores=0.255)
+#: Alignment what-ifs (fetch and start alignment): 234 cells of 23 sweeps, 224 on few-core
+#: nodes (11.0 %, mean 4.4 %; 10.7 % over 212 before the thirty-first held-out sweep, 2 ranks
+#: on 2 cores, whose mixed regime's fetch alignments at 2 workers came out 15-17 % too slow;
+#: 10.7 % over 200 before the twenty-ninth held-out sweep, 10.6 %
 #: over 192 before the twenty-eighth) and 10
 #: on many-core ones (3 sweeps of 16 cores: 25.1 %, mean
 #: 10.9 %; the cpu regime's fetch alignments at 1 worker, 15-27 % too fast on two of them).
@@ -108,25 +111,28 @@ LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.104, many_cores=0.255)
 #: twenty-first held-out sweep"). Most of the few-core error is the re-runs' own spread: the
 #: same work's CPU time moves by ±12 % between runs on the 2-core VM (validation/README.md,
 #: "The tenth held-out sweep").
-ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.107, many_cores=0.251)
+ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.110, many_cores=0.251)
 
-#: The effective-delay share of the same alignment cells, in percentage points: 9.3, where the mean
-#: is 3.1 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors small; 9.1
-#: before the twenty-ninth held-out sweep, 9.3 before the twenty-eighth; 9.4 before the
-#: twenty-fourth; 10.2 before each batch's wait for a core scaled with its CPU, 2026-12-07; 10.5
-#: before the 16-core sweeps of 2026-11-29; 12.4 before the busy worker's hand-over by quantile,
-#: 2026-11-29, which took the mixed regime's align mean at 2 workers from 10-16 points too low on 8
-#: of 10 sweeps to -0.5 on average over 11; validation/README.md, "The busy worker's spread").
-ALIGN_SHARE_ERROR_PTS = 9.3
-#: ... of the loader cells: 44.9 points (525 cells; 45.0 over 498 and over 480; 44.2 over 462;
-#: 44.5 over 444;
-#: 45.2 over 408; 45.3 over 388). A loader change moves the fetches' overlap and the stalls' spread
-#: together, and the share, a count of iterations over a 30 ms line, swings with both; the band says
-#: how little the predicted share of a loader what-if pins down.
-LOADER_SHARE_ERROR_PTS = 44.9
+#: The effective-delay share of the same alignment cells, in percentage points: 10.5, where the
+#: mean is 3.5 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
+#: small; 9.3 before the thirty-first held-out sweep, whose mixed regime's fetch alignments
+#: missed by up to 45 points; 9.1 before the twenty-ninth held-out sweep, 9.3 before the
+#: twenty-eighth; 9.4 before the twenty-fourth; 10.2 before each batch's wait for a core scaled
+#: with its CPU, 2026-12-07; 10.5 before the 16-core sweeps of 2026-11-29; 12.4 before the busy
+#: worker's hand-over by quantile, 2026-11-29, which took the mixed regime's align mean at 2
+#: workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over 11;
+#: validation/README.md, "The busy worker's spread").
+ALIGN_SHARE_ERROR_PTS = 10.5
+#: ... of the loader cells: 44.5 points (543 cells; 44.9 over 525; 45.0 over 498 and over 480;
+#: 44.2 over 462; 44.5 over 444; 45.2 over 408; 45.3 over 388). A loader change moves the
+#: fetches' overlap and the stalls' spread together, and the share, a count of iterations over a
+#: 30 ms line, swings with both; the band says how little the predicted share of a loader
+#: what-if pins down.
+LOADER_SHARE_ERROR_PTS = 44.5
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 499 cells of 35 sweeps, 451 on few-core nodes (16.1 %, mean 5.7 %;
-#: 16.2 % over 442 before the thirtieth held-out sweep, 1 to 4 workers only; 16.1 % over 424
+#: from every base run): 517 cells of 36 sweeps, 469 on few-core nodes (16.1 %, mean 5.7 %;
+#: 16.1 % over 451 before the thirty-first held-out sweep; 16.2 % over 442 before the
+#: thirtieth, 1 to 4 workers only; 16.1 % over 424
 #: before the twenty-ninth, whose mixed and decode 8 -> 1
 #: workers came out 16.1 and 16.5 % too slow; 16.3 % over 406 before the twenty-eighth) and 48
 #: on many-core ones (17.0 %,
@@ -141,12 +147,13 @@ LOADER_SHARE_ERROR_PTS = 44.9
 #: only on more workers, and overstated how sure a recommendation of fewer workers was
 #: (validation/README.md, "Fewer workers").
 LOADER_FEWER_ERROR = NodeErrors(few_cores=0.161, many_cores=0.170)
-#: ... their effective-delay share: 13.5 points (the same cells; the mean is 5.0; 13.8 before
+#: ... their effective-delay share: 13.6 points (the same cells; the mean is 5.0; 13.5 before
+#: the thirty-first held-out sweep; 13.8 before
 #: the twenty-ninth held-out sweep, 14.2 before the twenty-eighth; 13.5 and 4.8
 #: before CPU domains; 12.4 and 4.4 before the bound sweeps; 20.6 and 5.6
 #: before 2026-12-07; 17.7 and 5.4 with the square root of the population ratio, which fitted
 #: the time less well).
-LOADER_FEWER_SHARE_ERROR_PTS = 13.5
+LOADER_FEWER_SHARE_ERROR_PTS = 13.6
 
 
 def loader_errors(fewer: bool, per_rank: float | None) -> tuple[float, float]:
