@@ -4,7 +4,8 @@ Two plans (``--plan``). ``cpu`` (the default) is the contention sweep of
 issue #18: regimes cpu, mixed, decode and balanced (sleep), 4 ranks, 1 epoch
 of 100 iterations; per regime A at W = 1, 2, 4, 8 workers (prefetch 2) and,
 except decode, align min / mean at W = 1, 2 and start-align min / max /
-control at W = 2; every cell ``--repeats`` times (3), interleaved: repeat 1 of
+control at W = 2 (``--prefetch P ...`` adds a cell per factor P at every W);
+every cell ``--repeats`` times (3), interleaved: repeat 1 of
 every cell of a regime, then repeat 2, ... so that drift cancels. Runs are
 named ``<regime>_w<W>_p<P>_<align>[_s<min|max|ctl>]_r<k>``. The CPU work of
 the cpu and mixed regimes is calibrated once, at the sweep's start (before any
