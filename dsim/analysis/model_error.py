@@ -79,9 +79,10 @@ def _node_words(*, few: bool) -> str:
     return f" on nodes with {'≤' if few else '>'} {limit} cores per rank"
 
 
-#: Loader what-ifs (more workers, another prefetch): 543 cells of 36 sweeps, 495 of them on
-#: few-core nodes (2 cores; 10.5 %, mean 4.0 %; 10.4 % over 477 before the thirty-first
-#: held-out sweep, 2 ranks on 2 cores; 11.0 % over 450 before the thirtieth held-out
+#: Loader what-ifs (more workers, another prefetch): 545 cells of 37 sweeps, 497 of them on
+#: few-core nodes (2 cores; 10.4 %, mean 4.0 %; 10.5 % over 495 before the thirty-second
+#: held-out sweep, 10.4 % over 477 before the thirty-first, 2 ranks on 2 cores; 11.0 % over
+#: 450 before the thirtieth held-out
 #: sweep, the first to re-run prefetch factors on loaders that cost CPU, all 18 within 8.1 %;
 #: 11.3 % over 414 before the twenty-eighth, validation/README.md) and 48 on many-core ones
 #: (16 cores, 4 sweeps; 25.5 %,
@@ -96,41 +97,40 @@ def _node_words(*, few: bool) -> str:
 #: before the second 16-core sweep). A mean error (4.4 % of one 2-core sweep, until
 #: 2026-11-28) made bands of about ±10 % where tune's predictions missed the 16-core sweep's
 #: re-runs by up to 28 %.
-LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.105, many_cores=0.255)
-#: Alignment what-ifs (fetch and start alignment): 234 cells of 23 sweeps, 224 on few-core
-#: nodes (11.0 %, mean 4.4 %; 10.7 % over 212 before the thirty-first held-out sweep, 2 ranks
-#: on 2 cores, whose mixed regime's fetch alignments at 2 workers came out 15-17 % too slow;
-#: 10.7 % over 200 before the twenty-ninth held-out sweep, 10.6 %
-#: over 192 before the twenty-eighth) and 10
-#: on many-core ones (3 sweeps of 16 cores: 25.1 %, mean
-#: 10.9 %; the cpu regime's fetch alignments at 1 worker, 15-27 % too fast on two of them).
-#: Pooled it was 12.4 % (12.3 % before the contention's fixed point was found by
-#: interpolation; 10.6 % over 186 cells before the 16-core sweeps of 2026-11-29, whose cpu
-#: regime's fetch alignments the model missed by 13-33 % too slow before busy hand-overs waited
-#: for the batch being built, and by up to 17 % too fast after: validation/README.md, "The
-#: twenty-first held-out sweep"). Most of the few-core error is the re-runs' own spread: the
-#: same work's CPU time moves by ±12 % between runs on the 2-core VM (validation/README.md,
-#: "The tenth held-out sweep").
-ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.110, many_cores=0.251)
+LOADER_WHATIF_ERROR = NodeErrors(few_cores=0.104, many_cores=0.255)
+#: Alignment what-ifs (fetch and start alignment): 246 cells of 24 sweeps, 236 on few-core nodes
+#: (11.1 %, mean 4.3 %; 11.0 % over 224 before the thirty-second held-out sweep, 2 ranks on 2 cores
+#: again, whose mixed fetch alignments at 2 workers came out 5-6 % too slow; 10.7 % over 212 before
+#: the thirty-first, 2 ranks on 2 cores, whose mixed regime's fetch alignments at 2 workers came out
+#: 15-17 % too slow; 10.7 % over 200 before the twenty-ninth held-out sweep, 10.6 % over 192 before
+#: the twenty-eighth) and 10 on many-core ones (3 sweeps of 16 cores: 25.1 %, mean 10.9 %; the cpu
+#: regime's fetch alignments at 1 worker, 15-27 % too fast on two of them). Pooled it was 12.4 %
+#: (12.3 % before the contention's fixed point was found by interpolation; 10.6 % over 186 cells
+#: before the 16-core sweeps of 2026-11-29, whose cpu regime's fetch alignments the model missed by
+#: 13-33 % too slow before busy hand-overs waited for the batch being built, and by up to 17 % too
+#: fast after: validation/README.md, "The twenty-first held-out sweep"). Most of the few-core error
+#: is the re-runs' own spread: the same work's CPU time moves by ±12 % between runs on the 2-core VM
+#: (validation/README.md, "The tenth held-out sweep").
+ALIGN_WHATIF_ERROR = NodeErrors(few_cores=0.111, many_cores=0.251)
 
-#: The effective-delay share of the same alignment cells, in percentage points: 10.5, where the
-#: mean is 3.5 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
-#: small; 9.3 before the thirty-first held-out sweep, whose mixed regime's fetch alignments
-#: missed by up to 45 points; 9.1 before the twenty-ninth held-out sweep, 9.3 before the
+#: The effective-delay share of the same alignment cells, in percentage points: 11.1, where the
+#: mean is 3.6 (pooled over every node: the 16-core sweeps' shares are near 0 and their errors
+#: small; 10.5 before the thirty-second held-out sweep, 9.3 before the thirty-first, whose mixed
+#: regime's fetch alignments missed by up to 45 points; 9.1 before the twenty-ninth, 9.3 before the
 #: twenty-eighth; 9.4 before the twenty-fourth; 10.2 before each batch's wait for a core scaled
 #: with its CPU, 2026-12-07; 10.5 before the 16-core sweeps of 2026-11-29; 12.4 before the busy
 #: worker's hand-over by quantile, 2026-11-29, which took the mixed regime's align mean at 2
 #: workers from 10-16 points too low on 8 of 10 sweeps to -0.5 on average over 11;
 #: validation/README.md, "The busy worker's spread").
-ALIGN_SHARE_ERROR_PTS = 10.5
-#: ... of the loader cells: 44.5 points (543 cells; 44.9 over 525; 45.0 over 498 and over 480;
-#: 44.2 over 462; 44.5 over 444; 45.2 over 408; 45.3 over 388). A loader change moves the
-#: fetches' overlap and the stalls' spread together, and the share, a count of iterations over a
-#: 30 ms line, swings with both; the band says how little the predicted share of a loader
-#: what-if pins down.
+ALIGN_SHARE_ERROR_PTS = 11.1
+#: ... of the loader cells: 44.5 points (545 cells; 44.5 over 543; 44.9 over 525; 45.0 over 498 and
+#: over 480; 44.2 over 462; 44.5 over 444; 45.2 over 408; 45.3 over 388). A loader change moves the
+#: fetches' overlap and the stalls' spread together, and the share, a count of iterations over a 30
+#: ms line, swings with both; the band says how little the predicted share of a loader what-if pins
+#: down.
 LOADER_SHARE_ERROR_PTS = 44.5
 #: Fewer workers than the run had (a run with more predicting fewer: what ``dsim tune`` does
-#: from every base run): 517 cells of 36 sweeps, 469 on few-core nodes (16.1 %, mean 5.7 %;
+#: from every base run): 519 cells of 37 sweeps, 471 on few-core nodes (16.1 %, mean 5.7 %;
 #: 16.1 % over 451 before the thirty-first held-out sweep; 16.2 % over 442 before the
 #: thirtieth, 1 to 4 workers only; 16.1 % over 424
 #: before the twenty-ninth, whose mixed and decode 8 -> 1
