@@ -697,10 +697,11 @@ def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> Non
     """validation.handover and validation.alignedwork on a directory that is no sweep, an
     --only that is no regular expression or matches nothing: one line and exit 3; on a sweep
     whose logs carry no CPU times (the sleep regimes): the table says there is nothing."""
-    from validation import alignedwork, handover, nodecpu, stretchsplit
+    from validation import alignedwork, handover, nodecpu, startuprows, stretchsplit
 
     sweep = str(REPO / "validation" / "data")
-    for main in (handover.main, alignedwork.main, nodecpu.main, stretchsplit.main):
+    mains = (handover.main, alignedwork.main, nodecpu.main, stretchsplit.main, startuprows.main)
+    for main in mains:
         for argv, said in (
             (["--data", str(tmp_path)], "not a sweep's data directory"),
             (["--data", sweep, "--only", "("], "not a regular expression"),
@@ -715,6 +716,31 @@ def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> Non
     assert "no run here sampled the node" in capsys.readouterr().out
     assert stretchsplit.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
     assert "no unaligned run here logs CPU times" in capsys.readouterr().out
+    assert startuprows.main(["--data", sweep, "--only", "^heavy_w1_p2_(none|min)$"]) == 0
+    assert "no fewer-worker pair of unaligned runs here" in capsys.readouterr().out
+
+
+def test_the_fewer_worker_miss_sits_in_the_base_runs_start_up_rows() -> None:
+    """validation.startuprows on the contention sweep's cpu regime (validation/README.md, "The
+    measured start-up in a what-if's body"): from 8 workers to 1 the prediction's rows that
+    were the base runs' start-up (iterations 11-15) come out over twice the re-runs' time,
+    the rows after within 10 % of it, and the whole selection's error is FIDELITY.md's."""
+    import pandas as pd
+
+    from validation.startuprows import table
+
+    text = table(REPO / "validation" / "data-cpu", only=r"^cpu_w[18]_p2_none_r[123]$")
+    (row,) = [r.split("|") for r in text.splitlines() if "| 8 → 1 |" in r]
+    measured = [float(v) for v in row[4].split("/")]
+    predicted = [float(v) for v in row[5].split("/")]
+    assert predicted[0] > 2 * measured[0]
+    assert abs(predicted[1] / measured[1] - 1) < 0.10
+    committed = pd.read_csv(REPO / "validation" / "fidelity.csv")
+    (err,) = committed.loc[
+        (committed["regime"] == "cpu") & (committed["what_if"] == "workers 8 -> 1"),
+        "iteration_ms_err_pipeline",
+    ]
+    assert float(row[6].strip().rstrip(" %")) == pytest.approx(err, abs=0.05)
 
 
 def test_the_cpu_swap_explains_the_mixed_align_miss_from_committed_logs(tmp_path) -> None:
