@@ -1106,3 +1106,97 @@ def test_ranks_bound_to_cpus_of_their_own_get_the_nodes_cores(tmp_path: Path) ->
     # the same CPU for every rank: the count as logged, no note
     _, arrays, prepared = _prepared(tmp_path / "shared", cores=1, cpus=["0"] * 4)
     assert arrays.loader.cores == 1 and prepared.cpu is None  # and 1.9x its one core
+
+
+def _slow_startup_base(n: int = 64, g: int = 2, workers: int = 8):
+    """A calibrated 8-worker (P = 2) run whose first 16 rows (its start-up) are slow to start.
+
+    The body's fetches last 50 ms, 10 ms of CPU and 30 ms of run-queue wait
+    (ρ_w = 4); its index-to-start latency is 1 ms. The start-up's, as measured
+    when 8 worker processes start at once on every rank: 250 ms from index to
+    fetch start in the first 8 rows, fetches of 10 ms of CPU waiting 200 ms for
+    a core in all 16 (the contention sweep's 8-worker cpu runs: 220-290 ms,
+    125-320 ms).
+    """
+    from dsim.replay.models.pipeline import CpuState, PreparedPipeline
+    from dsim.replay.models.pipeline_kernel import Calibration, PipelineInputs
+
+    window = 2 * workers
+    rows = np.arange(n)
+    zeros = np.zeros((n, g))
+    startup = (rows < window)[:, None]
+    runq = np.where(startup, 0.200, 0.030) + zeros
+    fetch = 0.010 + runq + 0.010  # CPU, the wait for a core, 10 ms of other waiting
+    inputs = PipelineInputs(
+        np.array([[0, n]]), rows, zeros, fetch, fetch + 0.001, zeros + 0.001,
+        zeros + 0.021, (rows % workers)[:, None].repeat(g, axis=1),
+    )  # fmt: skip
+    lat_sent = np.where((rows < workers)[:, None], 0.250, 0.001) + zeros
+    calibration = Calibration(
+        workers, 2, lat_sent, zeros + 0.0002, zeros + 0.001, zeros, zeros + 0.020, zeros
+    )
+    load = cpu_share.CpuLoad(zeros + 0.010, runq, zeros + 0.002, zeros, 2, g, False, True)
+    state = CpuState(load, 4.0, float(g * 0.012), 0.5, 0.05)
+    return PreparedPipeline(inputs, calibration, state)
+
+
+def test_a_shorter_window_does_not_inherit_the_base_start_up_as_body() -> None:
+    """Base start-up rows that are body rows of the what-if take the base's body terms.
+
+    An 8-worker run builds its first P·W = 16 batches at once: their latencies
+    hold the worker processes' start and their fetches the burst's run-queue
+    wait. A 1-worker what-if starts up in 2 rows and builds rows 2-15 in its
+    body; carried over, each index sent there waited the start-up's 250 ms and
+    each fetch its 200 ms queue (the contention sweep's 8 -> 1 worker what-ifs:
+    rows 11-15 at 63-168 ms against ~50 measured; SPEC §4.2, "The start-up").
+    """
+    from dsim.replay.models.pipeline import rebodied, startup_as_body
+
+    n, g = 64, 2
+    prepared = _slow_startup_base(n, g)
+    rng = np.random.default_rng(1)
+    varied = rng.uniform(0.0005, 0.002, (n, g))  # the rows' own body latencies, by rank
+    varied[:8] = 0.250
+    prepared = replace(prepared, calibration=replace(prepared.calibration, lat_sent=varied))
+    moved = startup_as_body(prepared, 2, 16)
+    # rows 2..15 take row k + 16's latencies, every rank from that row; rows 0-1 (the
+    # what-if's own start-up) and the body keep theirs
+    np.testing.assert_array_equal(moved.calibration.lat_sent[2:16], varied[18:32])
+    np.testing.assert_array_equal(moved.calibration.lat_sent[:2], varied[:2])
+    np.testing.assert_array_equal(moved.calibration.lat_sent[16:], varied[16:])
+    # their fetches keep their CPU and other waiting, and wait for a core as the body's do
+    cpu = moved.cpu
+    assert cpu is not None
+    np.testing.assert_allclose(cpu.load.fetch_runq[2:16], 0.030)
+    np.testing.assert_allclose(moved.inputs.fetch[2:16], 0.050)
+    np.testing.assert_array_equal(moved.inputs.fetch[:2], prepared.inputs.fetch[:2])
+    np.testing.assert_array_equal(cpu.load.fetch_cpu, prepared.cpu.load.fetch_cpu)
+    # the measured run's arrays are not written to
+    assert prepared.cpu.load.fetch_runq[5, 0] == 0.200
+    assert prepared.inputs.fetch[5, 0] == pytest.approx(0.220)
+    # a segment too short for row k + 16 to be a body row: each rank's body mean
+    short = replace(prepared, inputs=replace(prepared.inputs, segments=np.array([[0, 40]])))
+    got = startup_as_body(short, 2, 16).calibration.lat_sent
+    np.testing.assert_allclose(got[8:16], np.repeat(varied[16:24].mean(0)[None], 8, 0))
+    # the same or a longer window changes nothing (alignments, more workers, the identity)
+    for workers, prefetch in ((8, 2), (4, 4), (16, 2)):
+        assert rebodied(prepared, workers, prefetch) is prepared
+    # replayed: the what-if's rows after its own start-up run at its body's pace
+    model = PipelineModel()
+    times = model.replay(prepared, BASE, ReplayParams(workers=1, prefetch_factor=2)).iteration_s
+    body = float(np.median(times[24 : n - 4]))
+    assert times[4:16].max() < 1.5 * body  # carried over: ~5x
+
+
+def test_a_shorter_window_without_run_queue_waits_moves_only_the_latencies() -> None:
+    """Where the logs give no run-queue waits (not Linux), a fetch's wait for a core is not
+    known: the start-up rows take the body's latencies and keep their fetch durations."""
+    from dsim.replay.models.pipeline import startup_as_body
+
+    prepared = _slow_startup_base()
+    cpu = prepared.cpu
+    assert cpu is not None
+    blind = replace(prepared, cpu=replace(cpu, load=replace(cpu.load, runq_known=False)))
+    moved = startup_as_body(blind, 2, 16)
+    np.testing.assert_array_equal(moved.inputs.fetch, prepared.inputs.fetch)
+    np.testing.assert_allclose(moved.calibration.lat_sent[2:16], 0.001)

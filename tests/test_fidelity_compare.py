@@ -682,7 +682,9 @@ def test_the_stretch_split_shows_the_trainers_stretch_flattening_at_eight_worker
     fetch = {w: float(r[4]) for w, r in rows.items()}
     train = {w: float(r[5]) for w, r in rows.items()}
     assert fetch[8] > fetch[4] + 0.3 and train[8] < train[4] + 0.1
-    published = {"1 → 8": (13.8, 2.0), "8 → 1": (-8.9, -10.7)}  # validation/README.md's table
+    # validation/README.md's table; 8 -> 1 as it reads since the measured start-up's rows left
+    # a shorter window's body (SPEC §4.2, "The start-up"; -8.9 / -10.7 % before)
+    published = {"1 → 8": (13.8, 2.0), "8 → 1": (-7.3, -9.3)}
     for pair, numbers in published.items():
         (cells,) = [r.split("|") for r in replays.splitlines() if f"| {pair} |" in r]
         got = tuple(float(c.strip().rstrip(" %")) for c in cells[4:6])
@@ -720,11 +722,12 @@ def test_the_sweep_tables_say_what_is_wrong_in_one_line(tmp_path, capsys) -> Non
     assert "no fewer-worker pair of unaligned runs here" in capsys.readouterr().out
 
 
-def test_the_fewer_worker_miss_sits_in_the_base_runs_start_up_rows() -> None:
+def test_the_fewer_worker_what_if_no_longer_carries_the_base_runs_start_up() -> None:
     """validation.startuprows on the contention sweep's cpu regime (validation/README.md, "The
     measured start-up in a what-if's body"): from 8 workers to 1 the prediction's rows that
-    were the base runs' start-up (iterations 11-15) come out over twice the re-runs' time,
-    the rows after within 10 % of it, and the whole selection's error is FIDELITY.md's."""
+    were the base runs' start-up (iterations 11-15), 2.2x the re-runs' time while the start-up
+    was carried into the what-if's body (SPEC §4.2, "The start-up"), are within 10 % of it, so
+    are the rows after, and the whole selection's error is FIDELITY.md's."""
     import pandas as pd
 
     from validation.startuprows import table
@@ -733,7 +736,7 @@ def test_the_fewer_worker_miss_sits_in_the_base_runs_start_up_rows() -> None:
     (row,) = [r.split("|") for r in text.splitlines() if "| 8 → 1 |" in r]
     measured = [float(v) for v in row[4].split("/")]
     predicted = [float(v) for v in row[5].split("/")]
-    assert predicted[0] > 2 * measured[0]
+    assert abs(predicted[0] / measured[0] - 1) < 0.10  # 112.6 against 50.7 ms before
     assert abs(predicted[1] / measured[1] - 1) < 0.10
     committed = pd.read_csv(REPO / "validation" / "fidelity.csv")
     (err,) = committed.loc[

@@ -419,7 +419,8 @@ DRAIN_TERMS = ("after", "hand")
 def rebodied(
     prepared: PreparedPipeline, workers: int | None, prefetch: int | None
 ) -> PreparedPipeline:
-    """The run with the drain rows that the what-if keeps busy calibrated as body rows.
+    """The run with the start-up and drain rows that the what-if keeps busy calibrated as
+    body rows (the start-up's: ``startup_as_body``).
 
     Why: the calibrated ``after`` and ``hand`` of the measured run's last
     m = P_m·W_m rows (its drain) were measured with idle workers and a fast
@@ -435,14 +436,15 @@ def rebodied(
     measured). Where row k − m is not a body row (a segment shorter than
     3 m), each rank's mean over the body rows; with no body row, unchanged.
     A longer window needs nothing here: its extra drain rows get the drain's
-    stretch (``trainer_stretches``). The measured window (the identity) is
-    left as it is.
+    stretch (``trainer_stretches``), and its extra start-up rows were body rows
+    measured. The measured window (the identity) is left as it is.
     """
-    c = prepared.calibration
-    measured = max(c.workers * c.prefetch, 1)
+    measured = max(prepared.calibration.workers * prepared.calibration.prefetch, 1)
     window = _loader_window(prepared, workers, prefetch)
     if window >= measured:
         return prepared
+    prepared = startup_as_body(prepared, window, measured)
+    c = prepared.calibration
     n = prepared.inputs.fetch.shape[0]
     segments = prepared.inputs.segments
     moved = np.flatnonzero(drain_rows(segments, n, measured) & ~drain_rows(segments, n, window))
@@ -462,6 +464,80 @@ def rebodied(
         values[moved[~copied]] = means
         terms[term] = values
     return replace(prepared, calibration=replace(c, **terms))
+
+
+#: The calibrated terms a base run's start-up makes slow: the latencies before a fetch
+#: starts (the worker processes' own start, then the burst of P_m·W_m batches built at once).
+STARTUP_TERMS = ("lat_sent", "lat_free")
+
+
+def startup_as_body(prepared: PreparedPipeline, window: int, measured: int) -> PreparedPipeline:
+    """The run with the start-up rows that a shorter loader window keeps busy as body rows.
+
+    Why: the measured run's first m = P_m·W_m rows of a segment are built at
+    once when the epoch's iterator is created. Their calibrated latencies hold
+    the worker processes' start (an 8-worker cpu run: 220-290 ms from index
+    sent to fetch start in its first 8 rows, 6 ms in its body) and their
+    fetches the run-queue wait of 4 ranks x 8 workers starting together (125-320
+    ms of a 140-340 ms fetch, against 37 of 51 ms in the body). A what-if with a
+    shorter window P·W builds rows P·W..m-1 one after another in its body, where
+    those batches wait for neither: carried over as measured, each index sent
+    in the body waited a start-up latency and each fetch its burst's queue, so
+    the 8 -> 1 worker what-ifs of the contention sweep predicted rows 11-15 at
+    63-168 ms where the 1-worker re-runs measured ~50, and the mean 12-16 % too
+    slow (validation/README.md, "The measured start-up in a what-if's body"; adopted on the
+    thirty-fourth and thirty-fifth held-out sweeps).
+    The mirror of the drain's rule (``rebodied``): row k of those takes the
+    ``STARTUP_TERMS`` of row k + m, a body row of the measured run, every
+    rank's from that one row (where it is not a body row, each rank's body
+    mean); and where the logs give run-queue waits (CPU-aware), its fetch
+    keeps its own CPU time c and other waiting but waits for a core as its
+    rank's body fetches did: q = c Σq / Σc over the rank's body rows, the
+    fetch f - q_measured + q. The what-if's own start-up rows (< P·W) keep
+    what was measured.
+    """
+    inputs, c = prepared.inputs, prepared.calibration
+    n = inputs.fetch.shape[0]
+    body = body_rows(inputs.segments, n, measured)
+    if not body.any():
+        return prepared
+    moved = np.concatenate(
+        [np.arange(lo + window, min(lo + measured, hi)) for lo, hi in inputs.segments]
+        + [np.zeros(0, dtype=np.int64)]
+    ).astype(np.int64)
+    if not len(moved):
+        return prepared
+    source = moved + measured
+    copied = (source < n) & body[np.minimum(source, n - 1)]
+    terms = {}
+    for term in STARTUP_TERMS:
+        values = np.array(getattr(c, term), dtype=np.float64)
+        means = values[body].mean(axis=0)
+        values[moved[copied]] = values[source[copied]]
+        values[moved[~copied]] = means
+        terms[term] = values
+    prepared = replace(prepared, calibration=replace(c, **terms))
+    cpu = prepared.cpu
+    if cpu is None or not cpu.load.runq_known:
+        return prepared
+    load = cpu.load
+    body_cpu = load.fetch_cpu[body].sum(axis=0)
+    waits = np.divide(
+        load.fetch_runq[body].sum(axis=0),
+        body_cpu,
+        out=np.zeros_like(body_cpu),
+        where=body_cpu > 0,
+    )  # each rank's body run-queue wait per CPU second
+    runq = np.array(load.fetch_runq, dtype=np.float64)
+    fetch = np.array(inputs.fetch, dtype=np.float64)
+    wait = load.fetch_cpu[moved] * waits
+    fetch[moved] = np.maximum(fetch[moved] - runq[moved] + wait, 0.0)
+    runq[moved] = wait
+    return replace(
+        prepared,
+        inputs=replace(inputs, fetch=fetch),
+        cpu=replace(cpu, load=replace(load, fetch_runq=runq)),
+    )
 
 
 def _loader_window(prepared: PreparedPipeline, workers: int | None, prefetch: int | None) -> int:
@@ -691,8 +767,10 @@ class PipelineModel(ReplayModel):
     #: Bump on every change of this model's predictions (its cache keys, SPEC §7.2); a
     #: serial after the date where they changed more than once in a day: the contention's
     #: root found by interpolation (within the same tolerance, not the same digits), then
-    #: a few busy hand-overs kept where the time left explains them.
-    revision = "2026-12-07.3"
+    #: a few busy hand-overs kept where the time left explains them; 2026-12-08: the
+    #: measured start-up's rows that a shorter loader window builds in its body
+    #: (``startup_as_body``).
+    revision = "2026-12-08"
 
     def prepare(self, arrays: IterationArrays, params: ReplayParams) -> PreparedPipeline:
         from dsim.replay.models.pipeline_kernel import calibrate
