@@ -67,6 +67,12 @@ def parse_run_name(name: str) -> RunKey:
     return RunKey(cell, repeat)
 
 
+def unaligned(name: str) -> bool:
+    """Whether a run's name is of a cell with neither fetch nor start alignment (a base run)."""
+    cell = parse_run_name(name).cell
+    return cell.align == "none" and cell.start is None
+
+
 def group_runs(names: Iterable[str]) -> dict[Cell, list[str]]:
     """Cell -> its runs ordered by repeat number, cells in the order first seen."""
     cells: dict[Cell, list[tuple[int, str]]] = {}

@@ -29,7 +29,7 @@ import numpy as np
 from dsim.analysis.summary import DEFAULT_WARMUP
 from dsim.model.selection import default_epochs, selection_mask
 from dsim.replay.params import ReplayParams
-from validation.cells import parse_run_name
+from validation.cells import parse_run_name, unaligned
 from validation.predict import PipelineBase, prepare_pipeline
 from validation.sweepparse import parsed_runs, run_names, table_main
 
@@ -52,7 +52,7 @@ def split_means(base: PipelineBase, times: np.ndarray, edge: int) -> tuple[float
 
 def table(data: Path, only: str | None = None) -> str:
     """The markdown table of every fewer-worker pair of the sweep's unaligned runs."""
-    names = [n for n in run_names(data, only) if _unaligned(n)]
+    names = [n for n in run_names(data, only) if unaligned(n)]
     runs: dict[tuple[str, int, int], list[PipelineBase]] = defaultdict(list)
     with parsed_runs(data, names) as traces:
         for name in names:
@@ -94,11 +94,6 @@ def _replayed(base: PipelineBase, workers: int | None) -> np.ndarray:
     """Iteration times (s) of the pipeline model's replay: as measured where ``workers`` is
     None (the identity), else the what-if of that many workers."""
     return base.model.replay(base.prepared, ACTUAL, ReplayParams(workers=workers)).iteration_s
-
-
-def _unaligned(name: str) -> bool:
-    cell = parse_run_name(name).cell
-    return cell.align == "none" and cell.start is None
 
 
 def main(argv: list[str] | None = None) -> int:

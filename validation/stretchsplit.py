@@ -27,7 +27,7 @@ import numpy as np
 
 from dsim.replay.models import cpu_share
 from dsim.replay.models.pipeline import PreparedPipeline, _mean_iteration, _stretched, rebodied
-from validation.cells import parse_run_name
+from validation.cells import parse_run_name, unaligned
 from validation.predict import PipelineBase, prepare_pipeline
 from validation.sweepparse import parsed_runs, run_names, table_main
 
@@ -60,7 +60,7 @@ def replayed_at(base: PipelineBase, workers: int, fetch_rho: float, train_rho: f
 
 def table(data: Path, only: str | None = None) -> str:
     """Two markdown tables: the stretches per (regime, workers), the replays per pair."""
-    names = [n for n in run_names(data, only) if _unaligned(n)]
+    names = [n for n in run_names(data, only) if unaligned(n)]
     runs: dict[tuple[str, int], list[PipelineBase]] = defaultdict(list)
     with parsed_runs(data, names) as traces:
         for name in names:
@@ -102,11 +102,6 @@ def table(data: Path, only: str | None = None) -> str:
                 f"| {(one / t - 1) * 100:+.1f} % | {(own / t - 1) * 100:+.1f} % |"
             )
     return "\n".join(lines)
-
-
-def _unaligned(name: str) -> bool:
-    cell = parse_run_name(name).cell
-    return cell.align == "none" and cell.start is None
 
 
 def main(argv: list[str] | None = None) -> int:
